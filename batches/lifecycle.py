@@ -1,0 +1,62 @@
+"""The batch state machine: every status change goes through `transition`.
+
+validating -> in_progress -> finalizing -> completed
+validating -> failed                      (every record rejected)
+validating | in_progress -> cancelling -> cancelled
+in_progress -> finalizing -> expired      (window passed; unfinished records expired)
+
+Transitions are conditional UPDATEs on the current status, so two processes
+racing to move one batch cannot both win.
+"""
+
+from django.utils import timezone
+
+from batches.models import Batch, BatchStatus as S
+
+ALLOWED = {
+    S.VALIDATING: {S.IN_PROGRESS, S.FAILED, S.CANCELLING},
+    S.IN_PROGRESS: {S.FINALIZING, S.CANCELLING},
+    S.FINALIZING: {S.COMPLETED, S.EXPIRED},
+    S.CANCELLING: {S.CANCELLED},
+    S.COMPLETED: set(),
+    S.FAILED: set(),
+    S.EXPIRED: set(),
+    S.CANCELLED: set(),
+}
+
+TIMESTAMP_FIELD = {
+    S.IN_PROGRESS: "in_progress_at",
+    S.FINALIZING: "finalizing_at",
+    S.COMPLETED: "completed_at",
+    S.FAILED: "failed_at",
+    S.EXPIRED: "expired_at",
+    S.CANCELLING: "cancelling_at",
+    S.CANCELLED: "cancelled_at",
+}
+
+
+class IllegalTransition(Exception):
+    pass
+
+
+def check(source, target):
+    if target not in ALLOWED[source]:
+        raise IllegalTransition(f"A batch cannot go from {source} to {target}.")
+
+
+def transition(batch, target, *, now=None, **fields):
+    """Move `batch` from its current status to `target`; return True if this call won.
+
+    Returns False when another process changed the status first (the row no
+    longer has the status this instance holds). `fields` are written in the
+    same UPDATE.
+    """
+    source = batch.status
+    check(source, target)
+    now = now or timezone.now()
+    values = {"status": target, TIMESTAMP_FIELD[target]: now, **fields}
+    won = Batch.objects.filter(pk=batch.pk, status=source).update(**values) == 1
+    if won:
+        for name, value in values.items():
+            setattr(batch, name, value)
+    return won

@@ -1,0 +1,154 @@
+import hashlib
+from decimal import Decimal
+
+from django.db import models
+from django.utils import timezone
+
+from files.models import File
+from openrelay.ids import new_batch_id
+from openrelay.models import Model, Organization
+
+
+class BatchStatus(models.TextChoices):
+    VALIDATING = "validating"
+    FAILED = "failed"
+    IN_PROGRESS = "in_progress"
+    FINALIZING = "finalizing"
+    COMPLETED = "completed"
+    EXPIRED = "expired"
+    CANCELLING = "cancelling"
+    CANCELLED = "cancelled"
+
+
+class Priority(models.TextChoices):
+    STANDARD = "standard"
+    EXPEDITED = "expedited"
+
+
+class RecordStatus(models.TextChoices):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    EXPIRED = "expired"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_BATCH_STATUSES = (BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
+FINISHED_RECORD_STATUSES = (RecordStatus.SUCCEEDED, RecordStatus.FAILED, RecordStatus.EXPIRED, RecordStatus.CANCELLED)
+
+
+class BatchQuerySet(models.QuerySet):
+    def for_org(self, organization):
+        return self.filter(organization=organization)
+
+    def active(self):
+        return self.exclude(status__in=TERMINAL_BATCH_STATUSES)
+
+
+class Batch(models.Model):
+    public_id = models.CharField(max_length=64, unique=True, default=new_batch_id, editable=False)
+    organization = models.ForeignKey(Organization, models.CASCADE, related_name="batches")
+    endpoint = models.CharField(max_length=64)
+    completion_window = models.CharField(max_length=8, default="24h")
+    priority = models.CharField(max_length=16, choices=Priority.choices, default=Priority.STANDARD)
+    metadata = models.JSONField(null=True, blank=True)
+    output_expires_after_s = models.PositiveIntegerField(null=True, blank=True)
+
+    # The model every record runs on: the first accepted record's model.
+    model_name = models.CharField(max_length=200, blank=True)
+    model = models.ForeignKey(Model, models.SET_NULL, null=True, blank=True, related_name="+")
+
+    input_file = models.ForeignKey(File, models.SET_NULL, null=True, related_name="+")
+    input_file_public_id = models.CharField(max_length=40)
+    output_file = models.ForeignKey(File, models.SET_NULL, null=True, blank=True, related_name="+")
+    error_file = models.ForeignKey(File, models.SET_NULL, null=True, blank=True, related_name="+")
+
+    status = models.CharField(max_length=16, choices=BatchStatus.choices, default=BatchStatus.VALIDATING)
+    # Records rejected at create (and batch-level errors): [{code, message, param, line}].
+    errors = models.JSONField(null=True, blank=True)
+
+    created_at = models.DateTimeField(default=timezone.now)
+    expires_at = models.DateTimeField()
+    in_progress_at = models.DateTimeField(null=True, blank=True)
+    finalizing_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    failed_at = models.DateTimeField(null=True, blank=True)
+    expired_at = models.DateTimeField(null=True, blank=True)
+    cancelling_at = models.DateTimeField(null=True, blank=True)
+    cancelled_at = models.DateTimeField(null=True, blank=True)
+
+    # Live roll-ups, updated with F() expressions as records finish.
+    total_count = models.PositiveIntegerField(default=0)
+    completed_count = models.PositiveIntegerField(default=0)
+    failed_count = models.PositiveIntegerField(default=0)
+    input_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    output_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+
+    # Prices snapshotted at create (USD per 1M tokens, sync rate) and the
+    # priority's multiplier, so a later price change never reprices a batch.
+    price_input = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    price_cached_input = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    price_output = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
+    price_multiplier = models.DecimalField(max_digits=4, decimal_places=2, default=Decimal("0.5"))
+    billed_at = models.DateTimeField(null=True, blank=True)
+
+    objects = BatchQuerySet.as_manager()
+
+    class Meta:
+        verbose_name_plural = "batches"
+        indexes = [
+            models.Index(fields=["organization", "-created_at"]),
+            models.Index(fields=["status"]),
+        ]
+
+    def __str__(self):
+        return self.public_id
+
+    @property
+    def is_terminal(self):
+        return self.status in TERMINAL_BATCH_STATUSES
+
+
+class Record(models.Model):
+    """One request of a batch. Points into the input file; never copies the body."""
+
+    batch = models.ForeignKey(Batch, models.CASCADE, related_name="records")
+    line = models.PositiveIntegerField()
+    custom_id = models.CharField(max_length=512)
+    offset = models.BigIntegerField()
+    length = models.PositiveIntegerField()
+
+    status = models.CharField(max_length=16, choices=RecordStatus.choices, default=RecordStatus.PENDING)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    lease_owner = models.CharField(max_length=64, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+
+    # The outcome, as the result line needs it.
+    status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+    response_body = models.TextField(blank=True)  # JSON text of the upstream body
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Billable usage of the run that produced the outcome (0 when not billed).
+    prompt_tokens = models.BigIntegerField(default=0)
+    cached_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    reasoning_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["batch", "line"], name="record_batch_line_unique")]
+        indexes = [models.Index(fields=["batch", "status"], name="record_batch_status")]
+
+    def __str__(self):
+        return f"{self.batch_id}:{self.line}:{self.custom_id}"
+
+    @property
+    def public_id(self):
+        """Stable `batch_req_` id, derived so finalizing twice writes the same id."""
+        digest = hashlib.sha256(f"{self.batch_id}:{self.line}".encode()).hexdigest()
+        return "batch_req_" + digest[:32]

@@ -1,0 +1,82 @@
+from django import forms
+from django.contrib import admin, messages
+
+from openrelay.models import ApiKey, Deployment, Model, Organization
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    extra = 0
+    fields = ("name", "lookup", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("lookup", "created_at", "last_used_at")
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request, obj=None):
+        return False  # keys are issued from the API key page, which shows them once
+
+
+@admin.register(Organization)
+class OrganizationAdmin(admin.ModelAdmin):
+    list_display = ("name", "workflows_enabled", "created_at")
+    list_filter = ("workflows_enabled",)
+    search_fields = ("name",)
+    inlines = [ApiKeyInline]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("lookup", "organization", "name", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("organization",)
+    search_fields = ("lookup", "name", "organization__name")
+    fields = ("organization", "name", "lookup", "created_at", "last_used_at", "revoked_at")
+    readonly_fields = ("lookup", "created_at", "last_used_at")
+    actions = ["revoke"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        row, plaintext = ApiKey.issue(obj.organization, obj.name)
+        obj.pk, obj.lookup, obj.hashed = row.pk, row.lookup, row.hashed
+        obj._state.adding = False
+        messages.warning(request, f"New API key (shown once, copy it now): {plaintext}")
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request, queryset):
+        for key in queryset.active():
+            key.revoke()
+
+
+class DeploymentForm(forms.ModelForm):
+    # The upstream key is write-only: never rendered back into the page.
+    api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
+                              help_text="Leave empty to keep the current key.")
+
+    class Meta:
+        model = Deployment
+        fields = ("model", "base_url", "upstream_model", "api_key", "max_concurrency", "enabled")
+
+    def clean_api_key(self):
+        value = self.cleaned_data.get("api_key")
+        if not value and self.instance.pk:
+            return self.instance.api_key
+        return value or ""
+
+
+class DeploymentInline(admin.TabularInline):
+    model = Deployment
+    form = DeploymentForm
+    extra = 0
+
+
+@admin.register(Model)
+class ModelAdmin(admin.ModelAdmin):
+    list_display = ("name", "enabled", "created_at")
+    inlines = [DeploymentInline]
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    form = DeploymentForm
+    list_display = ("model", "base_url", "upstream_model", "max_concurrency", "enabled")
+    list_filter = ("model", "enabled")

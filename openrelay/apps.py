@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class OpenRelayConfig(AppConfig):
+    name = "openrelay"
+    verbose_name = "OpenRelay"

@@ -1,0 +1,64 @@
+"""Small helpers that read settings from the environment and fail loudly.
+
+A typo in a production variable should stop the process at start-up, not
+surface as a strange default hours later.
+"""
+
+import os
+
+
+class ImproperlyConfiguredEnv(ValueError):
+    pass
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def envstr(name, default=""):
+    return os.environ.get(name, default)
+
+
+def envbool(name, default=False):
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfiguredEnv(f"{name} must be a boolean (true/false), got {raw!r}")
+
+
+def envint(name, default, *, minimum=None):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name} must be an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfiguredEnv(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def envfloat(name, default, *, minimum=None):
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(f"{name} must be a number, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfiguredEnv(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def envlist(name, default=()):
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]

@@ -1,0 +1,21 @@
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from openrelay.models import ApiKey, Organization
+
+
+class Command(BaseCommand):
+    help = "Create an organization and print a new API key for it (the key is the last line)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("name")
+        parser.add_argument("--workflows", action="store_true", help="Enable workflows for the organization.")
+
+    @transaction.atomic
+    def handle(self, name, workflows, **options):
+        if Organization.objects.filter(name=name).exists():
+            raise CommandError(f"Organization {name!r} already exists; use create_api_key for another key.")
+        org = Organization.objects.create(name=name, workflows_enabled=workflows)
+        _, plaintext = ApiKey.issue(org, name="created by create_org")
+        self.stdout.write(f"Created organization {org.name} (workflows {'on' if workflows else 'off'}). API key:")
+        self.stdout.write(plaintext)

@@ -1,0 +1,71 @@
+import logging
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404
+
+from openrelay import hosts
+from openrelay.errors import error_response
+from openrelay.ids import new_request_id
+
+logger = logging.getLogger("openrelay.api")
+
+
+def _is_api(request):
+    return request.path.startswith("/v1/") or request.path == "/v1"
+
+
+class RequestIdMiddleware:
+    """Every response carries x-request-id (the OpenAI SDK exposes it)."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        request.request_id = new_request_id()
+        response = self.get_response(request)
+        response["x-request-id"] = request.request_id
+        return response
+
+
+class HostRoutingMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if hosts.refused_here(request):
+            return error_response(
+                404,
+                f"Unknown request URL: {request.method} {request.path}. Batch and file "
+                "routes are served by the inference host, not the control plane.",
+                code="unknown_url",
+            )
+        return self.get_response(request)
+
+
+class ApiErrorMiddleware:
+    """Turn Django's own 404/405/413/500 answers on /v1/ into the envelope."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if not _is_api(request) or response.get("Content-Type", "").startswith("application/json"):
+            return response
+        if response.status_code == 404:
+            return error_response(404, f"Unknown request URL: {request.method} {request.path}.", code="unknown_url")
+        if response.status_code == 405:
+            return error_response(405, f"Method {request.method} is not allowed on {request.path}.", code="method_not_allowed")
+        if response.status_code >= 500:
+            return error_response(500, "The server had an error while processing your request.", type="server_error")
+        return response
+
+    def process_exception(self, request, exception):
+        if not _is_api(request):
+            return None
+        if isinstance(exception, Http404):
+            return error_response(404, f"Unknown request URL: {request.method} {request.path}.", code="unknown_url")
+        if isinstance(exception, RequestDataTooBig):
+            return error_response(413, "Request body is too large.", code="request_too_large")
+        logger.exception("Unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "The server had an error while processing your request.", type="server_error")

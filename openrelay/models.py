@@ -1,0 +1,104 @@
+import hashlib
+import secrets
+
+from django.db import models
+from django.utils import timezone
+
+KEY_PREFIX = "or_"
+# The lookup prefix is the first characters of the key: enough to find the
+# row with an index, too few to be useful on their own.
+LOOKUP_LENGTH = 12
+
+
+def hash_key(plaintext):
+    # Keys are 256 bits of randomness, so a fast hash is safe here (no
+    # dictionary to attack) and keeps authentication cheap.
+    return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class Organization(models.Model):
+    name = models.CharField(max_length=200, unique=True)
+    workflows_enabled = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def active(self):
+        return self.filter(revoked_at__isnull=True)
+
+
+class ApiKey(models.Model):
+    organization = models.ForeignKey(Organization, models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200, blank=True)
+    lookup = models.CharField(max_length=LOOKUP_LENGTH, unique=True, editable=False)
+    hashed = models.CharField(max_length=64, editable=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self):
+        return f"{self.lookup}… ({self.organization})"
+
+    @classmethod
+    def issue(cls, organization, name=""):
+        """Create a key and return (row, plaintext). The plaintext is shown once."""
+        plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
+        row = cls.objects.create(
+            organization=organization,
+            name=name,
+            lookup=plaintext[:LOOKUP_LENGTH],
+            hashed=hash_key(plaintext),
+        )
+        return row, plaintext
+
+    def revoke(self):
+        self.revoked_at = timezone.now()
+        self.save(update_fields=["revoked_at"])
+
+
+class Model(models.Model):
+    """A model in the catalog, by the public name records use."""
+
+    name = models.CharField(max_length=200, unique=True)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Deployment(models.Model):
+    """One OpenAI-compatible server that can run a Model."""
+
+    model = models.ForeignKey(Model, models.CASCADE, related_name="deployments")
+    base_url = models.URLField(max_length=500, help_text="e.g. http://127.0.0.1:8001/v1")
+    upstream_model = models.CharField(max_length=200, blank=True, help_text="Name sent upstream; defaults to the public name.")
+    api_key = models.CharField(max_length=500, blank=True)
+    max_concurrency = models.PositiveIntegerField(default=64)
+    enabled = models.BooleanField(default=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self):
+        return f"{self.model.name} @ {self.base_url}"
+
+    @property
+    def upstream_name(self):
+        return self.upstream_model or self.model.name

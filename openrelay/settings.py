@@ -1,0 +1,193 @@
+"""OpenRelay settings: embedded defaults, production by environment.
+
+No variable set: SQLite under OPENRELAY_DATA_DIR, the django-q2 ORM broker
+and the in-memory channel layer. DATABASE_URL and REDIS_URL switch to
+PostgreSQL and Redis. Every variable is listed in README.md.
+"""
+
+import logging
+from pathlib import Path
+
+import dj_database_url
+
+from openrelay.env import envbool, envfloat, envint, envlist, envstr
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(envstr("OPENRELAY_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+_DEV_SECRET = "openrelay-development-secret-key-change-me"
+SECRET_KEY = envstr("SECRET_KEY", _DEV_SECRET)
+if SECRET_KEY == _DEV_SECRET:
+    logging.getLogger("openrelay").warning(
+        "SECRET_KEY is not set: using the development default. Set SECRET_KEY in production."
+    )
+DEBUG = envbool("DEBUG", False)
+ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["*"])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "django_q",
+    "channels",
+    "openrelay",
+    "files",
+    "batches",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "openrelay.middleware.RequestIdMiddleware",
+    "openrelay.middleware.HostRoutingMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "openrelay.middleware.ApiErrorMiddleware",
+]
+
+ROOT_URLCONF = "openrelay.urls"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "openrelay.asgi.application"
+
+DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'openrelay.sqlite3'}")
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the web process read while a worker writes; the busy timeout
+    # turns "database is locked" into a short wait.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+DATABASES["default"].setdefault("TEST", {})
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = envstr("REDIS_URL", "")
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+Q_CLUSTER = {
+    "name": "openrelay",
+    "workers": envint("OPENRELAY_Q_WORKERS", 2, minimum=1),
+    "recycle": 500,
+    # A batch task runs until its batch has no claimable records; the sweeper
+    # hands out a fresh task well before this, so the timeout only bounds
+    # a stuck task.
+    "timeout": envint("OPENRELAY_Q_TIMEOUT_S", 3600, minimum=10),
+    "retry": envint("OPENRELAY_Q_TIMEOUT_S", 3600, minimum=10) + 60,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "catch_up": False,
+    "save_limit": 1000,
+    "label": "Tasks",
+    "poll": 0.2,
+}
+if REDIS_URL:
+    Q_CLUSTER["redis"] = REDIS_URL
+else:
+    Q_CLUSTER["orm"] = "default"
+
+STORAGES = {
+    "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(DATA_DIR / "files")},
+    },
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = DATA_DIR / "static"
+
+# Uploads stream to a temporary file beyond 2.5 MB; never held whole in memory.
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
+FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "tmp")
+(DATA_DIR / "tmp").mkdir(exist_ok=True)
+DATA_UPLOAD_MAX_MEMORY_SIZE = envint("OPENRELAY_MAX_JSON_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["openrelay.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+        "rest_framework.parsers.FormParser",
+    ],
+    "EXCEPTION_HANDLER": "openrelay.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "OpenRelay Batch API",
+    "VERSION": "0.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+}
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+LOGIN_URL = "/login"
+
+# Hosts: with neither list set, one host serves everything (local development).
+OPENRELAY_INFERENCE_HOSTS = envlist("OPENRELAY_INFERENCE_HOSTS")
+OPENRELAY_CONTROL_HOSTS = envlist("OPENRELAY_CONTROL_HOSTS")
+# User-supplied URLs (tool executors, MCP servers, workflow callbacks) may not
+# reach private/loopback/metadata addresses unless this is true.
+OPENRELAY_ALLOW_PRIVATE_URLS = envbool("OPENRELAY_ALLOW_PRIVATE_URLS", False)
+
+# Engine knobs.
+OPENRELAY_CALL_TIME_LIMIT_S = envfloat("OPENRELAY_CALL_TIME_LIMIT_S", 1800.0, minimum=0.01)
+OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum=1)
+OPENRELAY_LEASE_S = envint("OPENRELAY_LEASE_S", 120, minimum=1)
+OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)
+OPENRELAY_SWEEP_INTERVAL_S = envint("OPENRELAY_SWEEP_INTERVAL_S", 5, minimum=1)
+OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
+OPENRELAY_MAX_UPLOAD_BYTES = envint("OPENRELAY_MAX_UPLOAD_BYTES", 209_715_200, minimum=1)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": envstr("OPENRELAY_LOG_LEVEL", "INFO")},
+    "loggers": {
+        "django.server": {"level": "WARNING"},
+        "daphne": {"level": "WARNING"},
+        "django_q": {"level": "WARNING"},
+    },
+}
