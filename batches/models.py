@@ -95,6 +95,11 @@ class Batch(models.Model):
     price_multiplier = models.DecimalField(max_digits=4, decimal_places=2, default=Decimal("0.5"))
     billed_at = models.DateTimeField(null=True, blank=True)
 
+    # Liveness for the sweeper: when a task was last handed this batch and
+    # when a worker last reported working on it.
+    enqueued_at = models.DateTimeField(null=True, blank=True)
+    worker_seen_at = models.DateTimeField(null=True, blank=True)
+
     objects = BatchQuerySet.as_manager()
 
     class Meta:
