@@ -1,0 +1,481 @@
+"""The one way out to a URL a user gave us.
+
+Tool executors, MCP servers and workflow callbacks are URLs that API users
+type in, and the engine calls them from inside our network. Without a guard
+that is server-side request forgery: a user could point a tool at
+``http://169.254.169.254/`` (cloud metadata, which hands out credentials), at
+``http://localhost:5432/`` or at anything else on the private network, and
+read the answer back in their result file.
+
+The guard has three layers:
+
+* ``check_url`` rejects what is wrong before any I/O: schemes other than
+  http(s), credentials in the URL, and IP literals in blocked ranges.
+  aiohttp never calls the resolver for an IP literal, so this is the only
+  place literals are checked.
+* ``GuardedResolver`` checks every address a host name resolves to. aiohttp
+  connects to exactly the addresses the resolver returned, so a name cannot
+  pass the check with a public address and then connect to a private one
+  (DNS rebinding): there is no second lookup to rebind.
+* Redirects are never followed (a 302 to the metadata endpoint would bypass
+  both checks), response bodies are capped while streaming, and the session
+  keeps no cookies and ignores proxy environment variables.
+
+Messages in ``OutboundError`` end up in result files, so they name only the
+origin (scheme, host, port): never a path, query, header or credential.
+``OPENRELAY_ALLOW_PRIVATE_URLS`` turns the address checks off for local
+development and tests; the scheme, credential and redirect rules stay.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import aiohttp
+import orjson
+from aiohttp.abc import AbstractResolver, ResolveResult
+from multidict import CIMultiDict
+from yarl import URL
+
+__all__ = [
+    "BlockedURL",
+    "GuardedResolver",
+    "OutboundClient",
+    "OutboundError",
+    "OutboundResponse",
+    "check_url",
+    "is_blocked_address",
+    "redact_headers",
+]
+
+Kind = Literal["blocked", "invalid", "timeout", "transport", "too_large", "malformed"]
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+DEFAULT_MAX_RESPONSE_BYTES = 10 * 1024 * 1024
+USER_AGENT = "OpenRelay-Batch"
+_CHUNK = 64 * 1024
+
+
+class OutboundError(Exception):
+    """A call to a user URL failed; ``str(exc)`` is safe for a result file."""
+
+    def __init__(self, message: str, *, kind: Kind) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+
+
+class BlockedURL(OutboundError):
+    """The URL, or an address its host resolves to, is not allowed."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="blocked")
+
+
+# --- addresses -------------------------------------------------------------
+
+# Written out rather than left to ipaddress' is_private/is_global alone: those
+# flags have changed between Python patch releases, and this list is the
+# policy we test. ``not is_global`` is still applied on top as a backstop.
+_BLOCKED_V4 = tuple(
+    ipaddress.IPv4Network(net)
+    for net in (
+        "0.0.0.0/8",  # "this network"; 0.0.0.0 reaches localhost on Linux
+        "10.0.0.0/8",  # RFC 1918
+        "100.64.0.0/10",  # CGNAT, also Alibaba metadata 100.100.100.200
+        "127.0.0.0/8",  # loopback
+        "169.254.0.0/16",  # link-local, AWS/GCP/Azure metadata 169.254.169.254
+        "172.16.0.0/12",  # RFC 1918
+        "192.0.0.0/24",  # IETF protocol assignments
+        "192.0.2.0/24",  # documentation (TEST-NET-1)
+        "192.88.99.0/24",  # deprecated 6to4 relay anycast
+        "192.168.0.0/16",  # RFC 1918
+        "198.18.0.0/15",  # benchmarking
+        "198.51.100.0/24",  # documentation (TEST-NET-2)
+        "203.0.113.0/24",  # documentation (TEST-NET-3)
+        "224.0.0.0/4",  # multicast
+        "240.0.0.0/4",  # reserved, includes broadcast 255.255.255.255
+    )
+)
+
+_BLOCKED_V6 = tuple(
+    ipaddress.IPv6Network(net)
+    for net in (
+        "::/8",  # unspecified, loopback, IPv4-compatible, SIIT, local NAT64
+        "100::/64",  # discard-only
+        "2001::/23",  # IETF protocol assignments (Teredo, ORCHID, benchmarking)
+        "2001:db8::/32",  # documentation
+        "3fff::/20",  # documentation (RFC 9637)
+        "fc00::/7",  # unique local, includes AWS metadata fd00:ec2::254
+        "fe80::/10",  # link-local
+        "fec0::/10",  # deprecated site-local
+        "ff00::/8",  # multicast
+    )
+)
+
+# IPv6 forms that carry an IPv4 address inside; they are judged by that
+# address, so ::ffff:127.0.0.1 is loopback but 64:ff9b::8.8.8.8 is public.
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def _parse_address(ip: str | IPAddress) -> IPAddress:
+    if isinstance(ip, (ipaddress.IPv4Address, ipaddress.IPv6Address)):
+        return ip
+    return ipaddress.ip_address(ip.strip("[]"))
+
+
+def _embedded_ipv4(addr: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    if addr.ipv4_mapped is not None:
+        return addr.ipv4_mapped
+    if addr in _NAT64:
+        return ipaddress.IPv4Address(int(addr) & 0xFFFFFFFF)
+    return addr.sixtofour  # 2002::/16, None otherwise
+
+
+def is_blocked_address(ip: str | IPAddress) -> bool:
+    """True when ``ip`` must not be connected to from a user URL.
+
+    Anything that does not parse as an address counts as blocked: the
+    callers only ever pass addresses, so garbage means someone is probing.
+    """
+    try:
+        addr = _parse_address(ip)
+    except ValueError:
+        return True
+    if isinstance(addr, ipaddress.IPv6Address):
+        # Drop the zone id (fe80::1%eth0): it does not change the range, and
+        # Python 3.11's .exploded chokes on it.
+        addr = ipaddress.IPv6Address(int(addr))
+        embedded = _embedded_ipv4(addr)
+        if embedded is not None:
+            return is_blocked_address(embedded)
+        return any(addr in net for net in _BLOCKED_V6) or not addr.is_global
+    return any(addr in net for net in _BLOCKED_V4) or not addr.is_global
+
+
+# --- URLs ------------------------------------------------------------------
+
+# Hosts made only of numeric labels (decimal, octal, hex) are legacy IPv4
+# spellings: http://2130706433/ and http://0x7f.1/ both mean 127.0.0.1 to
+# getaddrinfo. yarl keeps them verbatim; aiohttp 3.14 refuses the all-digit
+# ones itself but hands hex ones to the resolver. Refused here outright, with
+# or without allow_private, so the behaviour does not hang on either library.
+_NUMERIC_HOST = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)(?:\.(?:0x[0-9a-f]*|[0-9]+))*\.?", re.I)
+
+
+def _origin(url: URL) -> str:
+    """scheme://host[:port] with nothing else: safe for messages."""
+    try:
+        return str(url.origin())
+    except ValueError:
+        return "<invalid URL>"
+
+
+def _check_host(host: str, *, allow_private: bool) -> None:
+    if "%" in host:
+        # Either an IPv6 zone id (fe80::1%eth0: link-local only, and aiohttp
+        # cannot connect to one) or percent-encoding no DNS name contains.
+        raise BlockedURL("host must not contain '%' (an IPv6 zone id or an escape)")
+    try:
+        addr = ipaddress.ip_address(host)
+    except ValueError:
+        if _NUMERIC_HOST.fullmatch(host):
+            raise BlockedURL(
+                f"host {host!r} is a numeric address not in dotted-quad form"
+            ) from None
+        return  # a name: the resolver checks what it resolves to
+    if not allow_private and is_blocked_address(addr):
+        raise BlockedURL(
+            f"host {host!r} is a private, loopback, link-local or reserved address"
+        )
+
+
+def check_url(url: str | URL, *, allow_private: bool) -> URL:
+    """Parse ``url`` and refuse it if it may not be called; no I/O."""
+    try:
+        parsed = url if isinstance(url, URL) else URL(url)
+    except (ValueError, TypeError):
+        raise BlockedURL("not a valid URL") from None
+    if not parsed.scheme:
+        raise BlockedURL("URL has no scheme; use http:// or https://")
+    if parsed.scheme not in ("http", "https"):
+        raise BlockedURL(f"URL scheme {parsed.scheme!r} is not allowed; use http or https")
+    if not parsed.raw_host:
+        raise BlockedURL("URL has no host")
+    # An empty "http://@host" is dropped by yarl and sends nothing; any
+    # user or password at all (even "http://:@host") is refused.
+    if parsed.raw_user is not None or parsed.raw_password is not None:
+        raise BlockedURL("URL must not contain credentials (user:password@)")
+    _check_host(parsed.host or parsed.raw_host, allow_private=allow_private)
+    return parsed
+
+
+# --- resolver --------------------------------------------------------------
+
+
+class GuardedResolver(AbstractResolver):
+    """Resolve with an inner resolver, refusing hosts with blocked addresses.
+
+    One blocked address refuses the whole host: otherwise a name listing a
+    public and a private address would reach the private one whenever the
+    connector fell back to it.
+    """
+
+    def __init__(
+        self, *, allow_private: bool, inner: AbstractResolver | None = None
+    ) -> None:
+        # ThreadedResolver needs the running loop, hence construction in
+        # OutboundClient.__aenter__ rather than at import time.
+        self._inner = inner if inner is not None else aiohttp.ThreadedResolver()
+        self._allow_private = allow_private
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        results = await self._inner.resolve(host, port, family)
+        if self._allow_private:
+            return results
+        if any(is_blocked_address(r["host"]) for r in results):
+            # The address itself is left out: echoing it would let users
+            # map internal DNS names through their result files.
+            raise BlockedURL(
+                f"host {host!r} resolves to a private, loopback, link-local "
+                "or reserved address"
+            )
+        return results
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+# --- responses and headers -------------------------------------------------
+
+_SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie"}
+)
+
+
+def redact_headers(
+    headers: Mapping[str, str] | Iterable[tuple[str, str]] | None,
+) -> dict[str, str]:
+    """A copy of ``headers`` fit for a log line: secret values replaced."""
+    if headers is None:
+        return {}
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    return {
+        name: "[redacted]" if name.lower() in _SECRET_HEADERS else value
+        for name, value in pairs
+    }
+
+
+@dataclass(frozen=True)
+class OutboundResponse:
+    status: int
+    headers: dict[str, str]  # lower-case names; repeated headers joined by ", "
+    body: bytes
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def json(self) -> Any:
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError:
+            raise OutboundError(
+                "response body is not valid JSON", kind="malformed"
+            ) from None
+
+
+def _lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        key = name.lower()
+        out[key] = f"{out[key]}, {value}" if key in out else value
+    return out
+
+
+# --- client ----------------------------------------------------------------
+
+
+def _allow_private_setting() -> bool:
+    # Imported here so the module works without Django (engine tests, CLI).
+    try:
+        from django.conf import settings
+        from django.core.exceptions import ImproperlyConfigured
+    except ImportError:
+        return False
+    try:
+        return bool(getattr(settings, "OPENRELAY_ALLOW_PRIVATE_URLS", False))
+    except ImproperlyConfigured:
+        return False
+
+
+# Header names are RFC 9110 tokens; values may not break the header line.
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_BAD_VALUE = re.compile(r"[\r\n\x00]")
+
+
+def _request_headers(headers: Mapping[str, str] | None, accept: str) -> CIMultiDict[str]:
+    merged: CIMultiDict[str] = CIMultiDict(
+        {"Content-Type": "application/json", "Accept": accept, "User-Agent": USER_AGENT}
+    )
+    for name, value in (headers or {}).items():
+        # Checked here so the error names the header but never its value
+        # (aiohttp's own ValueError would quote the value).
+        if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(str(value)):
+            raise OutboundError(f"request header {name!r} is not valid", kind="invalid")
+        merged[name] = str(value)
+    return merged
+
+
+def _transport_error(origin: str, exc: BaseException) -> OutboundError:
+    # Our own wording: str() of some aiohttp errors quotes the full URL.
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return OutboundError(f"{origin}: could not resolve host", kind="transport")
+    if isinstance(exc, aiohttp.ClientSSLError):
+        return OutboundError(f"{origin}: TLS handshake failed", kind="transport")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # strerror quotes the peer address; the errno text is enough.
+        reason = os.strerror(exc.errno) if exc.errno else type(exc.os_error).__name__
+        return OutboundError(f"{origin}: could not connect ({reason})", kind="transport")
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return OutboundError(f"{origin}: server closed the connection", kind="transport")
+    return OutboundError(
+        f"{origin}: request failed ({type(exc).__name__})", kind="transport"
+    )
+
+
+class OutboundClient:
+    """One aiohttp session for user URLs, per event loop.
+
+    Use as ``async with OutboundClient() as client:`` inside the loop that
+    will make the calls; the session and its resolver belong to that loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        allow_private: bool | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        limit: int = 100,
+    ) -> None:
+        if allow_private is None:
+            allow_private = _allow_private_setting()
+        self.allow_private = allow_private
+        self.max_response_bytes = max_response_bytes
+        self._limit = limit
+        self._session: aiohttp.ClientSession | None = None
+        self._resolver: GuardedResolver | None = None
+
+    async def __aenter__(self) -> OutboundClient:
+        self._resolver = GuardedResolver(allow_private=self.allow_private)
+        connector = aiohttp.TCPConnector(resolver=self._resolver, limit=self._limit)
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            # HTTP(S)_PROXY would make aiohttp resolve the proxy, not the
+            # target, and skip the guard; user URLs always go direct.
+            trust_env=False,
+            # One session serves every organization: a cookie set by one
+            # user's server must never be sent on another user's call.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            # Deadlines are per call, see post_json.
+            timeout=aiohttp.ClientTimeout(total=None),
+        )
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._session is not None:
+            await self._session.close()
+        if self._resolver is not None:
+            # A resolver passed in is not the connector's to close.
+            await self._resolver.close()
+        self._session = self._resolver = None
+
+    async def post_json(
+        self,
+        url: str | URL,
+        payload: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float,
+        accept: str = "application/json",
+    ) -> OutboundResponse:
+        """POST ``payload`` as JSON; any status comes back, 3xx included.
+
+        Raises OutboundError with kind blocked, invalid, timeout, transport
+        or too_large. ``timeout_s`` bounds the whole call: resolving,
+        connecting, sending and reading the body.
+        """
+        if self._session is None:
+            raise RuntimeError("OutboundClient is used outside 'async with'")
+        target = check_url(url, allow_private=self.allow_private)
+        origin = _origin(target)
+        body = _serialize(payload)
+        request_headers = _request_headers(headers, accept)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await self._send(target, body, request_headers, origin)
+        except OutboundError:
+            raise
+        except TimeoutError:
+            raise OutboundError(
+                f"{origin}: timed out after {timeout_s:g}s", kind="timeout"
+            ) from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise _transport_error(origin, exc) from None
+
+    async def _send(
+        self, url: URL, body: bytes, headers: CIMultiDict[str], origin: str
+    ) -> OutboundResponse:
+        assert self._session is not None
+        async with self._session.post(
+            url, data=body, headers=headers, allow_redirects=False
+        ) as resp:
+            content = await self._read_capped(resp, origin)
+            return OutboundResponse(
+                status=resp.status, headers=_lower_headers(resp.headers), body=content
+            )
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse, origin: str) -> bytes:
+        cap = self.max_response_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            resp.close()
+            raise _too_large(origin, cap)
+        chunks: list[bytes] = []
+        size = 0
+        # Counted after decompression, so a small gzip bomb is caught too.
+        async for chunk in resp.content.iter_chunked(_CHUNK):
+            size += len(chunk)
+            if size > cap:
+                # Drop the connection: the rest of the body is never read,
+                # so it cannot go back to the pool.
+                resp.close()
+                raise _too_large(origin, cap)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _too_large(origin: str, cap: int) -> OutboundError:
+    return OutboundError(
+        f"{origin}: response body exceeds the {cap} byte limit", kind="too_large"
+    )
+
+
+def _serialize(payload: Any) -> bytes:
+    try:
+        return orjson.dumps(payload)
+    except orjson.JSONEncodeError:
+        # e.g. an integer beyond 64 bits in user data: a per-request error,
+        # not a crash of the whole batch.
+        raise OutboundError(
+            "request payload cannot be serialized as JSON", kind="invalid"
+        ) from None
