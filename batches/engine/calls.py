@@ -1,0 +1,206 @@
+"""The one place that calls model servers.
+
+It owns the call time limit (counted from when the request is sent, so time
+the model server queues it counts), failover between deployments when a
+server fails under a call, and 429 back-off. Everything above it (plain
+records, tool loops, workflows) sees a `CallResult`.
+
+aiohttp is used directly: on this machine it dispatches several times faster
+than httpx's default async pool (engine-notes.md), and this is the hot path.
+"""
+
+import asyncio
+import itertools
+import logging
+import random
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from openrelay.ids import new_request_id
+
+logger = logging.getLogger("openrelay.engine")
+
+# Statuses that mean "the server failed under the call": rerun on new capacity.
+SERVER_FAILED_STATUSES = {502, 503, 504}
+MAX_RETRY_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    @classmethod
+    def from_body(cls, body):
+        usage = body.get("usage") if isinstance(body, dict) else None
+        if not isinstance(usage, dict):
+            return cls()
+        prompt_details = usage.get("prompt_tokens_details") or {}
+        completion_details = usage.get("completion_tokens_details") or {}
+        return cls(
+            prompt_tokens=_int(usage.get("prompt_tokens")),
+            cached_tokens=_int(prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else 0),
+            completion_tokens=_int(usage.get("completion_tokens")),
+            reasoning_tokens=_int(completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else 0),
+        )
+
+    def __add__(self, other):
+        return Usage(
+            self.prompt_tokens + other.prompt_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.reasoning_tokens + other.reasoning_tokens,
+        )
+
+    @property
+    def total_tokens(self):
+        return self.prompt_tokens + self.completion_tokens
+
+    def as_openai(self):
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+        }
+
+
+def _int(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+@dataclass
+class CallResult:
+    """What one model call came to.
+
+    kind: "response" (the server answered; see status_code), "time_limit"
+    (stopped at the call limit; never billed) or "unavailable" (every attempt
+    failed at the transport level).
+    """
+
+    kind: str
+    status_code: int | None = None
+    body: object = None
+    request_id: str = ""
+    usage: Usage = field(default_factory=Usage)
+    message: str = ""
+
+    @property
+    def ok(self):
+        return self.kind == "response" and self.status_code is not None and 200 <= self.status_code < 300
+
+
+@dataclass
+class Upstream:
+    """A deployment as the engine needs it (no ORM objects inside the loop)."""
+
+    base_url: str
+    upstream_model: str
+    api_key: str
+    concurrency: int
+
+    def __post_init__(self):
+        self.semaphore = asyncio.Semaphore(max(1, self.concurrency))
+
+
+class ModelCaller:
+    """Calls one model through its deployments, on one shared aiohttp session."""
+
+    def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25):
+        if not upstreams:
+            raise ValueError("a model needs at least one deployment")
+        self.upstreams = upstreams
+        self.time_limit_s = time_limit_s
+        self.retries = retries
+        self.backoff_base_s = backoff_base_s
+        self._rotation = itertools.cycle(range(len(upstreams)))
+        self.session = None
+
+    @property
+    def capacity(self):
+        return sum(u.concurrency for u in self.upstreams)
+
+    async def __aenter__(self):
+        connector = aiohttp.TCPConnector(limit=self.capacity + 8, limit_per_host=0, ttl_dns_cache=300)
+        self.session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.session.close()
+
+    async def call(self, endpoint, body):
+        """Send `body` to `endpoint` (e.g. "/v1/chat/completions") and return a CallResult."""
+        attempt = 0
+        upstream = self._next_upstream()
+        while True:
+            result = await self._attempt(upstream, endpoint, body)
+            if not self._should_retry(result) or attempt >= self.retries:
+                return result
+            attempt += 1
+            await asyncio.sleep(self._delay(result, attempt))
+            if result.status_code != 429:
+                upstream = self._next_upstream()  # failed server: new capacity
+
+    def _next_upstream(self):
+        return self.upstreams[next(self._rotation)]
+
+    @staticmethod
+    def _should_retry(result):
+        if result.kind == "unavailable":
+            return True
+        return result.kind == "response" and (result.status_code in SERVER_FAILED_STATUSES or result.status_code == 429)
+
+    def _delay(self, result, attempt):
+        if result.status_code == 429 and result.message:
+            try:
+                return min(MAX_RETRY_AFTER_S, max(0.0, float(result.message)))
+            except ValueError:
+                pass
+        backoff = min(8.0, self.backoff_base_s * (2 ** (attempt - 1)))
+        return backoff * (0.5 + random.random() / 2)
+
+    async def _attempt(self, upstream, endpoint, body):
+        payload = dict(body)
+        payload["model"] = upstream.upstream_model
+        headers = {"Content-Type": "application/json"}
+        if upstream.api_key:
+            headers["Authorization"] = f"Bearer {upstream.api_key}"
+        url = upstream.base_url.rstrip("/") + endpoint.removeprefix("/v1")
+        async with upstream.semaphore:
+            try:
+                # The limit starts here, when the request is sent: time spent
+                # queued inside the model server counts, our own queue does not.
+                async with asyncio.timeout(self.time_limit_s):
+                    return await self._send(url, payload, headers)
+            except TimeoutError:
+                return CallResult(kind="time_limit", message=f"The model call did not return within {self.time_limit_s:g} seconds.")
+            except (aiohttp.ClientError, OSError) as exc:
+                logger.info("model server at %s failed under a call: %s", upstream.base_url, type(exc).__name__)
+                return CallResult(kind="unavailable", message=f"The model server failed: {type(exc).__name__}.")
+
+    async def _send(self, url, payload, headers):
+        async with self.session.post(url, data=orjson.dumps(payload), headers=headers) as response:
+            raw = await response.read()
+            request_id = response.headers.get("x-request-id") or new_request_id()
+            try:
+                parsed = orjson.loads(raw) if raw else None
+            except orjson.JSONDecodeError:
+                parsed = None
+            if parsed is None and 200 <= response.status < 300:
+                return CallResult(kind="unavailable", message="The model server answered with a body that is not JSON.")
+            if parsed is None:
+                parsed = {"error": {"message": raw[:500].decode("utf-8", "replace"), "type": "upstream_error", "param": None, "code": None}}
+            retry_after = response.headers.get("Retry-After", "") if response.status == 429 else ""
+            return CallResult(
+                kind="response",
+                status_code=response.status,
+                body=parsed,
+                request_id=request_id,
+                usage=Usage.from_body(parsed) if 200 <= response.status < 300 else Usage(),
+                message=retry_after,
+            )

@@ -1,0 +1,119 @@
+"""Closing a batch: finalize, expire, complete a cancellation.
+
+Each ends with one atomic step that creates the result File rows and makes
+the terminal transition together. The transition is conditional, so when two
+processes race to close a batch, exactly one commits; the other rolls back
+and removes the bytes it stored. Finalizing twice never writes twice.
+"""
+
+import logging
+from datetime import timedelta
+
+from django.core.files.storage import default_storage
+from django.db import transaction
+from django.utils import timezone
+
+from batches import lifecycle
+from batches.engine import results, store
+from batches.models import Batch, BatchStatus, RecordStatus
+from files import services as file_services
+from files.models import Purpose
+
+logger = logging.getLogger("openrelay.engine")
+
+
+class _LostRace(Exception):
+    pass
+
+
+def window_passed(batch_pk):
+    return Batch.objects.filter(pk=batch_pk, expires_at__lte=timezone.now()).exists()
+
+
+def finalize_if_done(batch):
+    batch.refresh_from_db()
+    if batch.status == BatchStatus.CANCELLING:
+        return complete_cancellation(batch)
+    if batch.status != BatchStatus.IN_PROGRESS:
+        return False
+    if expire_if_due(batch):
+        return True
+    if store.unfinished_count(batch.pk):
+        return False
+    if not lifecycle.transition(batch, BatchStatus.FINALIZING):
+        return False
+    return close(batch, BatchStatus.COMPLETED)
+
+
+def expire_if_due(batch):
+    if batch.status != BatchStatus.IN_PROGRESS or batch.expires_at > timezone.now():
+        return False
+    if not lifecycle.transition(batch, BatchStatus.FINALIZING):
+        return False
+    store.close_unfinished(batch.pk, RecordStatus.EXPIRED, "batch_expired", results.EXPIRED_MESSAGE)
+    return close(batch, BatchStatus.EXPIRED)
+
+
+def complete_cancellation(batch):
+    if batch.status != BatchStatus.CANCELLING:
+        return False
+    store.close_unfinished(batch.pk, RecordStatus.CANCELLED, "batch_cancelled", results.CANCELLED_MESSAGE)
+    return close(batch, BatchStatus.CANCELLED)
+
+
+def close(batch, final_status):
+    """Write the result files and make the terminal transition, atomically."""
+    rendered = results.render(batch)
+    stored = []
+    try:
+        with transaction.atomic():
+            output_file = _store(batch, rendered.output, "output", stored)
+            error_file = _store(batch, rendered.error, "error", stored)
+            if not lifecycle.transition(batch, final_status, output_file=output_file, error_file=error_file):
+                raise _LostRace
+            if batch.input_file_id:
+                file_services.unpin(batch.input_file_id)
+            _bill(batch)
+    except _LostRace:
+        for name in stored:
+            default_storage.delete(name)
+        return False
+    finally:
+        rendered.close()
+    _announce(batch)
+    return True
+
+
+def _store(batch, stream, kind, stored):
+    if stream is None:
+        return None
+    now = timezone.now()
+    ttl = timedelta(seconds=batch.output_expires_after_s) if batch.output_expires_after_s else file_services.DEFAULT_OUTPUT_TTL
+    stream.seek(0, 2)
+    size = stream.tell()
+    stream.seek(0)
+    file = file_services.create_file_from_stream(
+        organization=batch.organization,
+        filename=f"{batch.public_id}_{kind}.jsonl",
+        purpose=Purpose.BATCH_OUTPUT,
+        stream=stream,
+        size=size,
+        expires_at=now + ttl,
+    )
+    stored.append(file.storage_name)
+    return file
+
+
+def _bill(batch):
+    """Bill the batch exactly once, in the same transaction as its terminal transition."""
+    try:
+        from billing import ledger
+    except ImportError:  # billing's ledger arrives with the billing issue
+        return
+    ledger.bill_batch(batch)
+
+
+def _announce(batch):
+    from batches import events
+
+    events.batch_changed_sync(batch.pk)

@@ -1,0 +1,45 @@
+"""What a record came to, as the engine stores it."""
+
+from dataclasses import dataclass, field
+
+from batches.engine.calls import Usage
+
+
+@dataclass
+class RecordOutcome:
+    """The final result of one record.
+
+    `usage` is what is billed for the record: zero for a failed plain or
+    tool-calling record, every successful request for a workflow record.
+    """
+
+    succeeded: bool
+    status_code: int | None = None
+    request_id: str = ""
+    body: object = None
+    error_code: str = ""
+    error_message: str = ""
+    usage: Usage = field(default_factory=Usage)
+
+    @classmethod
+    def error(cls, code, message, usage=None):
+        return cls(succeeded=False, error_code=code, error_message=message, usage=usage or Usage())
+
+    @classmethod
+    def from_call(cls, result):
+        """A record whose outcome is exactly one call's result."""
+        if result.ok:
+            return cls(True, result.status_code, result.request_id, result.body, usage=result.usage)
+        if result.kind == "response":
+            # A non-2xx answer is the record's result: error file, response set.
+            return cls(False, result.status_code, result.request_id, result.body)
+        if result.kind == "time_limit":
+            return cls.error("request_time_limit", result.message)
+        return cls.error("upstream_error", result.message)
+
+
+def strip_openrelay(body):
+    """The body the model sees: OpenRelay's own `openrelay` object removed."""
+    if "openrelay" not in body:
+        return body
+    return {k: v for k, v in body.items() if k != "openrelay"}

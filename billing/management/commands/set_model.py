@@ -1,0 +1,59 @@
+from decimal import Decimal, InvalidOperation
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import transaction
+
+from billing.models import Price
+from openrelay.models import Deployment, Model
+
+
+def _price(value):
+    try:
+        price = Decimal(value)
+    except InvalidOperation:
+        raise CommandError(f"Not a price: {value!r} (USD per 1M tokens, e.g. 0.15)") from None
+    if price < 0:
+        raise CommandError("Prices cannot be negative.")
+    return price
+
+
+class Command(BaseCommand):
+    help = (
+        "Create or update a model in the catalog with one deployment (idempotent: the deployment is "
+        "found by base URL). Prices are USD per 1M tokens at the sync rate."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("name", help="Public model name, e.g. openrelay/gemma-4-31b")
+        parser.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1")
+        parser.add_argument("--upstream-model", default="", help="Model name sent upstream (default: the public name)")
+        parser.add_argument("--api-key", default=None, help="Upstream API key (stored, never displayed)")
+        parser.add_argument("--concurrency", type=int, default=None, help="Max concurrent calls to this deployment")
+        parser.add_argument("--input-price", type=_price, default=None)
+        parser.add_argument("--cached-input-price", type=_price, default=None)
+        parser.add_argument("--output-price", type=_price, default=None)
+        parser.add_argument("--disable", action="store_true", help="Disable the model")
+
+    @transaction.atomic
+    def handle(self, name, base_url, upstream_model, api_key, concurrency, disable, **options):
+        if concurrency is not None and concurrency < 1:
+            raise CommandError("--concurrency must be at least 1.")
+        model, _ = Model.objects.update_or_create(name=name, defaults={"enabled": not disable})
+        deployment, created = Deployment.objects.get_or_create(model=model, base_url=base_url)
+        deployment.upstream_model = upstream_model
+        if api_key is not None:
+            deployment.api_key = api_key
+        if concurrency is not None:
+            deployment.max_concurrency = concurrency
+        deployment.save()
+        price, _ = Price.objects.get_or_create(model=model)
+        for field, option in (("input_per_mtok", "input_price"), ("cached_input_per_mtok", "cached_input_price"), ("output_per_mtok", "output_price")):
+            if options[option] is not None:
+                setattr(price, field, options[option])
+        price.save()
+        verb = "Added" if created else "Updated"
+        self.stdout.write(
+            f"{verb} {model.name} -> {deployment.base_url} (upstream {deployment.upstream_name}, "
+            f"concurrency {deployment.max_concurrency}); prices per 1M tokens: input {price.input_per_mtok}, "
+            f"cached input {price.cached_input_per_mtok}, output {price.output_per_mtok}"
+        )
