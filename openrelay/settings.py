@@ -86,7 +86,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
     }
-DATABASES["default"].setdefault("TEST", {})
+    # A file, not memory: tests hand the test database to real worker processes.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test_openrelay.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL", "")

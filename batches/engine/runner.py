@@ -24,6 +24,7 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, BatchStatus
 from files.services import open_content
+from openrelay.outbound import OutboundClient
 
 logger = logging.getLogger("openrelay.engine")
 
@@ -103,15 +104,15 @@ class BatchWorker:
             caller = ModelCaller(
                 self.upstreams, time_limit_s=settings.OPENRELAY_CALL_TIME_LIMIT_S, retries=settings.OPENRELAY_UPSTREAM_RETRIES
             )
-            async with caller:
-                self.ctx = self._context(caller)
+            async with caller, OutboundClient() as outbound:
+                self.ctx = self._context(caller, outbound)
                 await self._loop(caller.capacity)
         finally:
             await self.db(self._cleanup)
             self.db_thread.shutdown(wait=True)
         return self.worked
 
-    def _context(self, caller):
+    def _context(self, caller, outbound):
         return RecordContext(
             batch_pk=self.batch.pk,
             batch_public_id=self.batch.public_id,
@@ -120,6 +121,7 @@ class BatchWorker:
             model_name=self.batch.model_name,
             caller=caller,
             workflows_enabled=self.batch.organization.workflows_enabled,
+            outbound=outbound,
         )
 
     def _open_input(self):

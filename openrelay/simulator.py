@@ -1,0 +1,1144 @@
+"""Simulated OpenAI-compatible model server.
+
+The embedded default upstream on a fresh machine, the model server of every
+test, and the peer of the load benchmarks. It speaks just enough of the OpenAI
+API to be indistinguishable from a real deployment for a batch gateway, and
+its answers are deterministic: the same request body always gets the same
+answer, apart from `id` and `created`.
+
+Endpoints
+---------
+- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`
+- `GET /v1/models`
+- `GET /_sim/requests`: the recorded model calls, oldest first, each
+  `{"path", "headers", "body"}`; secret headers (`authorization`, `api-key`,
+  `x-api-key`, `proxy-authorization`, `cookie`) are never recorded. Only the
+  last `record_limit` (10,000) calls are kept; `record=False` turns it off.
+- `POST /_sim/reset`: forget the recorded calls and the per-body counters.
+
+Token rule
+----------
+- A text costs `max(1, ceil(len(text) / 4))` tokens (about 4 characters a
+  token). A prompt given as a token array costs one token per element.
+- Chat `prompt_tokens` count the text of every message (string content or the
+  `text` of content parts, plus the name and arguments of earlier tool calls).
+- `cached_tokens` = `prompt_tokens // 2` rounded down to a multiple of 64
+  (so prompts under 128 tokens have none); `reasoning_tokens` is always 0.
+- `completion_tokens` count the answer text (for tool calls: each function's
+  name plus its arguments). `max_tokens` / `max_completion_tokens` cap them;
+  a capped answer is cut to `4 * cap` characters and ends with
+  `finish_reason: "length"`. Tool-call turns are never capped.
+
+Answers
+-------
+- chat: `"Simulated answer to: <first 60 chars of the last user message>"`
+  (directives removed from the echo), `n` choices if `n` is given.
+- completions: `"Simulated completion of: <first 60 chars of the prompt>"`,
+  one choice per prompt.
+- embeddings: unit-length float vectors derived from a hash of each input
+  (string or list of strings, or token arrays), 16 dimensions unless
+  `dimensions` says otherwise; `encoding_format: "base64"` is honoured.
+
+Tool calls
+----------
+When a chat request carries a non-empty `tools` list (and `tool_choice` is not
+`"none"`), the simulator asks for tools while the number of tool rounds
+already in the conversation (assistant messages with `tool_calls`) is below
+the wanted number of rounds. It then answers with `finish_reason:
+"tool_calls"` and tool calls with ids `call_<round>_<i>` (both from 0), type
+`function`, and `arguments` as a JSON string. After that (or when a `tool`
+message is present and no call is wanted) it answers
+`"Final answer using: <content of the last role=tool message>"`.
+
+- The first tool is called by default; `tool_choice: {"type": "function",
+  "function": {"name": X}}` forces tool X.
+- Arguments are built from the tool's `parameters.properties`: string ->
+  `"sim"`, integer -> 1, number -> 1.5, boolean -> true, a property with an
+  `enum` -> its first value, anything else -> null.
+
+Directives in user messages (tool behaviour):
+- `[[tool_rounds:N]]`: want N tool rounds (default 1; N=99 never finishes).
+- `[[tool_calls:K]]`: K parallel calls per turn, cycling over the tools.
+- `[[tool_args:{...json...}]]`: use this object as the arguments.
+
+Faults
+------
+Directives in the text of any message (for completions the prompt, for
+embeddings the input), so one batch can mix outcomes deterministically. A
+directive in a `tool` message affects the next model call of the loop.
+- `[[status:NNN]]`: answer HTTP NNN with an OpenAI error envelope
+  `{"error": {"message", "type", "param", "code"}}`.
+- `[[status:NNNxK]]`: answer NNN the first K times this exact body is seen,
+  then answer normally ("failed server, the rerun succeeds").
+- `[[drop]]` / `[[dropxK]]`: close the connection without an answer (always /
+  the first K times this exact body is seen).
+- `[[hang]]`: never answer (until the client gives up or the server stops).
+- `[[latency:MS]]`: wait MS milliseconds before answering.
+Every 429 carries `Retry-After: <retry_after_s or 1>` (seconds, may be
+fractional) and `retry-after-ms`.
+
+Server-wide knobs (`SimulatorConfig`, or the command-line flags):
+`latency_ms` (added to every answer), `error_rates` ({status: probability}),
+`drop_rate`, `hang_rate`, `retry_after_s`, `seed`, `fail_all_status` (every
+request gets that status: a dead deployment), `drop_all` (every connection is
+dropped), `record`, `record_limit`, `models` (listed by `/v1/models`).
+The random draw for a request is seeded by (seed, body hash, how many times
+that body was seen), so a run is reproducible even when requests arrive
+concurrently in a different order, and a retried body gets a fresh draw.
+
+Usage
+-----
+    python -m openrelay.simulator --port 8001 --error-rate 503=0.1
+    python manage.py simulate_model --port 8001 --latency-ms 50
+
+    with run_in_thread(SimulatorConfig()) as sim:
+        sim.base_url   # "http://127.0.0.1:PORT/v1"
+        sim.requests() # recorded calls
+        sim.reset()
+
+This module must not import Django: it runs standalone too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "text-embedding-3-small")
+SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"}
+)
+ECHO_CHARS = 60
+DEFAULT_EMBEDDING_DIMENSIONS = 16
+# Per-body counters only need to outlive a batch's retries; the cap keeps a
+# long benchmark with error rates from growing memory without bound.
+SEEN_BODIES_LIMIT = 200_000
+MODELS_CREATED = 1_700_000_000
+
+
+# ---------------------------------------------------------------- config
+
+
+@dataclass
+class SimulatorConfig:
+    latency_ms: float = 0.0
+    error_rates: Mapping[int, float] = field(default_factory=dict)
+    drop_rate: float = 0.0
+    hang_rate: float = 0.0
+    retry_after_s: float | None = None
+    seed: int = 0
+    fail_all_status: int | None = None
+    drop_all: bool = False
+    record: bool = True
+    record_limit: int = 10_000
+    models: tuple[str, ...] = DEFAULT_MODELS
+
+    def __post_init__(self):
+        self.error_rates = {int(s): float(p) for s, p in dict(self.error_rates).items()}
+        # The random outcomes are exclusive slices of one draw in [0, 1).
+        if self.drop_rate + self.hang_rate + sum(self.error_rates.values()) > 1:
+            raise ValueError("drop_rate + hang_rate + error_rates must not exceed 1")
+        self.models = tuple(self.models)
+
+    @property
+    def draws_at_random(self) -> bool:
+        return bool(self.drop_rate or self.hang_rate or any(self.error_rates.values()))
+
+
+# ---------------------------------------------------------------- token rule
+
+
+def count_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / 4))
+
+
+def cached_tokens_for(prompt_tokens: int) -> int:
+    return (prompt_tokens // 2) // 64 * 64
+
+
+def usage_block(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {
+            "cached_tokens": cached_tokens_for(prompt_tokens),
+            "audio_tokens": 0,
+        },
+        "completion_tokens_details": {
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+            "accepted_prediction_tokens": 0,
+            "rejected_prediction_tokens": 0,
+        },
+    }
+
+
+def cap_answer(text: str, cap: int | None) -> tuple[str, int, str]:
+    """Return (text, completion_tokens, finish_reason) under a token cap."""
+    tokens = count_tokens(text)
+    if cap is not None and tokens > cap:
+        return text[: cap * 4], cap, "length"
+    return text, tokens, "stop"
+
+
+# ---------------------------------------------------------------- directives
+
+_FAULT_DIRECTIVE = re.compile(
+    r"\[\[(?:status:(?P<status>\d{3})(?:x(?P<status_times>\d+))?"
+    r"|(?P<drop>drop)(?:x(?P<drop_times>\d+))?"
+    r"|(?P<hang>hang)"
+    r"|latency:(?P<latency>\d+(?:\.\d+)?))\]\]"
+)
+_TOOL_ROUNDS = re.compile(r"\[\[tool_rounds:(\d+)\]\]")
+_TOOL_CALLS = re.compile(r"\[\[tool_calls:(\d+)\]\]")
+_TOOL_ARGS_OPENING = "[[tool_args:"
+_ANY_DIRECTIVE = re.compile(
+    r"\[\[(?:status|drop|hang|latency|tool_rounds|tool_calls|tool_args)\b.*?\]\]", re.S
+)
+
+
+@dataclass
+class FaultDirectives:
+    status: int | None = None
+    status_times: int | None = None  # None: every time
+    drop: bool = False
+    drop_times: int | None = None
+    hang: bool = False
+    latency_ms: float = 0.0
+
+    @property
+    def counts_repeats(self) -> bool:
+        return self.status_times is not None or self.drop_times is not None
+
+
+def parse_fault_directives(text: str) -> FaultDirectives:
+    """The first directive of each kind wins."""
+    found = FaultDirectives()
+    if "[[" not in text:  # the common case costs one substring scan
+        return found
+    for match in _FAULT_DIRECTIVE.finditer(text):
+        if match["status"] and found.status is None:
+            found.status = int(match["status"])
+            found.status_times = _int_or_none(match["status_times"])
+        elif match["drop"] and not found.drop:
+            found.drop = True
+            found.drop_times = _int_or_none(match["drop_times"])
+        elif match["hang"]:
+            found.hang = True
+        elif match["latency"] and not found.latency_ms:
+            found.latency_ms = float(match["latency"])
+    return found
+
+
+@dataclass
+class ToolDirectives:
+    rounds: int = 1
+    calls: int = 1
+    arguments: dict | None = None
+
+
+def parse_tool_directives(text: str) -> ToolDirectives:
+    found = ToolDirectives()
+    if "[[" not in text:
+        return found
+    if match := _TOOL_ROUNDS.search(text):
+        found.rounds = int(match[1])
+    if match := _TOOL_CALLS.search(text):
+        found.calls = max(1, int(match[1]))
+    found.arguments = _literal_tool_arguments(text)
+    return found
+
+
+def _literal_tool_arguments(text: str) -> dict | None:
+    # raw_decode instead of a regex: the JSON may itself contain "]]".
+    start = text.find(_TOOL_ARGS_OPENING)
+    if start < 0:
+        return None
+    try:
+        value, end = json.JSONDecoder().raw_decode(text, start + len(_TOOL_ARGS_OPENING))
+    except ValueError:
+        return None
+    if not text.startswith("]]", end) or not isinstance(value, dict):
+        return None
+    return value
+
+
+def strip_directives(text: str) -> str:
+    if "[[" in text:
+        text = _ANY_DIRECTIVE.sub("", text)
+    return " ".join(text.split())
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value is not None else None
+
+
+# ---------------------------------------------------------------- request text
+
+
+class BadRequest(Exception):
+    """An invalid request body: answered 400 in OpenAI's envelope."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            part.get("text") or ""
+            for part in content
+            if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def message_text(message: Any) -> str:
+    if not isinstance(message, dict):
+        return ""
+    text = content_text(message.get("content"))
+    for call in message.get("tool_calls") or ():
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict):
+            text += str(function.get("name") or "") + str(function.get("arguments") or "")
+    return text
+
+
+def chat_messages(body: dict) -> list:
+    messages = body.get("messages")
+    return messages if isinstance(messages, list) else []
+
+
+def chat_text(body: dict) -> str:
+    return "\n".join(message_text(m) for m in chat_messages(body))
+
+
+def completion_prompts(body: dict) -> list:
+    prompt = body.get("prompt")
+    # A list of ints is one prompt given as tokens, not several prompts.
+    if isinstance(prompt, str) or _is_token_array(prompt):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        return prompt
+    return []
+
+
+def completion_text(body: dict) -> str:
+    return "\n".join(p for p in completion_prompts(body) if isinstance(p, str))
+
+
+def embedding_inputs(body: dict) -> list:
+    value = body.get("input")
+    if isinstance(value, str) or _is_token_array(value):
+        return [value]
+    return value if isinstance(value, list) else []
+
+
+def embedding_text(body: dict) -> str:
+    return "\n".join(i for i in embedding_inputs(body) if isinstance(i, str))
+
+
+def _is_token_array(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(t, int) for t in value)
+
+
+def _tokens_of(item: Any) -> int:
+    return len(item) if _is_token_array(item) else count_tokens(item)
+
+
+def _require_model(body: dict) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise BadRequest("you must provide a model parameter", "model")
+    return model
+
+
+def _token_cap(body: dict, *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is not None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BadRequest(f"{name} must be a positive integer", name)
+            return value
+    return None
+
+
+def _choice_count(body: dict) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 128:
+        raise BadRequest("n must be an integer between 1 and 128", "n")
+    return n
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + os.urandom(12).hex()
+
+
+# ---------------------------------------------------------------- chat answers
+
+
+def answer_chat(body: dict) -> dict:
+    model = _require_model(body)
+    messages = chat_messages(body)
+    if not messages:
+        raise BadRequest("messages must be a non-empty array", "messages")
+    if body.get("stream"):
+        raise BadRequest("the simulated model server does not stream", "stream")
+    prompt_tokens = count_tokens(chat_text(body))
+    tool_calls = plan_tool_calls(body, messages)
+    if tool_calls is not None:
+        choices, completion_tokens = _tool_call_choices(tool_calls, _choice_count(body))
+    else:
+        choices, completion_tokens = _content_choices(body, messages)
+    return {
+        "id": _new_id("chatcmpl-"),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage_block(prompt_tokens, completion_tokens),
+        "service_tier": "default",
+        "system_fingerprint": "fp_simulated",
+    }
+
+
+def _content_choices(body: dict, messages: list) -> tuple[list, int]:
+    cap = _token_cap(body, "max_completion_tokens", "max_tokens")
+    text, tokens, finish_reason = cap_answer(chat_answer_text(messages), cap)
+    message = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+    n = _choice_count(body)
+    choices = [_chat_choice(i, message, finish_reason) for i in range(n)]
+    return choices, tokens * n
+
+
+def _tool_call_choices(tool_calls: list, n: int) -> tuple[list, int]:
+    message = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": tool_calls,
+        "refusal": None,
+        "annotations": [],
+    }
+    tokens = sum(
+        count_tokens(c["function"]["name"] + c["function"]["arguments"]) for c in tool_calls
+    )
+    return [_chat_choice(i, message, "tool_calls") for i in range(n)], tokens * n
+
+
+def _chat_choice(index: int, message: dict, finish_reason: str) -> dict:
+    return {
+        "index": index,
+        "message": message,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+    }
+
+
+def chat_answer_text(messages: list) -> str:
+    tool_results = [m for m in messages if isinstance(m, dict) and m.get("role") == "tool"]
+    if tool_results:
+        return "Final answer using: " + content_text(tool_results[-1].get("content"))
+    users = [m for m in messages if isinstance(m, dict) and m.get("role") == "user"]
+    question = strip_directives(content_text(users[-1].get("content"))) if users else ""
+    return "Simulated answer to: " + question[:ECHO_CHARS]
+
+
+# ---------------------------------------------------------------- tool calls
+
+
+def plan_tool_calls(body: dict, messages: list) -> list | None:
+    """The tool calls of this turn, or None when the model should answer."""
+    tools = function_tools(body)
+    if not tools or body.get("tool_choice") == "none":
+        return None
+    user_text = "\n".join(
+        content_text(m.get("content"))
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "user"
+    )
+    wanted = parse_tool_directives(user_text)
+    rounds_done = sum(
+        1
+        for m in messages
+        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
+    )
+    if rounds_done >= wanted.rounds:
+        return None
+    tools = _forced_tool(body, tools) or tools
+    return [
+        tool_call(rounds_done, i, tools[i % len(tools)], wanted.arguments)
+        for i in range(wanted.calls)
+    ]
+
+
+def function_tools(body: dict) -> list[dict]:
+    tools = body.get("tools")
+    if not isinstance(tools, list):
+        return []
+    return [
+        t["function"]
+        for t in tools
+        if isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+    ]
+
+
+def _forced_tool(body: dict, tools: list[dict]) -> list[dict] | None:
+    choice = body.get("tool_choice")
+    if not isinstance(choice, dict):
+        return None
+    name = (choice.get("function") or {}).get("name")
+    named = [t for t in tools if t["name"] == name]
+    return named or None
+
+
+def tool_call(round_index: int, index: int, function: dict, arguments: dict | None) -> dict:
+    if arguments is None:
+        arguments = arguments_from_schema(function.get("parameters"))
+    return {
+        "id": f"call_{round_index}_{index}",
+        "type": "function",
+        "function": {"name": function["name"], "arguments": orjson.dumps(arguments).decode()},
+    }
+
+
+_SAMPLE_BY_TYPE = {"string": "sim", "integer": 1, "number": 1.5, "boolean": True}
+
+
+def arguments_from_schema(parameters: Any) -> dict:
+    properties = parameters.get("properties") if isinstance(parameters, dict) else None
+    if not isinstance(properties, dict):
+        return {}
+    return {name: _sample_value(schema) for name, schema in properties.items()}
+
+
+def _sample_value(schema: Any) -> Any:
+    if not isinstance(schema, dict):
+        return None
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):  # e.g. ["string", "null"]
+        kind = next((k for k in kind if k != "null"), None)
+    return _SAMPLE_BY_TYPE.get(kind) if isinstance(kind, str) else None
+
+
+# ---------------------------------------------------------------- completions
+
+
+def answer_completion(body: dict) -> dict:
+    model = _require_model(body)
+    prompts = completion_prompts(body)
+    if not prompts or not all(isinstance(p, str) or _is_token_array(p) for p in prompts):
+        raise BadRequest("prompt must be a string, an array of strings or tokens", "prompt")
+    if body.get("stream"):
+        raise BadRequest("the simulated model server does not stream", "stream")
+    cap = _token_cap(body, "max_tokens")
+    n = _choice_count(body)
+    choices, completion_tokens = [], 0
+    for prompt in prompts:
+        text, tokens, finish_reason = cap_answer(_completion_text_for(prompt), cap)
+        for _ in range(n):
+            choice = {"text": text, "index": len(choices), "logprobs": None}
+            choices.append({**choice, "finish_reason": finish_reason})
+            completion_tokens += tokens
+    return {
+        "id": _new_id("cmpl-"),
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": choices,
+        "usage": usage_block(sum(_tokens_of(p) for p in prompts), completion_tokens),
+        "system_fingerprint": "fp_simulated",
+    }
+
+
+def _completion_text_for(prompt: str | list) -> str:
+    if isinstance(prompt, list):
+        return f"Simulated completion of {len(prompt)} tokens"
+    return "Simulated completion of: " + strip_directives(prompt)[:ECHO_CHARS]
+
+
+# ---------------------------------------------------------------- embeddings
+
+
+def answer_embeddings(body: dict) -> dict:
+    model = _require_model(body)
+    inputs = embedding_inputs(body)
+    if not inputs or not all((isinstance(i, str) and i) or _is_token_array(i) for i in inputs):
+        raise BadRequest("input must be a non-empty string or array of strings", "input")
+    dimensions = body.get("dimensions") or DEFAULT_EMBEDDING_DIMENSIONS
+    if not isinstance(dimensions, int) or not 1 <= dimensions <= 8192:
+        raise BadRequest("dimensions must be an integer between 1 and 8192", "dimensions")
+    as_base64 = body.get("encoding_format") == "base64"
+    data = [
+        {"object": "embedding", "index": i, "embedding": _encoded(vector, as_base64)}
+        for i, vector in enumerate(embedding_vector(item, dimensions) for item in inputs)
+    ]
+    prompt_tokens = sum(_tokens_of(i) for i in inputs)
+    return {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }
+
+
+def embedding_vector(item: str | list, dimensions: int) -> list[float]:
+    """A unit vector whose components come from a hash of the input."""
+    seed = item.encode() if isinstance(item, str) else orjson.dumps(item)
+    raw = hashlib.shake_256(seed).digest(2 * dimensions)
+    components = [v / 32767.5 - 1.0 for v in struct.unpack(f"<{dimensions}H", raw)]
+    norm = math.sqrt(sum(c * c for c in components)) or 1.0
+    return [c / norm for c in components]
+
+
+def _encoded(vector: list[float], as_base64: bool) -> list[float] | str:
+    if not as_base64:
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+# ---------------------------------------------------------------- errors
+
+# (type, code, message) per status, after OpenAI's own answers.
+_ERROR_SHAPES = {
+    400: ("invalid_request_error", None, "Invalid request."),
+    401: ("invalid_request_error", "invalid_api_key", "Incorrect API key provided."),
+    403: ("permission_error", None, "You are not allowed to use this model."),
+    404: ("invalid_request_error", "model_not_found", "The model does not exist."),
+    408: ("timeout", None, "Request timed out."),
+    409: ("invalid_request_error", "conflict", "Conflicting request."),
+    422: ("invalid_request_error", None, "Unprocessable request."),
+    429: ("requests", "rate_limit_exceeded", "Rate limit reached for requests."),
+    500: ("server_error", None, "The server had an error while processing your request."),
+    502: ("server_error", None, "Bad gateway."),
+    503: ("server_error", None, "The engine is currently overloaded, please try again later."),
+    504: ("server_error", None, "The server timed out."),
+}
+
+
+def error_envelope(status: int, message: str | None = None, param: str | None = None) -> dict:
+    kind, code, default_message = _ERROR_SHAPES.get(
+        status,
+        ("server_error" if status >= 500 else "invalid_request_error", None, "Simulated error."),
+    )
+    return {
+        "error": {
+            "message": message or f"Simulated {status}: {default_message}",
+            "type": kind,
+            "param": param,
+            "code": code,
+        }
+    }
+
+
+def json_response(payload: Any, status: int = 200, headers: Mapping | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(payload), status=status, content_type="application/json", headers=headers
+    )
+
+
+# ---------------------------------------------------------------- server state
+
+
+class SimulatorState:
+    """What the server remembers: recorded calls and per-body counters.
+
+    Touched by the server's event loop and read by tests from other threads,
+    so every access holds the lock.
+    """
+
+    def __init__(self, config: SimulatorConfig):
+        self.config = config
+        self.request_count = 0
+        self._lock = threading.Lock()
+        self._recorded: deque = deque(maxlen=max(1, config.record_limit))
+        self._seen: OrderedDict[bytes, int] = OrderedDict()
+
+    def record(self, path: str, headers: dict, body: Any) -> None:
+        with self._lock:
+            self.request_count += 1
+            if self.config.record:
+                self._recorded.append({"path": path, "headers": headers, "body": body})
+
+    def requests(self, path: str | None = None) -> list[dict]:
+        with self._lock:
+            recorded = list(self._recorded)
+        return [r for r in recorded if path is None or r["path"] == path]
+
+    def times_seen(self, body_hash: bytes) -> int:
+        """How many times this body was seen before; counts this time."""
+        with self._lock:
+            seen = self._seen.pop(body_hash, 0)
+            self._seen[body_hash] = seen + 1
+            if len(self._seen) > SEEN_BODIES_LIMIT:
+                self._seen.popitem(last=False)
+            return seen
+
+    def reset(self) -> None:
+        with self._lock:
+            self._recorded.clear()
+            self._seen.clear()
+            self.request_count = 0
+
+
+# ---------------------------------------------------------------- faults
+
+ANSWER, FAIL, DROP, HANG = "answer", "fail", "drop", "hang"
+
+
+def choose_outcome(
+    config: SimulatorConfig, directives: FaultDirectives, seen: int, draw: float | None
+) -> tuple[str, int | None]:
+    """Decide the fate of one request: (ANSWER | FAIL | DROP | HANG, status)."""
+    if config.drop_all:
+        return DROP, None
+    if config.fail_all_status:
+        return FAIL, config.fail_all_status
+    if directives.hang:
+        return HANG, None
+    if directives.drop and (directives.drop_times is None or seen < directives.drop_times):
+        return DROP, None
+    if directives.status and directives.status >= 400:
+        if directives.status_times is None or seen < directives.status_times:
+            return FAIL, directives.status
+    if draw is not None:
+        return _outcome_of_draw(config, draw)
+    return ANSWER, None
+
+
+def _outcome_of_draw(config: SimulatorConfig, draw: float) -> tuple[str, int | None]:
+    # One draw, cut into exclusive slices: drop, hang, then each error status.
+    edge = config.drop_rate
+    if draw < edge:
+        return DROP, None
+    edge += config.hang_rate
+    if draw < edge:
+        return HANG, None
+    for status, rate in sorted(config.error_rates.items()):
+        edge += rate
+        if draw < edge:
+            return FAIL, status
+    return ANSWER, None
+
+
+def seeded_draw(seed: int, body_hash: bytes, seen: int) -> float:
+    # Seeded by the body and its repeat count, not by arrival order, so a run
+    # is reproducible under any concurrency.
+    return random.Random(f"{seed}:{body_hash.hex()}:{seen}").random()
+
+
+def failure_response(config: SimulatorConfig, status: int) -> web.Response:
+    headers = None
+    if status == 429:
+        retry_after = config.retry_after_s if config.retry_after_s is not None else 1
+        headers = {
+            "Retry-After": f"{retry_after:g}",
+            "retry-after-ms": str(int(retry_after * 1000)),
+        }
+    return json_response(error_envelope(status), status=status, headers=headers)
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    text_of: Any  # body -> the text searched for fault directives
+    answer: Any  # body -> answer payload (raises BadRequest)
+
+
+MODEL_ENDPOINTS = {
+    "/v1/chat/completions": ModelEndpoint(chat_text, answer_chat),
+    "/v1/completions": ModelEndpoint(completion_text, answer_completion),
+    "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings),
+}
+
+
+class ModelServer:
+    """The request handlers, bound to one config and one state."""
+
+    def __init__(self, config: SimulatorConfig):
+        self.config = config
+        self.state = SimulatorState(config)
+        self._parked: set[asyncio.Task] = set()
+
+    async def model_call(self, request: web.Request) -> web.StreamResponse:
+        endpoint = MODEL_ENDPOINTS[request.path]
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        # An unparsable body is recorded as text: tests want to see what came.
+        recorded = body if body is not None else raw.decode(errors="replace")
+        self.state.record(request.path, recordable_headers(request), recorded)
+        if not isinstance(body, dict):
+            return json_response(error_envelope(400, "The body must be a JSON object."), 400)
+        directives = parse_fault_directives(endpoint.text_of(body))
+        outcome, status = self._decide(directives, raw)
+        delay_ms = self.config.latency_ms + directives.latency_ms
+        if delay_ms > 0 and outcome != HANG:
+            await self._park(delay_ms / 1000)
+        if outcome == ANSWER:
+            return self._answer(endpoint, body)
+        if outcome == FAIL:
+            return failure_response(self.config, status)
+        if outcome == DROP:
+            return await self._drop(request)
+        return await self._hang()
+
+    def _decide(self, directives: FaultDirectives, raw: bytes) -> tuple[str, int | None]:
+        seen, draw = 0, None
+        if directives.counts_repeats or self.config.draws_at_random:
+            body_hash = hashlib.blake2b(raw, digest_size=16).digest()
+            seen = self.state.times_seen(body_hash)
+            if self.config.draws_at_random:
+                draw = seeded_draw(self.config.seed, body_hash, seen)
+        return choose_outcome(self.config, directives, seen, draw)
+
+    def _answer(self, endpoint: ModelEndpoint, body: dict) -> web.Response:
+        try:
+            return json_response(endpoint.answer(body))
+        except BadRequest as exc:
+            return json_response(error_envelope(400, str(exc), exc.param), 400)
+
+    async def _drop(self, request: web.Request) -> web.StreamResponse:
+        # abort() rather than close(): no graceful shutdown, the client sees
+        # the connection end without a response, like a crashed upstream.
+        if request.transport is not None:
+            request.transport.abort()
+        raise asyncio.CancelledError  # ends the handler without writing anything
+
+    async def _hang(self) -> web.StreamResponse:
+        await self._park(None)
+        raise AssertionError("unreachable: parking forever only ends by cancellation")
+
+    async def _park(self, seconds: float | None) -> None:
+        """Sleep (forever when seconds is None) where shutdown can cut it short."""
+        task = asyncio.current_task()
+        self._parked.add(task)
+        try:
+            if seconds is None:
+                await asyncio.get_running_loop().create_future()
+            else:
+                await asyncio.sleep(seconds)
+        finally:
+            self._parked.discard(task)
+
+    async def wake_parked(self, app: web.Application | None = None) -> None:
+        # Hung and sleeping handlers would otherwise hold shutdown for the
+        # whole shutdown timeout.
+        for task in list(self._parked):
+            task.cancel()
+
+    async def list_models(self, request: web.Request) -> web.StreamResponse:
+        if self.config.drop_all:
+            return await self._drop(request)
+        if self.config.fail_all_status:
+            return failure_response(self.config, self.config.fail_all_status)
+        data = [
+            {"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "openrelay-sim"}
+            for name in self.config.models
+        ]
+        return json_response({"object": "list", "data": data})
+
+    async def recorded_requests(self, request: web.Request) -> web.Response:
+        return json_response(self.state.requests(request.query.get("path")))
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self.state.reset()
+        return json_response({"reset": True})
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        message = f"Invalid URL ({request.method} {request.path})"
+        return json_response(error_envelope(404, message), 404)
+
+
+def recordable_headers(request: web.Request) -> dict:
+    return {k.lower(): v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS}
+
+
+SERVER_KEY = web.AppKey("model_server", ModelServer)
+
+
+def build_app(config: SimulatorConfig | None = None) -> web.Application:
+    """The aiohttp application; `app[SERVER_KEY].state` holds the recordings."""
+    server = ModelServer(config or SimulatorConfig())
+    # Request bodies (embedding inputs, long chats) can exceed aiohttp's 1 MB default.
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[SERVER_KEY] = server
+    for path in MODEL_ENDPOINTS:
+        app.router.add_post(path, server.model_call)
+    app.router.add_get("/v1/models", server.list_models)
+    app.router.add_get("/_sim/requests", server.recorded_requests)
+    app.router.add_post("/_sim/reset", server.reset)
+    app.router.add_route("*", "/{tail:.*}", server.not_found)
+    app.on_shutdown.append(server.wake_parked)
+    return app
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    # No access log (it halves throughput); cancel handlers whose client went
+    # away so hung requests do not pile up; a short shutdown never waits long.
+    return web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+# ---------------------------------------------------------------- in a thread
+
+
+class SimulatorThread:
+    """A simulator on its own event loop in a background thread (for tests).
+
+    Use as a context manager, or call start() and stop() (pytest fixtures).
+    """
+
+    def __init__(
+        self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
+    ):
+        self.config = config or SimulatorConfig()
+        self.host = host
+        self._requested_port = port
+        self.app = build_app(self.config)
+        self.state = self.app[SERVER_KEY].state
+        self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def requests(self, path: str | None = None) -> list[dict]:
+        """Recorded calls `{"path", "headers", "body"}`, oldest first."""
+        return self.state.requests(path)
+
+    def bodies(self, path: str | None = None) -> list[Any]:
+        return [r["body"] for r in self.state.requests(path)]
+
+    @property
+    def request_count(self) -> int:
+        """Model calls since start or reset (counted even when not recorded)."""
+        return self.state.request_count
+
+    def reset(self) -> None:
+        self.state.reset()
+
+    def start(self) -> SimulatorThread:
+        if self._thread is not None:
+            return self
+        sock = bind_socket(self.host, self._requested_port)
+        self.port = sock.getsockname()[1]
+        # Daemon: a test that forgets stop() must not keep the interpreter alive.
+        self._thread = threading.Thread(
+            target=self._run, args=(sock,), name=f"simulator:{self.port}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            raise RuntimeError("simulated model server failed to start") from self._startup_error
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._thread = None
+
+    def __enter__(self) -> SimulatorThread:
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _run(self, sock: socket.socket) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        runner = make_runner(self.app)
+        try:
+            loop.run_until_complete(_start_site(runner, sock))
+        except BaseException as exc:  # reported to start() in the caller's thread
+            self._startup_error = exc
+            self._ready.set()
+            sock.close()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            _cancel_leftover_tasks(loop)
+            loop.close()
+
+
+def run_in_thread(
+    config: SimulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
+) -> SimulatorThread:
+    """A simulator for tests: `with run_in_thread(cfg) as sim:` or `.start()`."""
+    return SimulatorThread(config, host, port)
+
+
+async def _start_site(runner: web.AppRunner, sock: socket.socket) -> None:
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+
+
+def _cancel_leftover_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+# ---------------------------------------------------------------- blocking serve
+
+
+def serve(
+    config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 8001
+) -> None:
+    """Run until SIGINT/SIGTERM; prints where it listens."""
+    try:
+        asyncio.run(_serve_until_signal(config or SimulatorConfig(), host, port))
+    except KeyboardInterrupt:
+        pass
+
+
+async def _serve_until_signal(config: SimulatorConfig, host: str, port: int) -> None:
+    runner = make_runner(build_app(config))
+    sock = bind_socket(host, port)
+    await _start_site(runner, sock)
+    print(f"Simulated model server on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stopping.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
+            pass
+    try:
+        await stopping.wait()
+    finally:
+        await runner.cleanup()
+
+
+# ---------------------------------------------------------------- command line
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags shared by `python -m openrelay.simulator` and `manage.py simulate_model`."""
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001, help="0 picks a free port")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="added to every answer")
+    parser.add_argument(
+        "--error-rate", action="append", type=parse_error_rates, default=[], metavar="STATUS=P",
+        help="e.g. 503=0.1 (repeat the flag, or 503=0.1,429=0.05)",
+    )
+    parser.add_argument("--drop-rate", type=float, default=0.0)
+    parser.add_argument("--hang-rate", type=float, default=0.0)
+    parser.add_argument("--retry-after", type=float, default=None, help="seconds, sent with 429s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--fail-all-status", type=int, default=None, help="answer every request with this status"
+    )
+    parser.add_argument("--drop-all", action="store_true", help="drop every connection")
+    parser.add_argument("--no-record", action="store_true", help="do not record requests")
+    parser.add_argument("--record-limit", type=int, default=10_000)
+    parser.add_argument(
+        "--model", action="append", default=[], help="listed by /v1/models (repeatable)"
+    )
+
+
+def parse_error_rates(text: str) -> dict[int, float]:
+    rates = {}
+    for pair in text.split(","):
+        status, sep, rate = pair.partition("=")
+        try:
+            rates[int(status)] = float(rate)
+        except ValueError:
+            message = f"expected STATUS=PROBABILITY, got {pair!r}"
+            raise argparse.ArgumentTypeError(message) from None
+    return rates
+
+
+def config_from_options(options: Mapping[str, Any]) -> SimulatorConfig:
+    error_rates: dict[int, float] = {}
+    for rates in options.get("error_rate") or ():
+        error_rates.update(rates)
+    return SimulatorConfig(
+        latency_ms=options.get("latency_ms") or 0.0,
+        error_rates=error_rates,
+        drop_rate=options.get("drop_rate") or 0.0,
+        hang_rate=options.get("hang_rate") or 0.0,
+        retry_after_s=options.get("retry_after"),
+        seed=options.get("seed") or 0,
+        fail_all_status=options.get("fail_all_status"),
+        drop_all=bool(options.get("drop_all")),
+        record=not options.get("no_record"),
+        record_limit=options.get("record_limit") or 10_000,
+        models=tuple(options.get("model") or DEFAULT_MODELS),
+    )
+
+
+def main(argv: Iterable[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m openrelay.simulator",
+        description="Simulated OpenAI-compatible model server.",
+    )
+    add_arguments(parser)
+    options = vars(parser.parse_args(argv))
+    try:
+        config = config_from_options(options)
+    except ValueError as exc:
+        parser.error(str(exc))
+    serve(config, options["host"], options["port"])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
