@@ -1,0 +1,44 @@
+"""Tool executors: what runs a model's tool calls between turns.
+
+The tool loop (toolloop.py) owns rounds, usage and stripping; an executor only
+turns one turn's tool calls into tool results. Two kinds, chosen by
+`tool_config.type`: "http" (our plain POST protocol, http_executor.py) and
+"mcp" (an MCP server over Streamable HTTP, mcp.py). Both send every request
+through openrelay.outbound (the guard for user-supplied URLs).
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class ToolExecutionFailed(Exception):
+    """The executor failed; the record fails with code tool_execution_failed.
+
+    The message goes into the error file, so it must never contain the
+    authorization value or other header values.
+    """
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    tool_call_id: str
+    content: str
+
+
+class Executor(Protocol):
+    async def execute(self, tool_calls: list[dict]) -> list[ToolResult]:
+        """Run one turn's tool calls (OpenAI `tool_calls` objects); one result per call, in order."""
+
+    async def close(self) -> None:
+        """Release anything held across rounds (an MCP session)."""
+
+
+def make_executor(ctx, custom_id, tool_config):
+    """The executor for a record's normalized tool_config (one per record loop)."""
+    if tool_config.get("type", "http") == "mcp":
+        from batches.engine.mcp import McpExecutor
+
+        return McpExecutor(ctx.outbound, custom_id, tool_config)
+    from batches.engine.http_executor import HttpExecutor
+
+    return HttpExecutor(ctx.outbound, custom_id, tool_config)
