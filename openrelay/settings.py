@@ -6,6 +6,7 @@ PostgreSQL and Redis. Every variable is listed in README.md.
 """
 
 import logging
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -86,8 +87,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
     }
-    # A file, not memory: tests hand the test database to real worker processes.
-    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test_openrelay.sqlite3")}
+    # A file, not memory: tests hand the test database to real worker
+    # processes. One per test process, so parallel runs don't share it.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / f"test_openrelay_{os.getpid()}.sqlite3")}
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL", "")

@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import logging
 import random
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -25,6 +26,7 @@ logger = logging.getLogger("openrelay.engine")
 # Statuses that mean "the server failed under the call": rerun on new capacity.
 SERVER_FAILED_STATUSES = {502, 503, 504}
 MAX_RETRY_AFTER_S = 60.0
+COOLDOWN_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,12 @@ class Upstream:
 
     def __post_init__(self):
         self.semaphore = asyncio.Semaphore(max(1, self.concurrency))
+        # After a server fails under a call, new calls avoid it for a while.
+        self.cooling_until = 0.0
+
+    @property
+    def healthy(self):
+        return time.monotonic() >= self.cooling_until
 
 
 class ModelCaller:
@@ -118,7 +126,7 @@ class ModelCaller:
         self.time_limit_s = time_limit_s
         self.retries = retries
         self.backoff_base_s = backoff_base_s
-        self._rotation = itertools.cycle(range(len(upstreams)))
+        self._rotation = itertools.count()
         self.session = None
 
     @property
@@ -136,18 +144,28 @@ class ModelCaller:
     async def call(self, endpoint, body):
         """Send `body` to `endpoint` (e.g. "/v1/chat/completions") and return a CallResult."""
         attempt = 0
-        upstream = self._next_upstream()
+        tried = set()
+        upstream = self._next_upstream(tried)
         while True:
             result = await self._attempt(upstream, endpoint, body)
             if not self._should_retry(result) or attempt >= self.retries:
                 return result
             attempt += 1
-            await asyncio.sleep(self._delay(result, attempt))
             if result.status_code != 429:
-                upstream = self._next_upstream()  # failed server: new capacity
+                # The server failed under the call: rerun on new capacity.
+                upstream.cooling_until = time.monotonic() + COOLDOWN_S
+                tried.add(id(upstream))
+                upstream = self._next_upstream(tried)
+                if id(upstream) not in tried and upstream.healthy:
+                    continue  # another healthy deployment: no need to wait
+            await asyncio.sleep(self._delay(result, attempt))
 
-    def _next_upstream(self):
-        return self.upstreams[next(self._rotation)]
+    def _next_upstream(self, tried):
+        """Round robin over healthy deployments this call has not tried yet."""
+        candidates = [u for u in self.upstreams if u.healthy and id(u) not in tried] or [
+            u for u in self.upstreams if id(u) not in tried
+        ] or self.upstreams
+        return candidates[next(self._rotation) % len(candidates)]
 
     @staticmethod
     def _should_retry(result):

@@ -1,0 +1,203 @@
+"""A workflow record: the user's callback picks the next requests (workflows.md).
+
+Step 1 runs the record's own body as request "root". After each step the
+results go to the callback URL, which answers `continue` (more requests, run
+concurrently as the next step), `completed` (the record succeeds with its
+output) or `failed`. Steps, requests and tokens bound the loop; a request
+stopped at the call limit is only a failed result, never the record's end.
+
+Every request that succeeded is billed, whatever the record comes to, so
+every outcome here carries the usage summed so far.
+"""
+
+import asyncio
+
+from batches.engine.calls import Usage
+from batches.engine.outcomes import RecordOutcome, strip_openrelay
+from batches.validation import RecordRejected, normalize_workflow
+from openrelay.ids import new_request_id
+from openrelay.outbound import OutboundError
+
+ROOT_ID = "root"
+ANSWERS = ("continue", "completed", "failed")
+MAX_MESSAGE_CHARS = 2000
+REDACTED = "[redacted]"
+
+
+class WorkflowEnded(Exception):
+    """The record ends as an error line with this code and message."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+async def run(ctx, record, body):
+    if not ctx.workflows_enabled:
+        # Create already rejects these; an admin may have turned workflows off since.
+        return RecordOutcome.error("workflow_not_enabled", "Workflows are not enabled for this organization.")
+    try:
+        config = normalize_workflow(body["openrelay"]["workflow"])
+    except RecordRejected as exc:
+        return RecordOutcome.error(exc.code, exc.message)
+    return await WorkflowLoop(ctx, record.custom_id, config).run(strip_openrelay(body))
+
+
+def usage_block(usage):
+    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "total_tokens": usage.total_tokens}
+
+
+class WorkflowLoop:
+    """One record's loop: step -> callback -> step ... until an answer ends it."""
+
+    def __init__(self, ctx, custom_id, config):
+        self.ctx = ctx
+        self.custom_id = custom_id
+        self.config = config
+        self.usage = Usage()  # every succeeded request so far: what is billed
+        self.steps = 0
+        self.requests = 0
+        self.ids = {ROOT_ID}
+
+    async def run(self, root_body):
+        try:
+            requests = [(ROOT_ID, root_body)]
+            while True:
+                results = await self._step(requests)
+                answer = await self._callback(results)
+                if answer["status"] == "completed":
+                    return self._completed(answer.get("output"))
+                if answer["status"] == "failed":
+                    raise WorkflowEnded("workflow_failed", _failure_message(answer))
+                requests = self._next_requests(answer)
+        except WorkflowEnded as end:
+            return RecordOutcome.error(end.code, self._redact(end.message), usage=self.usage)
+
+    # --- steps ---------------------------------------------------------------
+
+    async def _step(self, requests):
+        self.steps += 1
+        self.requests += len(requests)
+        ran = await asyncio.gather(*(self._request(request_id, body) for request_id, body in requests))
+        for _, usage in ran:
+            self.usage += usage
+        if self.usage.total_tokens > self.config["max_tokens"]:
+            raise WorkflowEnded("workflow_limit_exceeded", f"The workflow used {self.usage.total_tokens} tokens after "
+                                f"step {self.steps}, more than its max_tokens of {self.config['max_tokens']}.")
+        return [result for result, _ in ran]
+
+    async def _request(self, request_id, body):
+        """One request of a step: (its result for the callback, its billable usage)."""
+        model = body.get("model")
+        if model != self.ctx.model_name:
+            message = (f"The request names model {_short(repr(model))}, but this batch runs "
+                       f"'{self.ctx.model_name}'; every request of a workflow must name the batch's model.")
+            return _failed(request_id, None, "model_mismatch", message), Usage()
+        result = await self.ctx.caller.call(self.ctx.endpoint, strip_openrelay(body))
+        if result.ok:
+            response = {"status_code": result.status_code, "body": result.body}
+            return {"id": request_id, "status": "succeeded", "response": response, "error": None}, result.usage
+        if result.kind == "response":
+            response = {"status_code": result.status_code, "body": result.body}
+            message = f"The model answered HTTP {result.status_code}{_upstream_reason(result.body)}"
+            return _failed(request_id, response, "upstream_error", message), Usage()
+        code = "request_time_limit" if result.kind == "time_limit" else "upstream_error"
+        return _failed(request_id, None, code, result.message), Usage()
+
+    def _next_requests(self, answer):
+        requests = self._parse_requests(answer.get("requests"))
+        if self.steps >= self.config["max_steps"]:
+            raise WorkflowEnded("workflow_limit_exceeded", f"The callback answered 'continue' after step {self.steps}, "
+                                f"but the workflow's max_steps is {self.config['max_steps']}.")
+        if self.requests + len(requests) > self.config["max_requests"]:
+            raise WorkflowEnded("workflow_limit_exceeded", f"Step {self.steps + 1} asks for {len(requests)} requests "
+                                f"after {self.requests}, more than the workflow's max_requests of "
+                                f"{self.config['max_requests']}.")
+        return requests
+
+    def _parse_requests(self, items):
+        if not isinstance(items, list) or not items:
+            raise self._malformed("'requests' must be a non-empty array")
+        requests = []
+        for index, item in enumerate(items):
+            if not isinstance(item, dict) or not isinstance(item.get("body"), dict):
+                raise self._malformed(f"requests[{index}] must be an object with an object 'body'")
+            request_id = item.get("id")
+            if not isinstance(request_id, str) or not request_id:
+                raise self._malformed(f"requests[{index}].id must be a non-empty string")
+            if request_id in self.ids:
+                raise self._malformed(f"requests[{index}].id {_short(repr(request_id))} is already used in this record")
+            self.ids.add(request_id)
+            requests.append((request_id, item["body"]))
+        return requests
+
+    # --- the callback --------------------------------------------------------
+
+    async def _callback(self, results):
+        payload = {"custom_id": self.custom_id, "context": self.config.get("context"), "step": self.steps,
+                   "results": results, "usage": usage_block(self.usage)}
+        authorization = self.config.get("authorization")
+        headers = {"Authorization": authorization} if authorization else None
+        try:
+            response = await self.ctx.outbound.post_json(
+                self.config["url"], payload, headers=headers, timeout_s=self.config["timeout_ms"] / 1000
+            )
+            if not response.ok:
+                raise self._callback_failed(f"answered HTTP {response.status}")
+            answer = response.json()
+        except OutboundError as exc:
+            raise self._callback_failed(exc.message) from None
+        if not isinstance(answer, dict):
+            raise self._malformed("the answer is not a JSON object")
+        if answer.get("status") not in ANSWERS:
+            raise self._malformed(f"unknown status {_short(repr(answer.get('status')))}; expected one of "
+                                  "'continue', 'completed', 'failed'")
+        return answer
+
+    def _callback_failed(self, reason):
+        return WorkflowEnded("workflow_callback_failed", f"The workflow callback failed after step {self.steps}: "
+                             f"{reason}.")
+
+    def _malformed(self, reason):
+        return self._callback_failed(f"malformed answer: {reason}")
+
+    # --- ends ----------------------------------------------------------------
+
+    def _completed(self, output):
+        body = {"object": "openrelay.workflow", "status": "completed", "output": output, "steps": self.steps,
+                "requests": self.requests, "usage": usage_block(self.usage)}
+        return RecordOutcome(True, 200, new_request_id(), body, usage=self.usage)
+
+    def _redact(self, message):
+        """The authorization value never reaches a result file, even if the callback echoes it."""
+        authorization = self.config.get("authorization") or ""
+        if authorization:
+            message = message.replace(authorization, REDACTED)
+        for token in authorization.split()[1:]:  # "Bearer <token>": the token alone too
+            if len(token) >= 8:  # a shorter word could be ordinary text
+                message = message.replace(token, REDACTED)
+        return message
+
+
+def _failed(request_id, response, code, message):
+    return {"id": request_id, "status": "failed", "response": response, "error": {"code": code, "message": message}}
+
+
+def _upstream_reason(body):
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return f": {_short(message)}" if isinstance(message, str) and message else "."
+
+
+def _failure_message(answer):
+    error = answer.get("error")
+    message = error.get("message") if isinstance(error, dict) else None
+    if not isinstance(message, str) or not message:
+        return "The workflow callback answered 'failed' without an error message."
+    return _short(message, MAX_MESSAGE_CHARS)
+
+
+def _short(text, limit=200):
+    return text if len(text) <= limit else text[: limit - 3] + "..."
