@@ -22,7 +22,8 @@ from batches import events, lifecycle
 from batches.engine import finish, store
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.outcomes import RecordOutcome
-from batches.models import Batch, BatchStatus
+from batches.models import Batch, BatchStatus, Priority
+from batches.tasks import enqueue_batch
 from files.services import open_content
 from openrelay.outbound import OutboundClient
 
@@ -65,7 +66,12 @@ def run_batch(batch_pk):
     if not upstreams:
         logger.warning("batch %s: model %s has no enabled deployment; waiting", batch.public_id, batch.model_name)
         return "no deployment"
-    worked = asyncio.run(BatchWorker(batch, upstreams).run())
+    worker = BatchWorker(batch, upstreams)
+    worked = asyncio.run(worker.run())
+    if worker.yielded:
+        # Back of the queue: the expedited batch takes this worker slot first.
+        enqueue_batch(batch.pk, copies=1)
+        return f"ran {worked} records, yielded to expedited work"
     finish.finalize_if_done(batch)
     return f"ran {worked} records"
 
@@ -92,6 +98,7 @@ class BatchWorker:
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
         self.worked = 0
         self.stopping = False
+        self.yielded = False
         self.input = None
         self.last_event = 0.0
 
@@ -214,6 +221,16 @@ class BatchWorker:
         status = await self.db(store.batch_status, self.batch.pk)
         if status == BatchStatus.IN_PROGRESS and await self.db(finish.window_passed, self.batch.pk):
             status = "expired"
+        if (
+            status == BatchStatus.IN_PROGRESS
+            and self.batch.priority != Priority.EXPEDITED
+            and not self.stopping
+            and await self.db(store.expedited_waiting)
+        ):
+            # Expedited work goes first: stop claiming, finish what is in
+            # flight, then give this worker slot up.
+            self.stopping = self.yielded = True
+            return
         if status != BatchStatus.IN_PROGRESS and not self.stopping:
             # Cancelled or expired: stop in-flight calls. Whoever closes the
             # batch marks their records; our flush skips them.

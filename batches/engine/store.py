@@ -86,7 +86,22 @@ def release(batch_pk, owner, pks):
 
 
 def batch_status(batch_pk):
+    """Read the status and report this worker alive (the sweeper and priority use it)."""
+    Batch.objects.filter(pk=batch_pk).update(worker_seen_at=timezone.now())
     return Batch.objects.filter(pk=batch_pk).values_list("status", flat=True).first()
+
+
+def expedited_waiting(now=None, quiet_s=5):
+    """Is an expedited batch waiting for a worker (queued, or no worker seen lately)?"""
+    from batches.models import BatchStatus, Priority
+
+    now = now or timezone.now()
+    waiting = Batch.objects.filter(priority=Priority.EXPEDITED).filter(
+        Q(status=BatchStatus.VALIDATING)
+        | Q(status=BatchStatus.IN_PROGRESS)
+        & (Q(worker_seen_at__isnull=True) | Q(worker_seen_at__lt=now - timedelta(seconds=quiet_s)))
+    )
+    return any(claimable(pk, now).exists() for pk in waiting.values_list("pk", flat=True)[:5])
 
 
 def flush(batch_pk, owner, outcomes):

@@ -195,3 +195,29 @@ def test_embeddings_and_completions_endpoints(alice, model):
     comp = make_batch(alice.org, [{"model": "openrelay/gemma-4-31b", "prompt": "Say hi"}], endpoint="/v1/completions")
     run_batch(comp.pk)
     assert read_lines(_finished(comp).output_file)[0]["response"]["body"]["object"] == "text_completion"
+
+
+def test_a_standard_worker_yields_to_waiting_expedited_work(alice, model):
+    from django_q.brokers import get_broker
+
+    broker = get_broker()
+    broker.purge_queue()
+    standard = make_batch(alice.org, [chat(f"slow {i} [[latency:400]]") for i in range(64)])
+    worker = threading.Thread(target=run_batch, args=(standard.pk,))
+    worker.start()
+    deadline = time.monotonic() + 10
+    while not Record.objects.filter(batch=standard, status=RecordStatus.SUCCEEDED).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    expedited = make_batch(alice.org, [chat("urgent")])
+    Batch.objects.filter(pk=expedited.pk).update(priority="expedited")
+    worker.join(timeout=15)
+    assert not worker.is_alive()
+    standard.refresh_from_db()
+    assert standard.status == "in_progress"  # it gave its slot up before finishing
+    assert Record.objects.filter(batch=standard, status=RecordStatus.PENDING).exists()
+    assert not Record.objects.filter(batch=standard, status=RecordStatus.RUNNING).exists()
+    assert broker.queue_size() >= 1  # and went to the back of the queue
+    run_batch(expedited.pk)
+    expedited.refresh_from_db()
+    assert expedited.status == "completed"
