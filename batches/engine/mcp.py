@@ -95,6 +95,8 @@ class McpExecutor:
 
     async def execute(self, tool_calls: list[dict]) -> list[ToolResult]:
         calls = [self._prepare(tc) for tc in tool_calls]
+        if not calls:
+            return []
         await self._ensure_session()
         tasks = [asyncio.create_task(self._call(*call)) for call in calls]
         try:
