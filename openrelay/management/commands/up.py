@@ -33,6 +33,8 @@ class Command(BaseCommand):
         parser.add_argument("--model", default=DEFAULT_MODEL, help="Public name of the simulated model.")
 
     def handle(self, host, port, simulator_port, no_simulator, model, **options):
+        # A plain `kill` must stop the children too, like Ctrl-C does.
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         call_command("migrate", interactive=False, verbosity=0)
         key = self._dev_key()
         children = []
