@@ -1,1 +1,10 @@
-urlpatterns = []
+from django.urls import path
+
+from batches import views
+
+# No trailing slashes: the OpenAI SDK requests /v1/batches/{id}/cancel exactly.
+urlpatterns = [
+    path("batches", views.BatchListView.as_view(), name="batch-list"),
+    path("batches/<str:batch_id>", views.BatchDetailView.as_view(), name="batch-detail"),
+    path("batches/<str:batch_id>/cancel", views.BatchCancelView.as_view(), name="batch-cancel"),
+]

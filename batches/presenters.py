@@ -1,0 +1,54 @@
+"""The Batch object as the API shows it (OpenAI's shape plus OpenRelay's `priority`).
+
+Shared by the API, the dashboard and the CLI. Load batches with
+`select_related("output_file", "error_file")` (see PRESENTER_RELATED) so a
+list costs one query.
+"""
+
+PRESENTER_RELATED = ("output_file", "error_file")
+
+_TIMESTAMPS = (
+    "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
+    "failed_at", "expired_at", "cancelling_at", "cancelled_at",
+)
+
+
+def batch_object(batch):
+    return {
+        "id": batch.public_id,
+        "object": "batch",
+        "endpoint": batch.endpoint,
+        "model": batch.model_name or None,
+        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
+        "input_file_id": batch.input_file_public_id,
+        "completion_window": batch.completion_window,
+        "status": batch.status,
+        "output_file_id": batch.output_file.public_id if batch.output_file_id else None,
+        "error_file_id": batch.error_file.public_id if batch.error_file_id else None,
+        **{name: _unix(getattr(batch, name)) for name in _TIMESTAMPS},
+        "request_counts": {
+            "total": batch.total_count,
+            "completed": batch.completed_count,
+            "failed": batch.failed_count,
+        },
+        "metadata": batch.metadata,
+        "usage": usage_object(batch),
+        "priority": batch.priority,
+    }
+
+
+def usage_object(batch):
+    """OpenAI's batch usage, or None until any token was counted."""
+    if batch.input_tokens + batch.output_tokens <= 0:
+        return None
+    return {
+        "input_tokens": batch.input_tokens,
+        "input_tokens_details": {"cached_tokens": batch.cached_tokens},
+        "output_tokens": batch.output_tokens,
+        "output_tokens_details": {"reasoning_tokens": batch.reasoning_tokens},
+        "total_tokens": batch.input_tokens + batch.output_tokens,
+    }
+
+
+def _unix(moment):
+    return int(moment.timestamp()) if moment is not None else None

@@ -1,0 +1,93 @@
+"""The Batches API: thin views over batches.services and batches.presenters."""
+
+from django.db.models import Q
+from rest_framework.parsers import JSONParser
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from batches import services
+from batches.models import Batch
+from batches.presenters import PRESENTER_RELATED, batch_object
+from batches.validation import parse_create_params
+from openrelay.errors import ApiError, NotFound
+
+LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 20, 100
+
+
+def _batches(request):
+    return Batch.objects.for_org(request.user.organization).select_related(*PRESENTER_RELATED)
+
+
+def _get_batch(request, batch_id):
+    batch = _batches(request).filter(public_id=batch_id).first()
+    if batch is None:
+        raise NotFound(f"No batch found with id '{batch_id}'.")
+    return batch
+
+
+def _json_body(request):
+    # DRF's parser streams the body without Django's size check; reading
+    # request.body first enforces DATA_UPLOAD_MAX_MEMORY_SIZE (a 413).
+    request.body  # noqa: B018
+    return request.data
+
+
+class BatchListView(APIView):
+    parser_classes = [JSONParser]
+
+    def post(self, request):
+        params = parse_create_params(_json_body(request))
+        batch = services.create_batch(organization=request.user.organization, **vars(params))
+        return Response(batch_object(batch))
+
+    def get(self, request):
+        limit = _parse_limit(request.query_params.get("limit"))
+        batches = _batches(request).order_by("-created_at", "-pk")
+        after = request.query_params.get("after")
+        if after:
+            batches = batches.filter(_older_than(request, after))
+        page = list(batches[: limit + 1])
+        data = [batch_object(batch) for batch in page[:limit]]
+        return Response({
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(page) > limit,
+        })
+
+
+def _parse_limit(raw):
+    if raw is None or raw == "":
+        return LIST_LIMIT_DEFAULT
+    try:
+        limit = int(raw)
+    except ValueError:
+        limit = None
+    if limit is None or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise ApiError(f"Invalid 'limit': expected an integer between 1 and {LIST_LIMIT_MAX}, but got {raw!r} "
+                       "instead.", param="limit", code="invalid_value")
+    return limit
+
+
+def _older_than(request, after):
+    """Rows strictly after the cursor batch in (-created_at, -pk) order."""
+    cursor = Batch.objects.for_org(request.user.organization).filter(public_id=after).values("created_at", "pk").first()
+    if cursor is None:
+        raise ApiError(f"Invalid 'after': no batch found with id '{after}'.", param="after", code="invalid_value")
+    return Q(created_at__lt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__lt=cursor["pk"])
+
+
+class BatchDetailView(APIView):
+    def get(self, request, batch_id):
+        return Response(batch_object(_get_batch(request, batch_id)))
+
+
+class BatchCancelView(APIView):
+    # The OpenAI SDK sends an empty body with Content-Type: application/json;
+    # this view never reads the body, so nothing tries to parse it.
+    parser_classes = [JSONParser]
+
+    def post(self, request, batch_id):
+        batch = services.cancel_batch(_get_batch(request, batch_id))
+        return Response(batch_object(batch))
