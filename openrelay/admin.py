@@ -48,6 +48,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
 
 class DeploymentForm(forms.ModelForm):
+    base_url = forms.URLField(max_length=500, assume_scheme="https", help_text="e.g. http://127.0.0.1:8001/v1")
     # The upstream key is write-only: never rendered back into the page.
     api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
                               help_text="Leave empty to keep the current key.")
