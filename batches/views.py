@@ -1,6 +1,8 @@
 """The Batches API: thin views over batches.services and batches.presenters."""
 
+import orjson
 from django.db.models import Q
+from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -12,6 +14,17 @@ from batches.validation import parse_create_params
 from openrelay.errors import ApiError, NotFound
 
 LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 20, 100
+
+
+class OrjsonParser(JSONParser):
+    """JSON bodies through orjson: fast on 10 MB of inline requests, and its
+    depth limit answers a 400 where the stdlib parser recurses into a 500."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            return orjson.loads(stream.read())
+        except orjson.JSONDecodeError as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
 
 
 def _batches(request):
@@ -33,7 +46,7 @@ def _json_body(request):
 
 
 class BatchListView(APIView):
-    parser_classes = [JSONParser]
+    parser_classes = [OrjsonParser]
 
     def post(self, request):
         params = parse_create_params(_json_body(request))
@@ -86,7 +99,7 @@ class BatchDetailView(APIView):
 class BatchCancelView(APIView):
     # The OpenAI SDK sends an empty body with Content-Type: application/json;
     # this view never reads the body, so nothing tries to parse it.
-    parser_classes = [JSONParser]
+    parser_classes = [OrjsonParser]
 
     def post(self, request, batch_id):
         batch = services.cancel_batch(_get_batch(request, batch_id))

@@ -164,7 +164,10 @@ class TestCreate:
 
     def test_it_leaves_no_inline_file_behind_when_refused(self, alice, gemma):
         before = File.objects.count()
-        response = create(alice, requests=[{"custom_id": "x", "big": 2**70}])
+        # Parses (depth <= 1024) but is too deep to write back as a line.
+        deep = b"[" * 300 + b"]" * 300
+        response = alice.client.post("/v1/batches", content_type="application/json", data=(
+            b'{"endpoint": "/v1/chat/completions", "completion_window": "24h", "requests": [{"x": ' + deep + b"}]}"))
         assert response.status_code == 400
         assert response.json()["error"]["param"] == "requests[0]"
         assert File.objects.count() == before

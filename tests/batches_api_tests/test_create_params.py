@@ -94,6 +94,11 @@ class TestCreateParams:
         assert error["type"] == "invalid_request_error"
         assert "JSON parse error" in error["message"]
 
+    def test_it_refuses_a_body_nested_too_deep(self, alice):
+        payload = b'{"metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+        response = alice.client.post("/v1/batches", data=payload, content_type="application/json")
+        assert "JSON parse error" in error_of(response)["message"]
+
     @pytest.mark.parametrize("payload", [b"[1, 2]", b'"text"', b"null", b"3"])
     def test_it_refuses_a_body_that_is_not_an_object(self, alice, payload):
         response = alice.client.post("/v1/batches", data=payload, content_type="application/json")
