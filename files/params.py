@@ -1,0 +1,87 @@
+"""Checking the request parameters of the Files routes; each error names its param."""
+
+from files.models import Purpose
+from files.selectors import LIST_LIMIT_MAX, ORDERS
+from files.services import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
+from openrelay.errors import ApiError
+
+UPLOAD_PURPOSES = (Purpose.BATCH,)
+UPLOAD_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
+
+
+def _missing(name):
+    return ApiError(f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter")
+
+
+def upload_purpose(fields):
+    unknown = sorted(set(fields) - UPLOAD_FIELDS - {"file"})
+    if unknown:
+        raise ApiError(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0], code="unknown_parameter")
+    purpose = fields.get("purpose")
+    if not purpose:
+        raise _missing("purpose")
+    if purpose not in UPLOAD_PURPOSES:
+        allowed = ", ".join(f"'{p}'" for p in UPLOAD_PURPOSES)
+        raise ApiError(
+            f"Invalid value for 'purpose': '{purpose}'. Supported values are: {allowed}. "
+            "This gateway accepts batch input files only.",
+            param="purpose",
+            code="invalid_value",
+        )
+    return purpose
+
+
+def upload_expires_after(fields):
+    """Seconds from expires_after[anchor]/expires_after[seconds], or None when neither is sent."""
+    anchor, seconds = fields.get("expires_after[anchor]"), fields.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if not anchor:
+        raise _missing("expires_after[anchor]")
+    if not seconds:
+        raise _missing("expires_after[seconds]")
+    if anchor != "created_at":
+        raise ApiError(
+            f"Invalid value for 'expires_after[anchor]': '{anchor}'. Supported values are: 'created_at'.",
+            param="expires_after[anchor]",
+            code="invalid_value",
+        )
+    try:
+        value = int(seconds)
+    except ValueError:
+        raise ApiError(
+            f"Invalid type for 'expires_after[seconds]': expected an integer, but got '{seconds}' instead.",
+            param="expires_after[seconds]",
+            code="invalid_type",
+        ) from None
+    if not EXPIRES_AFTER_MIN_S <= value <= EXPIRES_AFTER_MAX_S:
+        raise ApiError(
+            f"Invalid value for 'expires_after[seconds]': {value}. Expected a value between "
+            f"{EXPIRES_AFTER_MIN_S} (1 hour) and {EXPIRES_AFTER_MAX_S} (30 days).",
+            param="expires_after[seconds]",
+            code="invalid_value",
+        )
+    return value
+
+
+def list_params(query):
+    """purpose, limit, order, after from the query string of GET /v1/files."""
+    raw_limit = query.get("limit", str(LIST_LIMIT_MAX))
+    try:
+        limit = int(raw_limit)
+    except ValueError:
+        limit = None
+    if limit is None or not 1 <= limit <= LIST_LIMIT_MAX:
+        raise ApiError(
+            f"Invalid value for 'limit': '{raw_limit}'. Expected an integer between 1 and {LIST_LIMIT_MAX}.",
+            param="limit",
+            code="invalid_value",
+        )
+    order = query.get("order", "desc")
+    if order not in ORDERS:
+        raise ApiError(
+            f"Invalid value for 'order': '{order}'. Supported values are: 'asc' and 'desc'.",
+            param="order",
+            code="invalid_value",
+        )
+    return {"purpose": query.get("purpose") or None, "limit": limit, "order": order, "after": query.get("after") or None}

@@ -1,0 +1,92 @@
+"""The Files routes: thin views over files.uploads, files.selectors and files.services."""
+
+from asgiref.sync import sync_to_async
+from django.core.handlers.asgi import ASGIRequest
+from django.http import StreamingHttpResponse
+from django.utils.http import content_disposition_header
+from rest_framework.negotiation import DefaultContentNegotiation
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from files import params, selectors, services
+from files.presenters import present_deleted, present_file, present_file_list
+from files.uploads import receive_upload
+from openrelay.errors import ApiError
+
+DOWNLOAD_CHUNK = 1024 * 1024
+
+
+class FilesView(APIView):
+    def get(self, request):
+        files, has_more = selectors.list_files(request.user.organization, **params.list_params(request.query_params))
+        return Response(present_file_list(files, has_more))
+
+    def post(self, request):
+        # request._request: the multipart body is parsed by Django with the
+        # streaming, size-capped handler of files.uploads, not by DRF's parsers.
+        upload = receive_upload(request._request)
+        try:
+            purpose = params.upload_purpose(upload.fields)
+            if upload.file is None and upload.problem is None:
+                raise ApiError(
+                    "Missing required parameter: 'file'. Send it as a multipart file part (curl: -F file=@batch.jsonl).",
+                    param="file",
+                    code="missing_required_parameter",
+                )
+            if upload.problem is not None:
+                raise upload.problem
+            expires_after_s = params.upload_expires_after(upload.fields)
+        except ApiError:
+            upload.close()
+            raise
+        file = services.create_uploaded_file(
+            organization=request.user.organization, upload=upload.file, purpose=purpose, expires_after_s=expires_after_s
+        )
+        return Response(present_file(file))
+
+
+class FileView(APIView):
+    def get(self, request, file_id):
+        return Response(present_file(selectors.get_file(request.user.organization, file_id)))
+
+    def delete(self, request, file_id):
+        file = selectors.get_file(request.user.organization, file_id)
+        services.delete_unpinned_file(file)
+        return Response(present_deleted(file.public_id))
+
+
+class IgnoreAcceptNegotiation(DefaultContentNegotiation):
+    """The SDK asks for `Accept: application/binary`; bytes are what it gets, errors stay JSON."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type
+
+
+class FileContentView(APIView):
+    content_negotiation_class = IgnoreAcceptNegotiation
+
+    def get(self, request, file_id):
+        file = selectors.get_file(request.user.organization, file_id)
+        stream = services.open_content(file)
+        # Under ASGI a sync iterator would be read whole into memory first, so
+        # each server gets the iterator it can stream.
+        chunks = _async_chunks(stream) if isinstance(request._request, ASGIRequest) else _chunks(stream)
+        response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+        response["Content-Length"] = str(file.bytes)
+        response["Content-Disposition"] = content_disposition_header(True, file.filename)
+        return response
+
+
+def _chunks(stream):
+    with stream:
+        while chunk := stream.read(DOWNLOAD_CHUNK):
+            yield chunk
+
+
+async def _async_chunks(stream):
+    read = sync_to_async(stream.read, thread_sensitive=False)
+    try:
+        while chunk := await read(DOWNLOAD_CHUNK):
+            yield chunk
+    finally:
+        await sync_to_async(stream.close, thread_sensitive=False)()
