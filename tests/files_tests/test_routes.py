@@ -3,6 +3,9 @@
 from datetime import timedelta
 
 import pytest
+from asgiref.sync import async_to_sync
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import AsyncClient
 from django.utils import timezone
 
 from files import services
@@ -191,3 +194,23 @@ class TestIsolation:
         assert File.objects.filter(public_id=bobs).exists()
         assert len(stored_files(file_storage[0])) == 1
         assert _ids(bob.client.get("/v1/files")) == [bobs]
+
+
+class TestAsgi:
+    """The routes through Django's ASGI handler, as daphne or uvicorn serve them."""
+
+    def test_it_uploads_and_streams_content_asynchronously(self, alice):
+        client, auth = AsyncClient(), {"Authorization": f"Bearer {alice.key}"}
+        upload = {"purpose": "batch", "file": SimpleUploadedFile("a.jsonl", CHAT_LINE * 2)}
+        created = async_to_sync(client.post)("/v1/files", upload, headers=auth)
+        assert created.status_code == 200, created.content
+        file_id = created.json()["id"]
+
+        async def download():
+            response = await client.get(f"/v1/files/{file_id}/content", headers={**auth, "Accept": "application/binary"})
+            return response, b"".join([chunk async for chunk in response.streaming_content])
+
+        response, content = async_to_sync(download)()
+        assert response.is_async
+        assert content == CHAT_LINE * 2
+        assert response["Content-Length"] == str(len(CHAT_LINE) * 2)
