@@ -2,7 +2,8 @@
 
 Migrates, makes sure a development organization exists and prints a fresh
 API key for it, starts the simulated model server and registers a model on
-it, then runs the web server (daphne) and a django-q2 cluster until Ctrl-C.
+it, then runs the ASGI web server (uvicorn: HTTP + websockets) and a
+django-q2 cluster until Ctrl-C.
 """
 
 import os
@@ -44,7 +45,8 @@ class Command(BaseCommand):
                 call_command("set_model", model, base_url=f"http://127.0.0.1:{simulator_port}/v1", concurrency=64,
                              input_price="0.20", cached_input_price="0.05", output_price="0.80", stdout=self.stdout)
             children.append(self._spawn([sys.executable, "manage.py", "qcluster"]))
-            children.append(self._spawn([sys.executable, "-m", "daphne", "-b", host, "-p", str(port), "openrelay.asgi:application"]))
+            children.append(self._spawn([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
+                                          "--no-access-log", "openrelay.asgi:application"]))
             self._banner(host, port, key, model)
             self._supervise(children)
         except KeyboardInterrupt:
