@@ -113,8 +113,8 @@ Q_CLUSTER = {
     # A batch task runs until its batch has no claimable records; the sweeper
     # hands out a fresh task well before this, so the timeout only bounds
     # a stuck task.
-    "timeout": envint("OPENRELAY_Q_TIMEOUT_S", 3600, minimum=10),
-    "retry": envint("OPENRELAY_Q_TIMEOUT_S", 3600, minimum=10) + 60,
+    "timeout": envint("OPENRELAY_Q_TIMEOUT_S", 7200, minimum=10),
+    "retry": envint("OPENRELAY_Q_TIMEOUT_S", 7200, minimum=10) + 60,
     "max_attempts": 1,
     "ack_failures": True,
     "catch_up": False,
@@ -183,6 +183,9 @@ OPENRELAY_LEASE_S = envint("OPENRELAY_LEASE_S", 120, minimum=1)
 OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)
 OPENRELAY_SWEEP_INTERVAL_S = envint("OPENRELAY_SWEEP_INTERVAL_S", 5, minimum=1)
 OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
+# A task stops claiming after this long and re-queues its batch, so it ends
+# well inside the q2 timeout even with 30-minute calls in flight.
+OPENRELAY_TASK_SLICE_S = envint("OPENRELAY_TASK_SLICE_S", 1800, minimum=1)
 # How many worker tasks are handed each batch; each works its own chunks.
 OPENRELAY_TASKS_PER_BATCH = envint("OPENRELAY_TASKS_PER_BATCH", 2, minimum=1)
 OPENRELAY_MAX_UPLOAD_BYTES = envint("OPENRELAY_MAX_UPLOAD_BYTES", 209_715_200, minimum=1)

@@ -69,9 +69,9 @@ def run_batch(batch_pk):
     worker = BatchWorker(batch, upstreams)
     worked = asyncio.run(worker.run())
     if worker.yielded:
-        # Back of the queue: the expedited batch takes this worker slot first.
+        # Back of the queue: waiting expedited work (or the next slice) goes first.
         enqueue_batch(batch.pk, copies=1)
-        return f"ran {worked} records, yielded to expedited work"
+        return f"ran {worked} records, then re-queued the batch"
     finish.finalize_if_done(batch)
     return f"ran {worked} records"
 
@@ -99,6 +99,7 @@ class BatchWorker:
         self.worked = 0
         self.stopping = False
         self.yielded = False
+        self.slice_ends = time.monotonic() + settings.OPENRELAY_TASK_SLICE_S
         self.input = None
         self.last_event = 0.0
 
@@ -154,6 +155,10 @@ class BatchWorker:
             if self.done and (len(self.done) >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S):
                 await self._flush()
                 last_flush = now
+            if now >= self.slice_ends and not self.stopping:
+                # Long batches are worked in slices: finish what is in flight,
+                # then hand the batch to a fresh task at the back of the queue.
+                self.stopping = self.yielded = True
             if now - last_check >= STATUS_CHECK_EVERY_S:
                 last_check = now
                 await self._check_status()

@@ -221,3 +221,22 @@ def test_a_standard_worker_yields_to_waiting_expedited_work(alice, model):
     run_batch(expedited.pk)
     expedited.refresh_from_db()
     assert expedited.status == "completed"
+
+
+def test_a_long_batch_is_worked_in_slices(alice, model, settings):
+    from django_q.brokers import get_broker
+
+    broker = get_broker()
+    broker.purge_queue()
+    settings.OPENRELAY_TASK_SLICE_S = 1
+    batch = make_batch(alice.org, [chat(f"q{i} [[latency:300]]") for i in range(40)])
+    run_batch(batch.pk)
+    batch.refresh_from_db()
+    assert batch.status == "in_progress"
+    assert 0 < Record.objects.filter(batch=batch, status=RecordStatus.SUCCEEDED).count() < 40
+    assert not Record.objects.filter(batch=batch, status=RecordStatus.RUNNING).exists()
+    assert broker.queue_size() >= 1
+    settings.OPENRELAY_TASK_SLICE_S = 600
+    run_batch(batch.pk)
+    batch.refresh_from_db()
+    assert batch.status == "completed" and batch.completed_count == 40
