@@ -60,6 +60,8 @@ def create_batch(*, organization, endpoint, completion_window="24h", input_file_
 
 
 def _find_input_file(organization, input_file_id, now):
+    if "\x00" in input_file_id:  # no id has one, and PostgreSQL can't even look it up
+        raise _file_not_found(input_file_id, organization)
     file = File.objects.for_org(organization).filter(public_id=input_file_id).first()
     _check_input_file(file, input_file_id, organization, now)
     return file
@@ -67,7 +69,7 @@ def _find_input_file(organization, input_file_id, now):
 
 def _file_not_found(input_file_id, organization):
     return ApiError(f"Cannot find file {input_file_id}, or organization '{organization.name}' does not have "
-                    "access to it.", param="input_file_id")
+                    "access to it.", param="input_file_id", code="file_not_found")
 
 
 def _check_input_file(file, input_file_id, organization, now):
@@ -125,7 +127,7 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, **f
     batch = Batch.objects.create(
         organization=organization, input_file=file, input_file_public_id=file.public_id, priority=priority,
         model_id=checker.model_pk, model_name=checker.model_name or "",
-        errors=result.errors or None, total_count=result.accepted,
+        errors=_storable(result.errors) or None, total_count=result.accepted,
         created_at=now, expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
         price_input=price.input_per_mtok if price else Decimal("0"),
         price_cached_input=price.cached_input_per_mtok if price else Decimal("0"),
@@ -135,6 +137,15 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, **f
     )
     insert_records(batch, result.rows())
     return batch
+
+
+def _storable(errors):
+    """Rejections as a JSON column can hold them: PostgreSQL's jsonb refuses NUL
+    (\\u0000), and messages may quote what a line said (a model name, a key)."""
+    return [
+        {key: value.replace("\x00", "\ufffd") if isinstance(value, str) else value for key, value in error.items()}
+        for error in errors
+    ]
 
 
 def _start_or_fail(batch, file, result):
@@ -239,10 +250,10 @@ def cancel_batch(batch):
         if batch.status in CANCELLED_OR_CANCELLING:
             return batch
         if BatchStatus.CANCELLING not in lifecycle.ALLOWED[batch.status]:
-            raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.")
+            raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.", code="batch_not_cancellable")
         with transaction.atomic():
             if lifecycle.transition(batch, BatchStatus.CANCELLING):
                 _enqueue_on_commit(batch)
                 return batch
         batch.refresh_from_db()
-    raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.")
+    raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.", code="batch_not_cancellable")

@@ -27,6 +27,15 @@ MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 OUTPUT_EXPIRY_RANGE = (3600, 2_592_000)
 MAX_CALLBACK_URL = 2048
+# One input line (one request) at most: a record is read whole into memory by
+# create and by the worker, and sent whole to the model. 10 MB holds a request
+# with several large base64 images; past it the line is rejected, not read.
+MAX_LINE_BYTES = 10 * 1024 * 1024
+# JSON nesting of one line at most. orjson parses 1024 levels but writes only
+# 254, and the worker re-serializes every body it sends (tool loops and
+# workflows wrap it a few levels deeper): a deeper line could be accepted and
+# then never be sent. Real requests (tool schemas included) stay far below.
+MAX_NESTING_DEPTH = 128
 
 CREATE_PARAMS = (
     "input_file_id", "requests", "endpoint", "completion_window", "metadata", "output_expires_after", "priority",
@@ -53,6 +62,9 @@ WORKFLOW_PARAM = "body.openrelay.workflow"
 OPENRELAY_KEYS = ("tool_config", "workflow")
 
 INVALID_JSON = "This line is not parseable as valid JSON."
+LINE_TOO_LONG = (f"This line is longer than {MAX_LINE_BYTES:,} bytes ({MAX_LINE_BYTES // (1024 * 1024)} MB), the limit "
+                 "for one request. Compress or shrink its images, or split its content across several requests.")
+TOO_DEEP = (f"This line nests JSON deeper than {MAX_NESTING_DEPTH} levels, the limit for one request.")
 NOT_AN_OBJECT = "This line is valid JSON but not a JSON object; each line must be one request object."
 
 
@@ -111,9 +123,21 @@ def _quoted_list(values):
     return ", ".join(quoted[:-1]) + f", and {quoted[-1]}" if len(quoted) > 2 else " and ".join(quoted)
 
 
+def shown(value, limit=100):
+    """A user value for a message: repr of a scalar, cut short; the type of anything else.
+
+    Never repr() a parsed container: one nested 1,000 levels deep would
+    exhaust Python's recursion limit (a 500 instead of a 400).
+    """
+    if isinstance(value, (list, dict)):
+        return type_name(value)
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def _invalid_choice(param, value, allowed):
     return ApiError(
-        f"Invalid value for '{param}': {value!r}. Supported values are: {_quoted_list(allowed)}.",
+        f"Invalid value for '{param}': {shown(value)}. Supported values are: {_quoted_list(allowed)}.",
         param=param, code="invalid_value",
     )
 
@@ -193,6 +217,10 @@ def parse_metadata(value):
             param="metadata", code="invalid_value",
         )
     for key, item in value.items():
+        if "\x00" in key or isinstance(item, str) and "\x00" in item:
+            # Stored as JSON in the database, where PostgreSQL refuses NUL.
+            raise ApiError("Invalid 'metadata': keys and values must not contain NUL (\\u0000) characters.",
+                           param="metadata", code="invalid_value")
         if len(key) > MAX_METADATA_KEY:
             raise ApiError(
                 f"Invalid 'metadata': key '{key[:MAX_METADATA_KEY]}...' is too long. Expected keys of at most "
@@ -256,7 +284,7 @@ def normalize_tool_config(value):
     if kind is None:
         kind = "http"
     if kind not in TOOL_TYPES:
-        raise RecordRejected(code, f"Invalid value for '{param}.type': {kind!r}. Supported values are: "
+        raise RecordRejected(code, f"Invalid value for '{param}.type': {shown(kind)}. Supported values are: "
                                    f"{_quoted_list(TOOL_TYPES)}.", f"{param}.type")
     return {"type": kind, **_callback_fields(value, code, param), **_limits(value, TOOL_CONFIG_LIMITS, code, param)}
 
@@ -378,7 +406,7 @@ class RecordChecker:
 
     def _check_target(self, method, url):
         if method != "POST":
-            raise RecordRejected("invalid_request", f"Invalid value for 'method': {method!r}. Only 'POST' is "
+            raise RecordRejected("invalid_request", f"Invalid value for 'method': {shown(method)}. Only 'POST' is "
                                                     "supported.", "method")
         if url != self.endpoint:
             raise RecordRejected("invalid_url", "The URL provided for this request does not match the batch endpoint.",
@@ -456,9 +484,10 @@ class RecordChecker:
 
 
 def _check_custom_id(custom_id):
-    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
+    # NUL: custom_id is a database column, and PostgreSQL text can't hold one.
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID or "\x00" in custom_id:
         raise RecordRejected("invalid_request", f"Invalid 'custom_id': expected a non-empty string of at most "
-                                                f"{MAX_CUSTOM_ID} characters.", "custom_id")
+                                                f"{MAX_CUSTOM_ID} characters (no NUL).", "custom_id")
 
 
 # ---------------------------------------------------------------------------
@@ -484,27 +513,39 @@ class ScanResult:
         return zip(self.lines, self.custom_ids, self.offsets, self.lengths)
 
 
-def iter_lines(stream, chunk_size=1 << 20):
+def iter_lines(stream, chunk_size=1 << 20, max_line=None):
     """Yield (byte offset, line bytes without its newline) from a binary stream.
 
     Reads fixed-size chunks, so memory is one chunk plus the longest line; a
     line that spans chunks is joined once (no quadratic re-concatenation).
+    A line longer than `max_line` bytes is yielded as (offset, None) and never
+    held: its bytes are dropped as they go by.
     """
-    parts, line_start, chunk_start = [], 0, 0
+    parts, size, too_long, line_start, chunk_start = [], 0, False, 0, 0
     while chunk := stream.read(chunk_size):
         start = 0
         while (end := chunk.find(b"\n", start)) >= 0:
             piece = chunk[start:end]
-            if parts:
+            if too_long or (max_line is not None and size + len(piece) > max_line):
+                yield line_start, None
+            elif parts:
                 parts.append(piece)
-                piece, parts = b"".join(parts), []
-            yield line_start, piece
+                yield line_start, b"".join(parts)
+            else:
+                yield line_start, piece
+            parts, size, too_long = [], 0, False
             start = end + 1
             line_start = chunk_start + start
-        if start < len(chunk):
-            parts.append(chunk[start:])
+        if start < len(chunk) and not too_long:
+            size += len(chunk) - start
+            if max_line is not None and size > max_line:
+                parts, too_long = [], True
+            else:
+                parts.append(chunk[start:])
         chunk_start += len(chunk)
-    if parts:
+    if too_long:
+        yield line_start, None
+    elif parts:
         yield line_start, b"".join(parts)
 
 
@@ -524,7 +565,13 @@ def scan(stream, checker, *, max_records=MAX_RECORDS):
     (stopping as soon as the limit is passed).
     """
     result, records = ScanResult(), 0
-    for number, (offset, raw) in enumerate(iter_lines(stream), start=1):
+    for number, (offset, raw) in enumerate(iter_lines(stream, max_line=MAX_LINE_BYTES), start=1):
+        if raw is None:
+            records += 1
+            if records > max_records:
+                raise FileRejected("too_many_requests", too_many_message(max_records))
+            result.errors.append(RecordRejected("line_too_long", LINE_TOO_LONG).as_error(number))
+            continue
         if number == 1 and raw.startswith(_BOM):
             # Editors on Windows add a BOM; skip it so the stored offset is clean JSON.
             offset, raw = offset + len(_BOM), raw[len(_BOM):]
@@ -542,8 +589,14 @@ def scan(stream, checker, *, max_records=MAX_RECORDS):
 def _scan_line(result, checker, number, offset, raw):
     try:
         obj = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        result.errors.append(RecordRejected("invalid_json_line", INVALID_JSON).as_error(number))
+    except orjson.JSONDecodeError as exc:
+        # orjson stops at 1024 levels ("depth limit exceeded"): too deep, not malformed.
+        too_deep = "depth limit" in str(exc)
+        code, message = ("nesting_too_deep", TOO_DEEP) if too_deep else ("invalid_json_line", INVALID_JSON)
+        result.errors.append(RecordRejected(code, message).as_error(number))
+        return
+    if _too_deep(raw, obj):
+        result.errors.append(RecordRejected("nesting_too_deep", TOO_DEEP).as_error(number))
         return
     try:
         custom_id = checker.check(obj, number)
@@ -554,3 +607,21 @@ def _scan_line(result, checker, number, offset, raw):
     result.custom_ids.append(custom_id)
     result.offsets.append(offset)
     result.lengths.append(len(raw))
+
+
+def _too_deep(raw, obj, limit=MAX_NESTING_DEPTH):
+    """Does `obj` (parsed from `raw`) nest containers deeper than `limit`?
+
+    Only a line with more than `limit` brackets can, so the common line costs
+    two byte counts; the walk is iterative (no recursion limit to hit).
+    """
+    if raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False

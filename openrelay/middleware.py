@@ -14,6 +14,11 @@ def _is_api(request):
     return request.path.startswith("/v1/") or request.path == "/v1"
 
 
+def _has_nul(request):
+    query = request.META.get("QUERY_STRING", "")
+    return "\x00" in request.path or "%00" in query or "\x00" in query
+
+
 class RequestIdMiddleware:
     """Every response carries x-request-id (the OpenAI SDK exposes it)."""
 
@@ -49,6 +54,11 @@ class ApiErrorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        if _is_api(request) and _has_nul(request):
+            # PostgreSQL text can't hold NUL, so such an id or cursor would
+            # fail inside the lookup (a 500); no valid id contains one.
+            return error_response(400, "The request URL contains a NUL character (%00), which no id or parameter "
+                                       "may contain.", code="invalid_characters")
         response = self.get_response(request)
         if not _is_api(request) or response.get("Content-Type", "").startswith("application/json"):
             return response
