@@ -2,6 +2,7 @@
 
 import orjson
 from django.db.models import Q
+from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
@@ -11,7 +12,9 @@ from batches import services
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import parse_create_params
+from openrelay import openapi
 from openrelay.errors import ApiError, NotFound
+from openrelay.throttles import BatchCreateThrottle
 
 LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 20, 100
 
@@ -34,7 +37,7 @@ def _batches(request):
 def _get_batch(request, batch_id):
     batch = _batches(request).filter(public_id=batch_id).first()
     if batch is None:
-        raise NotFound(f"No batch found with id '{batch_id}'.")
+        raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found")
     return batch
 
 
@@ -48,11 +51,23 @@ def _json_body(request):
 class BatchListView(APIView):
     parser_classes = [OrjsonParser]
 
+    def get_throttles(self):
+        # Creating is rate limited per organization; listing is not.
+        return [BatchCreateThrottle()] if self.request.method == "POST" else []
+
+    def throttled(self, request, wait):
+        raise BatchCreateThrottle.exceeded(wait)
+
+    @extend_schema(operation_id="batches_create", summary="Create a batch",
+                   request={"application/json": openapi.ref("BatchCreate")},
+                   responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 413, 415, 429)})
     def post(self, request):
         params = parse_create_params(_json_body(request))
         batch = services.create_batch(organization=request.user.organization, **vars(params))
         return Response(batch_object(batch))
 
+    @extend_schema(operation_id="batches_list", summary="List batches", parameters=[openapi.BATCH_LIMIT, openapi.AFTER],
+                   responses={200: openapi.ref("BatchList"), **openapi.errors(400, 401)})
     def get(self, request):
         limit = _parse_limit(request.query_params.get("limit"))
         batches = _batches(request).order_by("-created_at", "-pk")
@@ -92,6 +107,8 @@ def _older_than(request, after):
 
 
 class BatchDetailView(APIView):
+    @extend_schema(operation_id="batches_retrieve", summary="Retrieve a batch", parameters=[openapi.BATCH_ID],
+                   responses={200: openapi.ref("Batch"), **openapi.errors(401, 404)})
     def get(self, request, batch_id):
         return Response(batch_object(_get_batch(request, batch_id)))
 
@@ -101,6 +118,8 @@ class BatchCancelView(APIView):
     # this view never reads the body, so nothing tries to parse it.
     parser_classes = [OrjsonParser]
 
+    @extend_schema(operation_id="batches_cancel", summary="Cancel a batch", request=None, parameters=[openapi.BATCH_ID],
+                   responses={200: openapi.ref("Batch"), **openapi.errors(401, 404, 409)})
     def post(self, request, batch_id):
         batch = services.cancel_batch(_get_batch(request, batch_id))
         return Response(batch_object(batch))

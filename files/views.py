@@ -4,6 +4,8 @@ from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.http import StreamingHttpResponse
 from django.utils.http import content_disposition_header
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -11,16 +13,23 @@ from rest_framework.views import APIView
 from files import params, selectors, services
 from files.presenters import present_deleted, present_file, present_file_list
 from files.uploads import receive_upload
+from openrelay import openapi
 from openrelay.errors import ApiError
 
 DOWNLOAD_CHUNK = 1024 * 1024
 
 
 class FilesView(APIView):
+    @extend_schema(operation_id="files_list", summary="List files",
+                   parameters=[openapi.PURPOSE, openapi.FILE_LIMIT, openapi.ORDER, openapi.AFTER],
+                   responses={200: openapi.ref("FileList"), **openapi.errors(400, 401)})
     def get(self, request):
         files, has_more = selectors.list_files(request.user.organization, **params.list_params(request.query_params))
         return Response(present_file_list(files, has_more))
 
+    @extend_schema(operation_id="files_create", summary="Upload a batch input file",
+                   request={"multipart/form-data": openapi.ref("FileUpload")},
+                   responses={200: openapi.ref("File"), **openapi.errors(400, 401, 411, 413, 415)})
     def post(self, request):
         # request._request: the multipart body is parsed by Django with the
         # streaming, size-capped handler of files.uploads, not by DRF's parsers.
@@ -46,9 +55,13 @@ class FilesView(APIView):
 
 
 class FileView(APIView):
+    @extend_schema(operation_id="files_retrieve", summary="Retrieve a file", parameters=[openapi.FILE_ID],
+                   responses={200: openapi.ref("File"), **openapi.errors(401, 404)})
     def get(self, request, file_id):
         return Response(present_file(selectors.get_file(request.user.organization, file_id)))
 
+    @extend_schema(operation_id="files_delete", summary="Delete a file", parameters=[openapi.FILE_ID],
+                   responses={200: openapi.ref("FileDeleted"), **openapi.errors(401, 404, 409)})
     def delete(self, request, file_id):
         file = selectors.get_file(request.user.organization, file_id)
         services.delete_unpinned_file(file)
@@ -65,6 +78,9 @@ class IgnoreAcceptNegotiation(DefaultContentNegotiation):
 class FileContentView(APIView):
     content_negotiation_class = IgnoreAcceptNegotiation
 
+    @extend_schema(operation_id="files_content", summary="Download a file's bytes", parameters=[openapi.FILE_ID],
+                   responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
+                              **openapi.errors(401, 404)})
     def get(self, request, file_id):
         file = selectors.get_file(request.user.organization, file_id)
         stream = services.open_content(file)

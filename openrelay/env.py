@@ -62,3 +62,32 @@ def envlist(name, default=()):
     if raw is None:
         return list(default)
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+_RATE_PERIODS = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
+
+
+def parse_rate(rate):
+    """'2000/hour' -> (2000, 3600). Periods: second, minute, hour, day (or s, m, h, d)."""
+    count, _, period = str(rate).partition("/")
+    period = period.strip().lower()
+    seconds = next((s for name, s in _RATE_PERIODS.items() if period in (name, name[0], name + "s")), None)
+    try:
+        number = int(count)
+    except ValueError:
+        number = 0
+    if seconds is None or number < 1:
+        raise ValueError(f"expected a rate like '2000/hour' (N/second|minute|hour|day), got {rate!r}")
+    return number, seconds
+
+
+def envrate(name, default):
+    """A rate such as '2000/hour', checked at start-up."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        parse_rate(raw)
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(f"{name}: {exc}") from None
+    return raw.strip()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from openrelay.env import envbool, envfloat, envint, envlist, envstr
+from openrelay.env import envbool, envfloat, envint, envlist, envrate, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("OPENRELAY_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -106,6 +106,14 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# The cache holds rate-limit counters (openrelay.throttles): shared by every
+# web process through Redis in production, in process memory by default.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
+                          "KEY_PREFIX": "openrelay"}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 Q_CLUSTER = {
     "name": "openrelay",
     "workers": envint("OPENRELAY_Q_WORKERS", 2, minimum=1),
@@ -157,10 +165,15 @@ REST_FRAMEWORK = {
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
+# Batch creates per organization (every key of the organization shares it):
+# N/second|minute|hour|day. Over it: 429 rate_limit_exceeded with Retry-After.
+OPENRELAY_BATCH_CREATE_RATE = envrate("OPENRELAY_BATCH_CREATE_RATE", "2000/hour")
 SPECTACULAR_SETTINGS = {
     "TITLE": "OpenRelay Batch API",
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "DESCRIPTION": "OpenAI-compatible Files and Batches API. Authenticate with `Authorization: Bearer or_...`.",
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "openrelay.openapi.add_components"],
 }
 
 LANGUAGE_CODE = "en-us"

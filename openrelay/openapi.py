@@ -1,0 +1,221 @@
+"""The OpenAPI schema of the public API (drf-spectacular), served at /v1/openapi.json.
+
+The views are plain APIViews that build their JSON by hand (presenters), so
+drf-spectacular cannot guess their shapes; this module states them once as
+named components and the views point at them with `extend_schema`.
+tests/reliability_tests/test_schema.py checks the schema covers every /v1/
+route and runs schemathesis against it.
+"""
+
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
+
+from openrelay.errors import error_type
+
+
+def ref(name):
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+_NULLABLE_STRING = {"type": "string", "nullable": True}
+_NULLABLE_INT = {"type": "integer", "nullable": True}
+
+COMPONENTS = {
+    "Error": {
+        "type": "object",
+        "required": ["error"],
+        "properties": {
+            "error": {
+                "type": "object",
+                "required": ["message", "type", "param", "code"],
+                "properties": {
+                    "message": {"type": "string"},
+                    "type": {"type": "string"},
+                    "param": _NULLABLE_STRING,
+                    "code": _NULLABLE_STRING,
+                },
+            }
+        },
+    },
+    "File": {
+        "type": "object",
+        "required": ["id", "object", "bytes", "created_at", "filename", "purpose"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["file"]},
+            "bytes": {"type": "integer"},
+            "created_at": {"type": "integer"},
+            "expires_at": _NULLABLE_INT,
+            "filename": {"type": "string"},
+            "purpose": {"type": "string", "enum": ["batch", "batch_output"]},
+            "status": {"type": "string"},
+            "status_details": _NULLABLE_STRING,
+        },
+    },
+    "FileList": {
+        "type": "object",
+        "required": ["object", "data", "has_more"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": ref("File")},
+            "first_id": _NULLABLE_STRING,
+            "last_id": _NULLABLE_STRING,
+            "has_more": {"type": "boolean"},
+        },
+    },
+    "FileDeleted": {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["file"]},
+            "deleted": {"type": "boolean"},
+        },
+    },
+    "FileUpload": {
+        "type": "object",
+        "required": ["file", "purpose"],
+        "properties": {
+            "file": {"type": "string", "format": "binary", "description": "JSONL, one request object per line."},
+            "purpose": {"type": "string", "enum": ["batch"]},
+            "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+            "expires_after[seconds]": {"type": "integer", "minimum": 3600, "maximum": 2592000},
+        },
+    },
+    "BatchRequestCounts": {
+        "type": "object",
+        "required": ["total", "completed", "failed"],
+        "properties": {"total": {"type": "integer"}, "completed": {"type": "integer"}, "failed": {"type": "integer"}},
+    },
+    "BatchUsage": {
+        "type": "object",
+        "nullable": True,
+        "properties": {
+            "input_tokens": {"type": "integer"},
+            "input_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}},
+            "output_tokens": {"type": "integer"},
+            "output_tokens_details": {"type": "object", "properties": {"reasoning_tokens": {"type": "integer"}}},
+            "total_tokens": {"type": "integer"},
+        },
+    },
+    "BatchError": {
+        "type": "object",
+        "properties": {
+            "code": _NULLABLE_STRING,
+            "message": _NULLABLE_STRING,
+            "param": _NULLABLE_STRING,
+            "line": _NULLABLE_INT,
+        },
+    },
+    "Batch": {
+        "type": "object",
+        "required": ["id", "object", "endpoint", "input_file_id", "completion_window", "status", "created_at",
+                     "request_counts"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["batch"]},
+            "endpoint": {"type": "string"},
+            "model": _NULLABLE_STRING,
+            "errors": {
+                "type": "object",
+                "nullable": True,
+                "properties": {"object": {"type": "string"}, "data": {"type": "array", "items": ref("BatchError")}},
+            },
+            "input_file_id": {"type": "string"},
+            "completion_window": {"type": "string"},
+            "status": {
+                "type": "string",
+                "enum": ["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                         "cancelled"],
+            },
+            "output_file_id": _NULLABLE_STRING,
+            "error_file_id": _NULLABLE_STRING,
+            **{name: _NULLABLE_INT for name in (
+                "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+                "expired_at", "cancelling_at", "cancelled_at")},
+            "request_counts": ref("BatchRequestCounts"),
+            "metadata": {"type": "object", "nullable": True, "additionalProperties": {"type": "string"}},
+            "usage": ref("BatchUsage"),
+            "priority": {"type": "string", "enum": ["standard", "expedited"]},
+        },
+    },
+    "BatchList": {
+        "type": "object",
+        "required": ["object", "data", "has_more"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": ref("Batch")},
+            "first_id": _NULLABLE_STRING,
+            "last_id": _NULLABLE_STRING,
+            "has_more": {"type": "boolean"},
+        },
+    },
+    "BatchCreate": {
+        "type": "object",
+        "required": ["endpoint", "completion_window"],
+        "description": "Give either input_file_id (an uploaded purpose=batch file) or inline requests.",
+        "properties": {
+            "input_file_id": {"type": "string"},
+            "requests": {
+                "type": "array",
+                "maxItems": 50000,
+                "items": {"type": "object", "description": "One JSONL request object: custom_id, method, url, body."},
+            },
+            "endpoint": {"type": "string", "enum": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]},
+            "completion_window": {"type": "string", "enum": ["24h"]},
+            "metadata": {
+                "type": "object",
+                "nullable": True,
+                "maxProperties": 16,
+                "additionalProperties": {"type": "string", "maxLength": 512},
+            },
+            "output_expires_after": {
+                "type": "object",
+                "required": ["anchor", "seconds"],
+                "properties": {
+                    "anchor": {"type": "string", "enum": ["created_at"]},
+                    "seconds": {"type": "integer", "minimum": 3600, "maximum": 2592000},
+                },
+            },
+            "priority": {"type": "string", "enum": ["standard", "expedited"]},
+        },
+    },
+}
+
+
+def errors(*statuses):
+    """Error responses in the envelope, one per status."""
+    return {
+        status: OpenApiResponse(response=ref("Error"), description=f"Error envelope ({error_type(status)})")
+        for status in statuses
+    }
+
+
+# Every authenticated route may answer these.
+COMMON_ERRORS = (401,)
+
+BATCH_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 100}, OpenApiParameter.QUERY,
+                               description="Page size (default 20).")
+FILE_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, OpenApiParameter.QUERY,
+                              description="Page size (default 10,000).")
+AFTER = OpenApiParameter("after", str, OpenApiParameter.QUERY, description="Cursor: the last id of the previous page.")
+ORDER = OpenApiParameter("order", str, OpenApiParameter.QUERY, enum=["asc", "desc"])
+PURPOSE = OpenApiParameter("purpose", str, OpenApiParameter.QUERY, description="Only files with this purpose.")
+BATCH_ID = OpenApiParameter("batch_id", str, OpenApiParameter.PATH)
+FILE_ID = OpenApiParameter("file_id", str, OpenApiParameter.PATH)
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = "openrelay.auth.ApiKeyAuthentication"
+    name = "ApiKeyAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {"type": "http", "scheme": "bearer", "description": "An organization API key: `Bearer or_...`."}
+
+
+def add_components(result, generator, request, public):
+    """drf-spectacular postprocessing hook: the named schemas above, and the schema URL's own entry."""
+    schemas = result.setdefault("components", {}).setdefault("schemas", {})
+    for name, schema in COMPONENTS.items():
+        schemas.setdefault(name, schema)
+    return result
