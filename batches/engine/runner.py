@@ -11,6 +11,7 @@ import os
 import secrets
 import socket
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 
 from batches import events, lifecycle
-from batches.engine import finish, store
+from batches.engine import dispatch, finish, store
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, BatchStatus, Priority
@@ -32,6 +33,8 @@ logger = logging.getLogger("openrelay.engine")
 FLUSH_EVERY_S = 0.25
 FLUSH_SIZE = 500
 STATUS_CHECK_EVERY_S = 0.5
+PREFETCH_S = 0.25
+MIN_PREFETCH = 16
 
 
 @dataclass
@@ -97,6 +100,9 @@ class BatchWorker:
         self.inflight = {}  # task -> ClaimedRecord
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
         self.worked = 0
+        self.completed = 0  # records finished in this task (flushed or not)
+        self.cursor = 0  # the last line claimed: claims continue past it
+        self.queue = deque()  # claimed (ClaimedRecord, line bytes) not started yet
         self.stopping = False
         self.yielded = False
         self.slice_ends = time.monotonic() + settings.OPENRELAY_TASK_SLICE_S
@@ -142,64 +148,114 @@ class BatchWorker:
         connections.close_all()
 
     async def _loop(self, capacity):
-        chunk = min(settings.OPENRELAY_CLAIM_CHUNK, max(capacity, 1))
+        """Keep `capacity` records running, claiming ahead and flushing behind.
+
+        Record coroutines report through a done callback (no asyncio.wait
+        over every task in flight, which costs O(in flight) per wake-up) and
+        start the next claimed record themselves; the loop wakes when there
+        is room to claim into, a flush is full, or FLUSH_EVERY_S passed. A
+        claim and a flush share one trip to the database thread.
+        """
+        self.capacity = capacity
+        self.prefetch = min(settings.OPENRELAY_CLAIM_CHUNK, capacity)
+        self.wake = asyncio.Event()
+        self.exhausted = False
+        rate_mark = (time.monotonic(), 0)
         last_flush = last_check = last_renew = time.monotonic()
-        exhausted = False
         while True:
-            if not self.stopping and not exhausted and len(self.inflight) < capacity:
-                exhausted = not await self._claim_more(min(chunk, capacity * 2 - len(self.inflight)))
-            if not self.inflight and (exhausted or self.stopping):
-                break
-            await self._collect(timeout=FLUSH_EVERY_S)
             now = time.monotonic()
-            if self.done and (len(self.done) >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S):
-                await self._flush()
+            want = 0
+            if self._room():
+                want = capacity + self.prefetch - len(self.inflight) - len(self.queue)
+                rate_mark = self._adapt_prefetch(rate_mark, now)
+            if want or (self.done and (len(self.done) >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)):
+                claimed = await self._flush_and_claim(want)
                 last_flush = now
+                if want and not claimed:
+                    self.exhausted = True
+            if self.stopping and self.queue:
+                # Claimed but never started: back to pending for whoever runs next.
+                await self.db(store.release, self.batch.pk, self.owner, [record.pk for record, _ in self.queue])
+                self.queue.clear()
+            if not self.inflight and not self.queue and (self.exhausted or self.stopping):
+                break
             if now >= self.slice_ends and not self.stopping:
                 # Long batches are worked in slices: finish what is in flight,
                 # then hand the batch to a fresh task at the back of the queue.
                 self.stopping = self.yielded = True
+                continue
             if now - last_check >= STATUS_CHECK_EVERY_S:
                 last_check = now
                 await self._check_status()
+                if self.stopping:
+                    continue
             if now - last_renew >= settings.OPENRELAY_LEASE_S / 3:
                 last_renew = now
                 await self.db(store.renew, self.batch.pk, self.owner)
+            await self._sleep(FLUSH_EVERY_S)
         await self._flush()
         await self._announce(force=True)
 
-    async def _claim_more(self, limit):
-        claimed = await self.db(self._claim_and_read, limit)
-        for record, raw in claimed:
+    def _room(self):
+        """Is it time to claim: fewer than capacity + half the prefetch claimed and unfinished?"""
+        return (
+            not self.stopping
+            and not self.exhausted
+            and len(self.inflight) + len(self.queue) < self.capacity + self.prefetch // 2
+        )
+
+    def _adapt_prefetch(self, mark, now):
+        """Claim ahead about PREFETCH_S of the recent completion rate.
+
+        Enough that no call waits for a claim; little enough that at the end
+        of a batch no task sits on records another task could be running.
+        """
+        since, completed = mark
+        if now - since >= 0.05:
+            wanted = int((self.completed - completed) / (now - since) * PREFETCH_S)
+            self.prefetch = max(min(self.capacity, MIN_PREFETCH), min(settings.OPENRELAY_CLAIM_CHUNK, wanted))
+            return now, self.completed
+        return mark
+
+    async def _sleep(self, timeout):
+        if not self.wake.is_set():
+            timer = asyncio.get_running_loop().call_later(timeout, self.wake.set)
+            await self.wake.wait()
+            timer.cancel()
+        self.wake.clear()
+
+    async def _flush_and_claim(self, want):
+        outcomes, self.done = self.done, []
+        written, claimed = await self.db(self._flush_and_claim_sync, outcomes, want, self.cursor)
+        self.worked += written
+        if claimed:
+            self.queue.extend(claimed)
+            self.cursor = max(self.cursor, claimed[-1][0].line)
+            self._start_queued()
+        if outcomes:
+            await self._announce()
+        return claimed
+
+    def _flush_and_claim_sync(self, outcomes, want, cursor):
+        written = store.flush(self.batch.pk, self.owner, outcomes) if outcomes else 0
+        claimed = []
+        if want:
+            for record in store.claim(self.batch.pk, self.owner, want, after_line=cursor):
+                # In line order: the reads walk the file forward.
+                self.input.seek(record.offset)
+                claimed.append((record, self.input.read(record.length)))
+        return written, claimed
+
+    def _start_queued(self):
+        while self.queue and len(self.inflight) < self.capacity and not self.stopping:
+            record, raw = self.queue.popleft()
             task = asyncio.create_task(self._execute(record, raw))
+            task.add_done_callback(self._record_done)
             self.inflight[task] = record
-        return bool(claimed)
 
-    def _claim_and_read(self, limit):
-        records = store.claim(self.batch.pk, self.owner, limit)
-        out = []
-        for record in records:  # in line order: the reads walk the file forward
-            self.input.seek(record.offset)
-            out.append((record, self.input.read(record.length)))
-        return out
-
-    async def _execute(self, record, raw):
-        try:
-            body = orjson.loads(raw)["body"]
-        except (orjson.JSONDecodeError, KeyError, TypeError):
-            return RecordOutcome.error("invalid_json_line", "The input line could no longer be read as JSON.")
-        from batches.engine import dispatch
-
-        return await dispatch.run_record(self.ctx, record, body)
-
-    async def _collect(self, timeout):
-        if not self.inflight:
-            return
-        done, _ = await asyncio.wait(self.inflight, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        for task in done:
-            record = self.inflight.pop(task)
-            if task.cancelled():
-                continue
+    def _record_done(self, task):
+        record = self.inflight.pop(task)
+        if not task.cancelled():
             exc = task.exception()
             if exc is not None:
                 logger.error("record %s of %s crashed: %r", record.line, self.batch.public_id, exc)
@@ -207,6 +263,17 @@ class BatchWorker:
             else:
                 outcome = task.result()
             self.done.append((record, outcome))
+            self.completed += 1
+        self._start_queued()
+        if len(self.done) >= FLUSH_SIZE or not self.inflight or self._room():
+            self.wake.set()
+
+    async def _execute(self, record, raw):
+        try:
+            body = orjson.loads(raw)["body"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return RecordOutcome.error("invalid_json_line", "The input line could no longer be read as JSON.")
+        return await dispatch.run_record(self.ctx, record, body)
 
     async def _flush(self):
         if not self.done:
@@ -241,5 +308,5 @@ class BatchWorker:
             # batch marks their records; our flush skips them.
             self.stopping = True
             await self._flush()
-            for task in self.inflight:
+            for task in list(self.inflight):
                 task.cancel()

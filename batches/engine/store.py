@@ -28,6 +28,27 @@ class ClaimedRecord:
     length: int
 
 
+# The outcome columns, in the order _result_row fills them (pk first).
+_RESULT_COLUMNS = (
+    "id", "status", "status_code", "request_id", "response_body", "error_code", "error_message",
+    "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
+)
+_PG_TYPES = ("bigint", "text", "integer", "text", "text", "text", "text", "bigint", "bigint", "bigint", "bigint")
+_SUCCEEDED = RecordStatus.SUCCEEDED.value
+_FAILED = RecordStatus.FAILED.value
+_RUNNING = RecordStatus.RUNNING.value
+_PENDING = RecordStatus.PENDING.value
+# Batch total <- record column.
+_ROLL_UP = (
+    ("input_tokens", "prompt_tokens"), ("cached_tokens", "cached_tokens"),
+    ("output_tokens", "completion_tokens"), ("reasoning_tokens", "reasoning_tokens"),
+)
+
+
+def _q(name):
+    return connection.ops.quote_name(name)
+
+
 def claimable(batch_pk, now):
     """Pending records, and running ones whose worker's lease ran out."""
     return Record.objects.filter(batch_id=batch_pk).filter(
@@ -35,22 +56,50 @@ def claimable(batch_pk, now):
     )
 
 
-def claim(batch_pk, owner, limit, lease_s=None):
+def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
+    """Lease up to `limit` records of the batch to `owner`; return them in line order.
+
+    Pending records come first, from past `after_line` (the caller's cursor:
+    the line of the last record it claimed, so a claim never walks the
+    batch's finished lines again), then records whose lease ran out. When
+    neither is left past the cursor, the whole batch is searched once more
+    (a record released by a stopping worker may sit behind it). One
+    UPDATE ... RETURNING per kind: no rows read back, no model instances.
+    """
     now = timezone.now()
-    lease_until = now + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S)
+    ops = connection.ops
+    lease_until = ops.adapt_datetimefield_value(now + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S))
+    rows = []
     with transaction.atomic():
+        rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND line > %s", [_PENDING, after_line])
+        if len(rows) < limit:
+            rows += _claim_where(batch_pk, owner, limit - len(rows), lease_until,
+                                 "status = %s AND lease_expires_at < %s", [_RUNNING, ops.adapt_datetimefield_value(now)])
+        if not rows and after_line:
+            rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s", [_PENDING])
+    rows.sort(key=lambda row: row[1])
+    return [ClaimedRecord(*row) for row in rows]
+
+
+def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
+    table = _q(Record._meta.db_table)
+    returning = ", ".join(_q(c) for c in ("id", "line", "custom_id", "offset", "length"))
+    pick = f"SELECT id FROM {table} WHERE batch_id = %s AND {condition} ORDER BY line LIMIT %s"
+    sets = "status = %s, lease_owner = %s, lease_expires_at = %s, attempts = attempts + 1"
+    if connection.vendor == "postgresql":
         # SKIP LOCKED lets several workers claim disjoint chunks of one batch
-        # at once on PostgreSQL; SQLite ignores it and serialises writers.
-        ids = list(
-            claimable(batch_pk, now).order_by("line").select_for_update(skip_locked=True).values_list("pk", flat=True)[:limit]
-        )
-        if not ids:
-            return []
-        Record.objects.filter(pk__in=ids).update(
-            status=RecordStatus.RUNNING, lease_owner=owner, lease_expires_at=lease_until, attempts=F("attempts") + 1
-        )
-        rows = Record.objects.filter(pk__in=ids).order_by("line").values_list("pk", "line", "custom_id", "offset", "length")
-        return [ClaimedRecord(*row) for row in rows]
+        # at once; the CTE runs the locking pick exactly once.
+        sql = (f"WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE {table} AS r SET {sets} FROM picked "
+               f"WHERE r.id = picked.id RETURNING " + ", ".join(f"r.{c}" for c in returning.split(", ")))
+        args = [batch_pk, *params, limit, _RUNNING, owner, lease_until]
+    else:
+        # SQLite serialises writers (IMMEDIATE transactions): the pick and
+        # the update cannot interleave with another worker's.
+        sql = f"UPDATE {table} SET {sets} WHERE id IN ({pick}) RETURNING {returning}"
+        args = [_RUNNING, owner, lease_until, batch_pk, *params, limit]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, args)
+        return cursor.fetchall()
 
 
 def renew(batch_pk, owner, lease_s=None):
@@ -109,22 +158,6 @@ def flush(batch_pk, owner, outcomes):
         return _flush_executemany(batch_pk, owner, rows, finished_at)
 
 
-# The outcome columns, in the order _result_row fills them (pk first).
-_RESULT_COLUMNS = (
-    "id", "status", "status_code", "request_id", "response_body", "error_code", "error_message",
-    "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
-)
-_PG_TYPES = ("bigint", "text", "integer", "text", "text", "text", "text", "bigint", "bigint", "bigint", "bigint")
-_SUCCEEDED = RecordStatus.SUCCEEDED.value
-_FAILED = RecordStatus.FAILED.value
-_RUNNING = RecordStatus.RUNNING.value
-# Batch total <- record column.
-_ROLL_UP = (
-    ("input_tokens", "prompt_tokens"), ("cached_tokens", "cached_tokens"),
-    ("output_tokens", "completion_tokens"), ("reasoning_tokens", "reasoning_tokens"),
-)
-
-
 def _result_row(pk, outcome):
     usage = outcome.usage
     return (
@@ -140,10 +173,6 @@ def _result_row(pk, outcome):
         usage.completion_tokens,
         usage.reasoning_tokens,
     )
-
-
-def _q(name):
-    return connection.ops.quote_name(name)
 
 
 def _flush_postgresql(batch_pk, owner, rows, finished_at):
