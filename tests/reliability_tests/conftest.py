@@ -63,3 +63,11 @@ def create(client, **body):
     body.setdefault("endpoint", CHAT)
     body.setdefault("completion_window", "24h")
     return client.post("/v1/batches", body, format="json")
+
+
+# Real user-URL servers, shared with the suites that own them: a tool executor,
+# a workflow callback and the official MCP server (requiring a bearer token).
+from tests.mcp_tests.conftest import SECRET as MCP_TOKEN  # noqa: E402,F401
+from tests.mcp_tests.conftest import _official_auth, auth_server  # noqa: E402,F401
+from tests.tool_tests.conftest import executor, executor_server  # noqa: E402,F401
+from tests.workflow_tests.conftest import callback, callback_server  # noqa: E402,F401
