@@ -5,6 +5,8 @@ Shared by the API, the dashboard and the CLI. Load batches with
 list costs one query.
 """
 
+from billing.pricing import batch_cost
+
 PRESENTER_RELATED = ("output_file", "error_file")
 
 _TIMESTAMPS = (
@@ -38,7 +40,11 @@ def batch_object(batch):
 
 
 def usage_object(batch):
-    """OpenAI's batch usage, or None until any token was counted."""
+    """OpenAI's batch usage plus its cost so far, or None until any token was counted.
+
+    The cost comes from the live counters at the prices snapshotted at
+    create, so it rises as records finish and ends equal to the ledger entry.
+    """
     if batch.input_tokens + batch.output_tokens <= 0:
         return None
     return {
@@ -47,6 +53,7 @@ def usage_object(batch):
         "output_tokens": batch.output_tokens,
         "output_tokens_details": {"reasoning_tokens": batch.reasoning_tokens},
         "total_tokens": batch.input_tokens + batch.output_tokens,
+        "cost": batch_cost(batch).as_object(),
     }
 
 

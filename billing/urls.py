@@ -1,0 +1,8 @@
+from django.urls import path
+
+from billing import views
+
+# A control-plane route (openrelay/hosts.py): served by the control host.
+urlpatterns = [
+    path("organization/usage", views.UsageView.as_view(), name="organization-usage"),
+]

@@ -1,0 +1,109 @@
+"""Billing fixtures: a priced model on the real simulator, batches created through the API.
+
+Batches here are created with POST /v1/batches (not tests/engine_tests'
+make_batch) so every test runs on the prices create snapshots.
+"""
+
+from decimal import Decimal
+from fractions import Fraction
+
+import orjson
+import pytest
+
+from batches.models import Batch
+from billing.models import Price
+from files.services import open_content
+from openrelay.models import Deployment, Model
+from openrelay.simulator import SimulatorConfig, run_in_thread
+# The tool executor and workflow callback servers of tests/tool_tests and
+# tests/workflow_tests, reused as they are (real servers on 127.0.0.1).
+from tests.tool_tests.conftest import executor, executor_server  # noqa: F401
+from tests.workflow_tests.conftest import callback, callback_server  # noqa: F401
+
+MODEL = "openrelay/gemma-4-31b"
+CHAT = "/v1/chat/completions"
+# USD per 1M tokens at the sync rate.
+PRICE_INPUT, PRICE_CACHED_INPUT, PRICE_OUTPUT = Decimal("0.20"), Decimal("0.05"), Decimal("0.80")
+# ~200 prompt tokens: the simulator reports 64 of them cached.
+LONG = "word " * 160
+
+
+@pytest.fixture(autouse=True)
+def _storage(settings, tmp_path):
+    settings.STORAGES = {**settings.STORAGES, "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+    settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # executors and callbacks listen on 127.0.0.1
+
+
+@pytest.fixture(scope="session")
+def sim_server():
+    with run_in_thread(SimulatorConfig()) as server:
+        yield server
+
+
+@pytest.fixture
+def sim(sim_server):
+    sim_server.reset()
+    return sim_server
+
+
+@pytest.fixture
+def model(transactional_db, sim):
+    model = Model.objects.create(name=MODEL)
+    Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model="sim-upstream", max_concurrency=16)
+    Price.objects.create(model=model, input_per_mtok=PRICE_INPUT, cached_input_per_mtok=PRICE_CACHED_INPUT,
+                         output_per_mtok=PRICE_OUTPUT)
+    return model
+
+
+def chat(content, **extra):
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+
+def record(custom_id, body):
+    return {"custom_id": custom_id, "method": "POST", "url": CHAT, "body": body}
+
+
+def create(persona, bodies, **params):
+    """Create a batch through the API from inline bodies (custom_ids req-1, req-2, ...)."""
+    requests = [record(f"req-{i}", body) for i, body in enumerate(bodies, start=1)]
+    response = persona.client.post("/v1/batches", {"endpoint": CHAT, "completion_window": "24h",
+                                                   "requests": requests, **params}, format="json")
+    assert response.status_code == 200, response.content
+    assert response.json()["errors"] is None
+    return Batch.objects.get(public_id=response.json()["id"])
+
+
+def read_lines(file):
+    if file is None:
+        return []
+    with open_content(file) as f:
+        return [orjson.loads(line) for line in f.read().splitlines()]
+
+
+def usage_of_lines(lines):
+    """(prompt, cached, completion) summed over result lines that carry a usage."""
+    usages = [line["response"]["body"]["usage"] for line in lines
+              if line["response"] and isinstance(line["response"]["body"], dict) and "usage" in line["response"]["body"]]
+    return (
+        sum(u["prompt_tokens"] for u in usages),
+        sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages),
+        sum(u["completion_tokens"] for u in usages),
+    )
+
+
+def oracle_nanos(tokens, price, multiplier):
+    """Independent of billing.pricing: exact rationals, then Python's half-even round()."""
+    return round(Fraction(tokens) * Fraction(price) * Fraction(multiplier) * 1000)
+
+
+def oracle_cost(prompt, cached, completion, multiplier=Decimal("0.5"),
+                prices=(PRICE_INPUT, PRICE_CACHED_INPUT, PRICE_OUTPUT)):
+    """(input, cached_input, output, total) nanos for this usage."""
+    parts = (oracle_nanos(prompt - cached, prices[0], multiplier), oracle_nanos(cached, prices[1], multiplier),
+             oracle_nanos(completion, prices[2], multiplier))
+    return (*parts, sum(parts))
+
+
+def as_usd(amount_nanos):
+    return f"{amount_nanos // 10**9}.{amount_nanos % 10**9:09d}"
