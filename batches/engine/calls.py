@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 import aiohttp
 import orjson
 
-from openrelay.ids import new_request_id
 
 logger = logging.getLogger("openrelay.engine")
 
@@ -27,6 +26,7 @@ logger = logging.getLogger("openrelay.engine")
 SERVER_FAILED_STATUSES = {502, 503, 504}
 MAX_RETRY_AFTER_S = 60.0
 COOLDOWN_S = 5.0
+CONNECT_TIMEOUT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +72,15 @@ class Usage:
         }
 
 
+def _request_id():
+    """A `req_` id for an answer that came without x-request-id.
+
+    Unique, not secret: random.getrandbits costs a fraction of the
+    os.urandom call behind openrelay.ids.new_request_id, once per record.
+    """
+    return f"req_{random.getrandbits(128):032x}"
+
+
 def _int(value):
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
@@ -110,6 +119,17 @@ class Upstream:
         self.semaphore = asyncio.Semaphore(max(1, self.concurrency))
         # After a server fails under a call, new calls avoid it for a while.
         self.cooling_until = 0.0
+        self.headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            self.headers["Authorization"] = f"Bearer {self.api_key}"
+        self._urls = {}
+
+    def url(self, endpoint):
+        """The deployment's URL for an API endpoint ("/v1/chat/completions")."""
+        url = self._urls.get(endpoint)
+        if url is None:
+            url = self._urls[endpoint] = self.base_url.rstrip("/") + endpoint.removeprefix("/v1")
+        return url
 
     @property
     def healthy(self):
@@ -135,7 +155,14 @@ class ModelCaller:
 
     async def __aenter__(self):
         connector = aiohttp.TCPConnector(limit=self.capacity + 8, limit_per_host=0, ttl_dns_cache=300)
-        self.session = aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+        # aiohttp's default session timeout cuts every request at 5 minutes;
+        # the call limit (30 minutes by default) is ours to enforce, in
+        # _attempt. Only connecting keeps a bound of its own, so a deployment
+        # that swallows SYNs fails over instead of hanging a call.
+        self.session = aiohttp.ClientSession(
+            connector=connector, skip_auto_headers=("User-Agent",),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
+        )
         return self
 
     async def __aexit__(self, *exc):
@@ -162,6 +189,8 @@ class ModelCaller:
 
     def _next_upstream(self, tried):
         """Round robin over healthy deployments this call has not tried yet."""
+        if len(self.upstreams) == 1:
+            return self.upstreams[0]
         candidates = [u for u in self.upstreams if u.healthy and id(u) not in tried] or [
             u for u in self.upstreams if id(u) not in tried
         ] or self.upstreams
@@ -185,26 +214,30 @@ class ModelCaller:
     async def _attempt(self, upstream, endpoint, body):
         payload = dict(body)
         payload["model"] = upstream.upstream_model
-        headers = {"Content-Type": "application/json"}
-        if upstream.api_key:
-            headers["Authorization"] = f"Bearer {upstream.api_key}"
-        url = upstream.base_url.rstrip("/") + endpoint.removeprefix("/v1")
+        url = upstream.url(endpoint)
         async with upstream.semaphore:
+            # The limit starts here, when the request is sent: time spent
+            # queued inside the model server counts, our own queue does not.
+            limit = asyncio.timeout(self.time_limit_s)
             try:
-                # The limit starts here, when the request is sent: time spent
-                # queued inside the model server counts, our own queue does not.
-                async with asyncio.timeout(self.time_limit_s):
-                    return await self._send(url, payload, headers)
-            except TimeoutError:
-                return CallResult(kind="time_limit", message=f"The model call did not return within {self.time_limit_s:g} seconds.")
+                async with limit:
+                    return await self._send(url, payload, upstream.headers)
+            except TimeoutError as exc:
+                if limit.expired():
+                    return CallResult(kind="time_limit", message=f"The model call did not return within {self.time_limit_s:g} seconds.")
+                return self._failed(upstream, exc)  # e.g. connecting timed out: the server failed
             except (aiohttp.ClientError, OSError) as exc:
-                logger.info("model server at %s failed under a call: %s", upstream.base_url, type(exc).__name__)
-                return CallResult(kind="unavailable", message=f"The model server failed: {type(exc).__name__}.")
+                return self._failed(upstream, exc)
+
+    @staticmethod
+    def _failed(upstream, exc):
+        logger.info("model server at %s failed under a call: %s", upstream.base_url, type(exc).__name__)
+        return CallResult(kind="unavailable", message=f"The model server failed: {type(exc).__name__}.")
 
     async def _send(self, url, payload, headers):
         async with self.session.post(url, data=orjson.dumps(payload), headers=headers) as response:
             raw = await response.read()
-            request_id = response.headers.get("x-request-id") or new_request_id()
+            request_id = response.headers.get("x-request-id") or _request_id()
             try:
                 parsed = orjson.loads(raw) if raw else None
             except orjson.JSONDecodeError:
