@@ -7,9 +7,13 @@ make_batch) so every test runs on the prices create snapshots.
 from decimal import Decimal
 from fractions import Fraction
 
+import threading
+
 import orjson
 import pytest
+from django.db import connection
 
+from batches.engine.runner import run_batch
 from batches.models import Batch
 from billing.models import Price
 from files.services import open_content
@@ -72,6 +76,21 @@ def create(persona, bodies, **params):
     assert response.status_code == 200, response.content
     assert response.json()["errors"] is None
     return Batch.objects.get(public_id=response.json()["id"])
+
+
+def run_batch_in_thread(batch):
+    """run_batch on a worker thread, as a q2 worker would; the thread closes its connection
+    (an open one would keep the test database from being dropped)."""
+
+    def work():
+        try:
+            run_batch(batch.pk)
+        finally:
+            connection.close()
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    return worker
 
 
 def read_lines(file):

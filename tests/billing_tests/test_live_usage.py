@@ -1,19 +1,16 @@
 """The batch's usage object rises while the batch runs, and ends equal to the ledger."""
 
-import threading
 import time
 from decimal import Decimal
 
-from batches.engine.runner import run_batch
 from billing.models import LedgerEntry
-from tests.billing_tests.conftest import LONG, as_usd, chat, create
+from tests.billing_tests.conftest import LONG, as_usd, chat, create, run_batch_in_thread
 
 
 def test_it_shows_usage_and_cost_rising_while_the_batch_runs(alice, model, sim):
     # Records finish one after another, each well after a flush (every 0.25 s).
     batch = create(alice, [chat(f"{LONG} record {i} [[latency:{400 * i}]]") for i in range(6)])
-    worker = threading.Thread(target=run_batch, args=(batch.pk,))
-    worker.start()
+    worker = run_batch_in_thread(batch)
     seen = []
     deadline = time.monotonic() + 20
     while worker.is_alive():

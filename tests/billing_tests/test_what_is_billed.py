@@ -6,7 +6,6 @@ function of the request body, so replaying the bodies it received gives each
 call's usage.
 """
 
-import threading
 import time
 
 from batches.engine.calls import Usage
@@ -15,7 +14,7 @@ from batches.models import Record, RecordStatus
 from billing.models import LedgerEntry
 from openrelay.simulator import answer_chat
 from tests.billing_tests.conftest import (
-    CHAT, LONG, MODEL, as_usd, chat, create, oracle_cost, read_lines, usage_of_lines,
+    CHAT, LONG, MODEL, as_usd, chat, create, oracle_cost, read_lines, run_batch_in_thread, usage_of_lines,
 )
 from tests.tool_tests.conftest import per_record, status
 
@@ -128,12 +127,6 @@ def wait_until(condition, deadline_s=10):
         time.sleep(0.05)
 
 
-def run_in_thread(batch):
-    worker = threading.Thread(target=run_batch, args=(batch.pk,))
-    worker.start()
-    return worker
-
-
 def succeeded(batch, count):
     return lambda: Record.objects.filter(batch=batch, status=RecordStatus.SUCCEEDED).count() >= count
 
@@ -155,7 +148,7 @@ def test_an_expired_batch_bills_its_completed_work(alice, model, sim, settings):
 
 def test_a_cancelled_batch_bills_what_finished(alice, model, sim):
     batch = create(alice, [chat("quick"), chat(LONG)] + [chat(f"slow {i} [[hang]]") for i in range(3)])
-    worker = run_in_thread(batch)
+    worker = run_batch_in_thread(batch)
     wait_until(succeeded(batch, 2))
     response = alice.client.post(f"/v1/batches/{batch.public_id}/cancel")
     assert response.status_code == 200
