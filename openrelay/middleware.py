@@ -38,12 +38,12 @@ class HostRoutingMiddleware:
 
     def __call__(self, request):
         if hosts.refused_here(request):
-            return error_response(
-                404,
-                f"Unknown request URL: {request.method} {request.path}. Batch and file "
-                "routes are served by the inference host, not the control plane.",
-                code="unknown_url",
+            where = (
+                "Organization routes are served by the control-plane host, not the inference host."
+                if hosts.is_control_route(request.path)
+                else "Batch and file routes are served by the inference host, not the control plane."
             )
+            return error_response(404, f"Unknown request URL: {request.method} {request.path}. {where}", code="unknown_url")
         return self.get_response(request)
 
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 from batches import lifecycle
 from batches.engine import results, store
 from batches.models import Batch, BatchStatus, RecordStatus
+from billing import ledger
 from files import services as file_services
 from files.models import Purpose
 
@@ -74,10 +75,13 @@ def close(batch, final_status):
             if batch.input_file_id:
                 file_services.unpin(batch.input_file_id)
             _bill(batch)
-    except _LostRace:
+    except BaseException as exc:
+        # Rolled back (a lost race or a crash): the rows are gone, so are the bytes.
         for name in stored:
             default_storage.delete(name)
-        return False
+        if isinstance(exc, _LostRace):
+            return False
+        raise
     finally:
         rendered.close()
     _announce(batch)
@@ -106,11 +110,8 @@ def _store(batch, stream, kind, stored):
 
 def _bill(batch):
     """Bill the batch exactly once, in the same transaction as its terminal transition."""
-    try:
-        from billing import ledger
-    except ImportError:  # billing's ledger arrives with the billing issue
-        return
-    ledger.bill_batch(batch)
+    entry = ledger.bill_batch(batch)
+    Batch.objects.filter(pk=batch.pk).update(billed_at=entry.created_at)
 
 
 def _announce(batch):

@@ -63,6 +63,8 @@ class TestRetrieve:
         assert body["usage"] == {
             "input_tokens": 100, "input_tokens_details": {"cached_tokens": 10},
             "output_tokens": 50, "output_tokens_details": {"reasoning_tokens": 5}, "total_tokens": 150,
+            "cost": {"currency": "USD", "input": "0.000000000", "cached_input": "0.000000000",
+                     "output": "0.000000000", "total": "0.000000000"},
         }
 
 

@@ -43,6 +43,7 @@ def test_it_runs_a_batch_to_completed_in_openai_shapes(alice, model, sim):
     assert len(bodies) == 30 and all(b["model"] == "sim-upstream" for b in bodies)
     batch.input_file.refresh_from_db()
     assert batch.input_file.pins == 0
+    assert batch.billed_at is not None
 
 
 def test_it_splits_success_and_4xx(alice, model):
@@ -240,3 +241,26 @@ def test_a_long_batch_is_worked_in_slices(alice, model, settings):
     run_batch(batch.pk)
     batch.refresh_from_db()
     assert batch.status == "completed" and batch.completed_count == 40
+
+
+def test_a_crash_while_closing_leaves_no_rows_and_no_bytes(alice, model, tmp_path, monkeypatch):
+    from batches.engine import finish
+    from billing import ledger
+    from files.models import File
+
+    batch = make_batch(alice.org, [chat("one")])
+    claimed = store.claim(batch.pk, "w", 1)
+    from batches.engine.outcomes import RecordOutcome
+
+    store.flush(batch.pk, "w", [(claimed[0], RecordOutcome(True, 200, "req_x", {"n": 1}))])
+    Batch.objects.filter(pk=batch.pk).update(status="finalizing")
+
+    def crash(batch):
+        raise RuntimeError("worker died mid-close")
+
+    monkeypatch.setattr(ledger, "bill_batch", crash)
+    with pytest.raises(RuntimeError):
+        finish.close(Batch.objects.get(pk=batch.pk), "completed")
+    assert Batch.objects.get(pk=batch.pk).status == "finalizing"
+    assert not File.objects.filter(purpose="batch_output").exists()
+    assert [p.name for p in (tmp_path / "files").rglob("*.jsonl")] == [batch.input_file.storage_name.split("/")[-1]]
