@@ -20,7 +20,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 
 from batches import events, lifecycle
-from batches.engine import dispatch, finish, store
+from batches.engine import dbretry, dispatch, finish, store
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, BatchStatus, Priority
@@ -57,6 +57,9 @@ def run_batch(batch_pk):
     if batch is None:
         return "gone"
     if batch.status == BatchStatus.VALIDATING:
+        # Losing this race to a sibling task is normal (several start at once).
+        # refresh_from_db drops the cached organization, so the worker below
+        # reads everything it needs before its event loop starts.
         lifecycle.transition(batch, BatchStatus.IN_PROGRESS) or batch.refresh_from_db()
     if batch.status == BatchStatus.CANCELLING:
         finish.complete_cancellation(batch)
@@ -75,7 +78,8 @@ def run_batch(batch_pk):
         # Back of the queue: waiting expedited work (or the next slice) goes first.
         enqueue_batch(batch.pk, copies=1)
         return f"ran {worked} records, then re-queued the batch"
-    finish.finalize_if_done(batch)
+    # This thread's connection sat idle through the loop: the database may have restarted since.
+    dbretry.call(finish.finalize_if_done, batch)
     return f"ran {worked} records"
 
 
@@ -95,6 +99,9 @@ class BatchWorker:
     def __init__(self, batch, upstreams):
         self.batch = batch
         self.upstreams = upstreams
+        # Read here, in sync code: inside the event loop a lazy relation load
+        # raises SynchronousOnlyOperation.
+        self.workflows_enabled = batch.organization.workflows_enabled
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
         self.inflight = {}  # task -> ClaimedRecord
@@ -110,7 +117,8 @@ class BatchWorker:
         self.last_event = 0.0
 
     async def db(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.db_thread, fn, *args)
+        # dbretry: a database restart costs a pause, not the task.
+        return await asyncio.get_running_loop().run_in_executor(self.db_thread, dbretry.call, fn, *args)
 
     async def run(self):
         try:
@@ -134,7 +142,7 @@ class BatchWorker:
             endpoint=self.batch.endpoint,
             model_name=self.batch.model_name,
             caller=caller,
-            workflows_enabled=self.batch.organization.workflows_enabled,
+            workflows_enabled=self.workflows_enabled,
             outbound=outbound,
         )
 
