@@ -1,1 +1,19 @@
-urlpatterns = []
+from django.urls import path
+
+from batches import dashboard_views as views
+
+app_name = "dashboard"
+
+# Included at "" by openrelay.urls: the dashboard's pages sit beside /v1/ and /admin/.
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("login", views.login, name="login"),
+    path("logout", views.logout, name="logout"),
+    path("batches/new", views.new_batch, name="new-batch"),
+    path("batches/<str:batch_id>", views.batch_detail, name="batch"),
+    path("batches/<str:batch_id>/cancel", views.batch_cancel, name="batch-cancel"),
+    path("batches/<str:batch_id>/rejections.jsonl", views.batch_rejections, name="batch-rejections"),
+    path("files", views.file_list, name="files"),
+    path("files/<str:file_id>/download", views.file_download, name="file-download"),
+    path("files/<str:file_id>/delete", views.file_delete, name="file-delete"),
+]

@@ -1,1 +1,8 @@
-websocket_urlpatterns = []
+from django.urls import path
+
+from batches import consumers
+
+websocket_urlpatterns = [
+    path("ws/batches", consumers.OrganizationBatchesConsumer.as_asgi()),
+    path("ws/batches/<str:batch_id>", consumers.BatchConsumer.as_asgi()),
+]

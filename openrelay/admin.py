@@ -1,7 +1,9 @@
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 
-from openrelay.models import ApiKey, Deployment, Model, Organization
+from openrelay.models import ApiKey, Deployment, Membership, Model, Organization
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -81,3 +83,29 @@ class DeploymentAdmin(admin.ModelAdmin):
     form = DeploymentForm
     list_display = ("model", "base_url", "upstream_model", "max_concurrency", "enabled")
     list_filter = ("model", "enabled")
+
+
+class MembershipInline(admin.StackedInline):
+    model = Membership
+    extra = 0
+    max_num = 1
+    fields = ("organization",)
+    verbose_name = "organization (dashboard access)"
+
+
+# The stock user admin plus the user's organization: who sees which
+# organization's batches in the dashboard is set here or with `add_user`.
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class MemberUserAdmin(UserAdmin):
+    inlines = [MembershipInline]
+    list_display = (*UserAdmin.list_display, "organization")
+    list_select_related = ("membership__organization",)
+
+    @admin.display(description="organization", ordering="membership__organization__name")
+    def organization(self, user):
+        membership = getattr(user, "membership", None)
+        return membership.organization if membership else "-"

@@ -1,6 +1,7 @@
 import hashlib
 import secrets
 
+from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
@@ -27,6 +28,17 @@ class Organization(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class Membership(models.Model):
+    """A dashboard user's organization: one per user, managed in the admin or with `add_user`."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, models.CASCADE, related_name="membership")
+    organization = models.ForeignKey(Organization, models.CASCADE, related_name="memberships")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self):
+        return f"{self.user} in {self.organization}"
 
 
 class ApiKeyQuerySet(models.QuerySet):

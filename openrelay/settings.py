@@ -48,6 +48,8 @@ MIDDLEWARE = [
     "openrelay.middleware.RequestIdMiddleware",
     "openrelay.middleware.HostRoutingMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # Static files (the dashboard's CSS and JS) under any ASGI server, no web server in front needed.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -145,6 +147,9 @@ STORAGES = {
 STATIC_URL = "/static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = DATA_DIR / "static"
+# WhiteNoise serves static/ straight from the finders, so no collectstatic step is needed.
+WHITENOISE_USE_FINDERS = True
+STATIC_ROOT.mkdir(exist_ok=True)  # where collectstatic writes; WhiteNoise warns while it is missing
 
 # Uploads stream to a temporary file beyond 2.5 MB; never held whole in memory.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440

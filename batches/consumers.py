@@ -1,0 +1,225 @@
+"""The dashboard's websockets: live batch snapshots, scoped to the signed-in user's organization.
+
+Two feeds, both answering `{"type": "batch.updated", "batch": <Batch object>}`:
+- `/ws/batches`: every batch of the user's organization (group `org.<id>`);
+- `/ws/batches/<batch_id>`: one batch (group `batch.<id>`), joined only after
+  checking that the batch belongs to the user's organization.
+
+Workers send their events through the channel layer (batches.events). With
+channels-redis (REDIS_URL set) those reach every web process. The in-memory
+layer of the embedded default lives inside one process, so events sent by the
+worker processes never reach the web process: with that layer each socket
+also reads its batches from the database every POLL_INTERVAL_S and pushes
+those that changed. Either way the browser only listens.
+
+Events carry absolute snapshots, so a socket may drop any of them: each
+forwards at most one snapshot per batch every MIN_INTERVAL_S (the newest it
+holds), only when it differs from the last one sent, and never one older
+than that (two workers' events can arrive out of order).
+"""
+
+import asyncio
+import logging
+import math
+import time
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.layers import InMemoryChannelLayer
+from django.db.models import Q
+
+from batches import events
+from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
+from batches.presenters import PRESENTER_RELATED, batch_object
+from openrelay.models import Membership
+
+logger = logging.getLogger("openrelay.dashboard")
+
+MIN_INTERVAL_S = events.MIN_INTERVAL_S
+POLL_INTERVAL_S = 0.5
+# The organization feed follows at most this many unfinished batches at once
+# when it polls (the newest); the page shows the rest as they were rendered.
+POLL_LIMIT = 200
+
+# Websocket close codes (4000-4999 are the application's).
+NOT_SIGNED_IN = 4401
+NO_ORGANIZATION = 4403
+NOT_FOUND = 4404
+
+_STATUS_RANK = {
+    BatchStatus.VALIDATING: 0,
+    BatchStatus.IN_PROGRESS: 1,
+    BatchStatus.FINALIZING: 2,
+    BatchStatus.CANCELLING: 2,
+    **{status: 3 for status in TERMINAL_BATCH_STATUSES},
+}
+
+
+def progress(batch):
+    """How far a snapshot is: statuses only move forward, counts and tokens only grow."""
+    counts = batch["request_counts"]
+    tokens = (batch.get("usage") or {}).get("total_tokens", 0)
+    return _STATUS_RANK.get(batch["status"], 0), counts["completed"] + counts["failed"], tokens
+
+
+class Outbox:
+    """Per batch: the newest snapshot, sent at most once every `interval` seconds and only when it changed."""
+
+    def __init__(self, send, interval=MIN_INTERVAL_S):
+        self._send = send
+        self._interval = interval
+        self._sent = {}
+        self._sent_at = {}
+        self._pending = {}
+        self._timers = {}
+
+    async def offer(self, batch):
+        key = batch["id"]
+        newest = self._pending.get(key) or self._sent.get(key)
+        if newest is not None and (batch == newest or progress(batch) < progress(newest)):
+            return
+        self._pending[key] = batch
+        if key in self._timers:
+            return  # already due to go out; it takes the newest then
+        wait = self._sent_at.get(key, -math.inf) + self._interval - time.monotonic()
+        if wait <= 0:
+            await self._flush(key)
+        else:
+            self._timers[key] = asyncio.create_task(self._flush_later(key, wait))
+
+    async def _flush_later(self, key, wait):
+        await asyncio.sleep(wait)
+        del self._timers[key]
+        await self._flush(key)
+
+    async def _flush(self, key):
+        batch = self._pending.pop(key, None)
+        if batch is None or batch == self._sent.get(key):
+            return
+        self._sent[key], self._sent_at[key] = batch, time.monotonic()
+        await self._send(batch)
+
+    def close(self):
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+
+
+def _organization_id(user_pk):
+    return Membership.objects.filter(user_id=user_pk).values_list("organization_id", flat=True).first()
+
+
+class BatchFeedConsumer(AsyncJsonWebsocketConsumer):
+    """Shared by both feeds: authorize, join one group, forward (and, in-memory, poll)."""
+
+    group = None
+    poller = None
+    outbox = None
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=NOT_SIGNED_IN)
+            return
+        self.organization_id = await database_sync_to_async(_organization_id)(user.pk)
+        if self.organization_id is None:
+            await self.close(code=NO_ORGANIZATION)
+            return
+        group = await database_sync_to_async(self.authorize)()
+        if group is None:
+            await self.close(code=NOT_FOUND)
+            return
+        self.outbox = Outbox(self._push)
+        self.group = group
+        await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+        # The page was rendered a moment ago; this closes the gap until the next event.
+        await self._refresh()
+        if isinstance(self.channel_layer, InMemoryChannelLayer):
+            self.poller = asyncio.create_task(self._poll())
+
+    async def disconnect(self, code):
+        if self.poller is not None:
+            self.poller.cancel()
+        if self.outbox is not None:
+            self.outbox.close()
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def batch_updated(self, event):
+        await self.outbox.offer(event["batch"])
+
+    async def _push(self, batch):
+        await self.send_json({"type": events.EVENT_TYPE, "batch": batch})
+
+    async def _poll(self):
+        while True:
+            await asyncio.sleep(POLL_INTERVAL_S)
+            try:
+                if not await self._refresh():
+                    return
+            except Exception:  # the next tick tries again; the socket stays up
+                logger.warning("could not read batches for a dashboard socket", exc_info=True)
+
+    async def _refresh(self):
+        """Offer the current snapshots; False once there is nothing left to follow."""
+        snapshots = await database_sync_to_async(self.read)()
+        for batch in snapshots:
+            await self.outbox.offer(batch)
+        return self.following()
+
+    def authorize(self):
+        """The group to join, or None to refuse (sync: runs in the database thread)."""
+        raise NotImplementedError
+
+    def read(self):
+        """The snapshots to offer now (sync: runs in the database thread)."""
+        raise NotImplementedError
+
+    def following(self):
+        return True
+
+
+class OrganizationBatchesConsumer(BatchFeedConsumer):
+    """/ws/batches: every batch of the user's organization."""
+
+    watching = ()
+
+    def authorize(self):
+        return events.org_group(self.organization_id)
+
+    def read(self):
+        # The unfinished batches, plus those unfinished at the last read, so
+        # each one's terminal snapshot goes out too.
+        batches = list(
+            Batch.objects.for_org(self.organization_id)
+            .filter(Q(pk__in=self.watching) | ~Q(status__in=TERMINAL_BATCH_STATUSES))
+            .select_related(*PRESENTER_RELATED)
+            .order_by("-created_at", "-pk")[:POLL_LIMIT]
+        )
+        self.watching = [batch.pk for batch in batches if not batch.is_terminal]
+        return [batch_object(batch) for batch in batches]
+
+
+class BatchConsumer(BatchFeedConsumer):
+    """/ws/batches/<batch_id>: one batch of the user's organization."""
+
+    terminal = False
+
+    def authorize(self):
+        batch_id = self.scope["url_route"]["kwargs"]["batch_id"]
+        self.batch_pk = (
+            Batch.objects.for_org(self.organization_id).filter(public_id=batch_id).values_list("pk", flat=True).first()
+        )
+        return None if self.batch_pk is None else events.batch_group(batch_id)
+
+    def read(self):
+        batch = Batch.objects.select_related(*PRESENTER_RELATED).filter(pk=self.batch_pk).first()
+        if batch is None:  # deleted (its organization was)
+            self.terminal = True
+            return []
+        self.terminal = batch.is_terminal
+        return [batch_object(batch)]
+
+    def following(self):
+        return not self.terminal

@@ -1,0 +1,390 @@
+"""The browser dashboard: thin views over batches.services and files.services.
+
+Every query is scoped to the signed-in user's organization (its Membership);
+another organization's id answers 404, like an unknown one. Pages render the
+Batch object of batches.presenters; static/dashboard/live.js keeps them live
+from the websocket feeds of batches.consumers, formatting values the way
+`display` does here.
+
+Raw input lines are never shown (a record's tool_config or workflow may carry
+an `authorization` secret); only the rejections from create, which name the
+line, its custom_id and the problem.
+"""
+
+import re
+from datetime import UTC, datetime
+from decimal import Decimal, InvalidOperation
+from functools import wraps
+
+import orjson
+from asgiref.sync import sync_to_async
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
+from django.contrib.auth.views import redirect_to_login
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.handlers.asgi import ASGIRequest
+from django.db.models import Q
+from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.middleware.csrf import CsrfViewMiddleware
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import content_disposition_header
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from batches import services
+from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
+from batches.presenters import PRESENTER_RELATED, batch_object
+from batches.validation import ENDPOINTS, PRIORITIES, parse_create_params
+from files import selectors as file_selectors
+from files import services as file_services
+from files.models import File, Purpose
+from files.presenters import present_file
+from files.uploads import receive_upload
+from openrelay.errors import ApiError
+from openrelay.models import Membership
+
+PAGE_SIZE = 50
+# The batch page lists this many rejected records; all of them download as JSONL.
+REJECTIONS_SHOWN = 200
+DOWNLOAD_CHUNK = 1024 * 1024
+TIMELINE = (
+    ("created_at", "Created"),
+    ("in_progress_at", "In progress"),
+    ("cancelling_at", "Cancelling"),
+    ("finalizing_at", "Finalizing"),
+    ("completed_at", "Completed"),
+    ("failed_at", "Failed"),
+    ("expired_at", "Expired"),
+    ("cancelled_at", "Cancelled"),
+)
+CANCELLABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+
+
+# ---------------------------------------------------------------------------
+# Access
+
+
+class MemberAuthenticationForm(AuthenticationForm):
+    """Django's sign-in form; a user who belongs to no organization has nothing to see here."""
+
+    def confirm_login_allowed(self, user):
+        super().confirm_login_allowed(user)
+        if not Membership.objects.filter(user=user).exists():
+            raise ValidationError(
+                "This account belongs to no organization. Ask an operator to add it to one "
+                "(manage.py add_user, or the user's page in the admin).",
+                code="no_organization",
+            )
+
+
+login = auth_views.LoginView.as_view(
+    template_name="dashboard/login.html", authentication_form=MemberAuthenticationForm, next_page="/",
+    redirect_authenticated_user=True,
+)
+logout = auth_views.LogoutView.as_view(next_page="/")
+
+
+def member_required(view):
+    """Signed in and in an organization; sets request.organization."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        membership = Membership.objects.select_related("organization").filter(user=request.user).first()
+        if membership is None:
+            raise PermissionDenied("This account belongs to no organization.")
+        request.organization = membership.organization
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def _batch_or_404(request, batch_id):
+    batch = (
+        Batch.objects.for_org(request.organization).select_related(*PRESENTER_RELATED, "input_file")
+        .filter(public_id=batch_id).first()
+    )
+    if batch is None:
+        raise Http404("No such batch.")
+    return batch
+
+
+def _file_or_404(request, file_id):
+    try:
+        return file_selectors.get_file(request.organization, file_id)
+    except ApiError:
+        raise Http404("No such file.") from None
+
+
+# ---------------------------------------------------------------------------
+# Display: the same rules as static/dashboard/live.js
+
+
+def display(batch):
+    """What a page shows of a Batch object (a dict from batch_object)."""
+    counts = batch["request_counts"]
+    done, total = counts["completed"] + counts["failed"], counts["total"]
+    usage = batch["usage"] or {}
+    cost = usage.get("cost") or {}
+    return {
+        "batch": batch,
+        "percent": percent(done, total, batch["status"]),
+        "counts": f"{done:,} / {total:,}",
+        "completed": f"{counts['completed']:,}",
+        "failed": f"{counts['failed']:,}",
+        "tokens": f"{usage.get('total_tokens', 0):,}",
+        "input_tokens": f"{usage.get('input_tokens', 0):,}",
+        "cached_tokens": f"{(usage.get('input_tokens_details') or {}).get('cached_tokens', 0):,}",
+        "output_tokens": f"{usage.get('output_tokens', 0):,}",
+        "reasoning_tokens": f"{(usage.get('output_tokens_details') or {}).get('reasoning_tokens', 0):,}",
+        "cost": money(cost.get("total"), cost.get("currency")),
+        "cost_input": money(cost.get("input"), cost.get("currency")),
+        "cost_cached_input": money(cost.get("cached_input"), cost.get("currency")),
+        "cost_output": money(cost.get("output"), cost.get("currency")),
+        "created": when(batch["created_at"]),
+        "terminal": batch["status"] in TERMINAL_BATCH_STATUSES,
+        "cancellable": batch["status"] in CANCELLABLE,
+    }
+
+
+def percent(done, total, status):
+    if total <= 0:
+        return 100 if status in TERMINAL_BATCH_STATUSES else 0
+    return min(100, done * 100 // total)
+
+
+def money(amount, currency):
+    """A decimal string as `$0.0012`: 2 to 6 decimals; an em dash before billing has priced anything."""
+    if amount is None:
+        return "\u2014"
+    try:
+        text = re.sub(r"0{1,4}$", "", f"{Decimal(amount):.6f}")
+    except (InvalidOperation, ValueError):
+        return "\u2014"
+    currency = (currency or "usd").lower()
+    return f"${text}" if currency == "usd" else f"{text} {currency.upper()}"
+
+
+def when(unix):
+    if unix is None:
+        return ""
+    return datetime.fromtimestamp(unix, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _size(count):
+    for unit in ("bytes", "KB", "MB", "GB"):
+        if count < 1024 or unit == "GB":
+            return f"{count:,} {unit}" if unit == "bytes" else f"{count:,.1f} {unit}"
+        count /= 1024
+
+
+# ---------------------------------------------------------------------------
+# Pages
+
+
+def home(request):
+    """`/`: the sign-in form for signed-out visitors, the batches page for members."""
+    if not request.user.is_authenticated:
+        return login(request)
+    return batch_list(request)
+
+
+@require_GET
+@member_required
+def batch_list(request):
+    batches = (
+        Batch.objects.for_org(request.organization).select_related(*PRESENTER_RELATED).order_by("-created_at", "-pk")
+    )
+    after = request.GET.get("after")
+    if after:
+        cursor = Batch.objects.for_org(request.organization).filter(public_id=after).values("created_at", "pk").first()
+        if cursor is None:
+            raise Http404("No such batch.")
+        batches = batches.filter(
+            Q(created_at__lt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__lt=cursor["pk"])
+        )
+    page = list(batches[: PAGE_SIZE + 1])
+    rows = [display(batch_object(batch)) for batch in page[:PAGE_SIZE]]
+    return render(request, "dashboard/batches.html", {
+        "rows": rows,
+        "older": rows[-1]["batch"]["id"] if len(page) > PAGE_SIZE else None,
+        "first_page": not after,
+        "nav": "batches",
+    })
+
+
+@require_GET
+@member_required
+def batch_detail(request, batch_id):
+    batch = _batch_or_404(request, batch_id)
+    obj = batch_object(batch)
+    rejections = (obj["errors"] or {}).get("data") or []
+    return render(request, "dashboard/batch.html", {
+        "row": display(obj),
+        "batch": obj,
+        # The page script's first snapshot; the rejections are already on the page.
+        "seed": {**obj, "errors": None},
+        "timeline": [(field, label, when(obj[field])) for field, label in TIMELINE],
+        "expires": when(obj["expires_at"]),
+        "input_file": batch.input_file,
+        "rejections": rejections[:REJECTIONS_SHOWN],
+        "rejections_total": len(rejections),
+        "accepted": obj["request_counts"]["total"],
+        "just_created": request.GET.get("created") == "1",
+        "server_now": int(timezone.now().timestamp()),
+        "nav": "batches",
+    })
+
+
+@require_GET
+@member_required
+def batch_rejections(request, batch_id):
+    """Every rejected record of a batch as JSONL: line, code, param, message (no input content)."""
+    batch = _batch_or_404(request, batch_id)
+    body = b"".join(orjson.dumps(error) + b"\n" for error in batch.errors or [])
+    response = HttpResponse(body, content_type="application/x-ndjson")
+    response["Content-Disposition"] = content_disposition_header(True, f"{batch.public_id}_rejections.jsonl")
+    return response
+
+
+@require_POST
+@member_required
+def batch_cancel(request, batch_id):
+    batch = _batch_or_404(request, batch_id)
+    try:
+        services.cancel_batch(batch)
+    except ApiError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Cancelling {batch.public_id}: records in flight stop, finished ones are kept.")
+    return redirect("dashboard:batch", batch_id=batch.public_id)
+
+
+@csrf_exempt  # checked in _create_batch, once the size-capped upload handler has parsed the body
+@require_http_methods(["GET", "POST"])
+@member_required
+def new_batch(request):
+    if request.method == "GET":
+        return _new_batch_page(request, selected=request.GET.get("file"))
+    try:
+        upload = receive_upload(request)
+    except ApiError as exc:
+        return _new_batch_page(request, error=exc.message, status=exc.status)
+    refused = CsrfViewMiddleware(lambda _: None).process_view(request, None, (), {})
+    if refused is not None:
+        upload.close()
+        return refused
+    try:
+        batch = _create_batch(request, upload)
+    except ApiError as exc:
+        return _new_batch_page(request, error=exc.message, status=exc.status, fields=upload.fields)
+    return redirect(reverse("dashboard:batch", args=[batch.public_id]) + "?created=1")
+
+
+def _create_batch(request, upload):
+    """Store the dropped file (or take a chosen one), then create the batch through the one create service."""
+    fields = upload.fields
+    if upload.problem is not None:
+        upload.close()
+        raise upload.problem
+    stored = None
+    if upload.file is not None:
+        stored = file_services.create_uploaded_file(organization=request.organization, upload=upload.file)
+        input_file_id = stored.public_id
+    elif fields.get("input_file_id"):
+        input_file_id = fields["input_file_id"]
+    else:
+        raise ApiError("Choose or drop a JSONL file, or pick one you uploaded before.", param="file")
+    try:
+        params = parse_create_params({
+            "input_file_id": input_file_id, "endpoint": fields.get("endpoint") or None, "completion_window": "24h",
+            "priority": fields.get("priority") or None,
+        })
+        return services.create_batch(organization=request.organization, **vars(params))
+    except ApiError:
+        if stored is not None:  # uploaded for this batch only; nothing else refers to it
+            file_services.delete_file(stored)
+        raise
+
+
+def _new_batch_page(request, *, selected=None, error=None, status=200, fields=None):
+    fields = fields or {}
+    choices = File.objects.for_org(request.organization).live().filter(purpose=Purpose.BATCH).order_by("-created_at")
+    return render(request, "dashboard/new_batch.html", {
+        "endpoints": ENDPOINTS,
+        "priorities": PRIORITIES,
+        "files": [present_file(f) for f in choices[:PAGE_SIZE]],
+        "selected": selected or fields.get("input_file_id"),
+        "endpoint": fields.get("endpoint") or ENDPOINTS[0],
+        "priority": fields.get("priority") or PRIORITIES[0],
+        "error": error,
+        "nav": "new",
+    }, status=status)
+
+
+@require_GET
+@member_required
+def file_list(request):
+    try:
+        files, has_more = file_selectors.list_files(
+            request.organization, limit=PAGE_SIZE, after=request.GET.get("after") or None
+        )
+    except ApiError:
+        raise Http404("No such file.") from None
+    rows = [_file_row(f) for f in files]
+    return render(request, "dashboard/files.html", {
+        "files": rows,
+        "older": rows[-1]["id"] if has_more else None,
+        "nav": "files",
+    })
+
+
+def _file_row(file):
+    row = present_file(file)
+    return {**row, "size": _size(file.bytes), "created": when(row["created_at"]), "expires": when(row["expires_at"])}
+
+
+@require_POST
+@member_required
+def file_delete(request, file_id):
+    file = _file_or_404(request, file_id)
+    try:
+        file_services.delete_unpinned_file(file)
+    except ApiError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Deleted {file.filename} ({file.public_id}).")
+    return redirect("dashboard:files")
+
+
+@require_GET
+@member_required
+def file_download(request, file_id):
+    """The organization's own file, streamed (a 200 MB input is never read whole)."""
+    file = _file_or_404(request, file_id)
+    stream = file_services.open_content(file)
+    # Under ASGI a sync iterator would be read whole into memory first.
+    chunks = _async_chunks(stream) if isinstance(request, ASGIRequest) else _chunks(stream)
+    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
+    response["Content-Length"] = str(file.bytes)
+    response["Content-Disposition"] = content_disposition_header(True, file.filename)
+    return response
+
+
+def _chunks(stream):
+    with stream:
+        while chunk := stream.read(DOWNLOAD_CHUNK):
+            yield chunk
+
+
+async def _async_chunks(stream):
+    read = sync_to_async(stream.read, thread_sensitive=False)
+    try:
+        while chunk := await read(DOWNLOAD_CHUNK):
+            yield chunk
+    finally:
+        await sync_to_async(stream.close, thread_sensitive=False)()

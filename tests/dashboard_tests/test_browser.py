@@ -1,0 +1,297 @@
+"""The dashboard end to end in headless Chromium, against a real ASGI server and a real worker cluster.
+
+Debian's `chromium` (apt-get install chromium) driven by the `playwright`
+package; never `playwright install`. Screenshots of every step land in
+var/screenshots/ (ignored by git), so a failure can be looked at.
+"""
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import orjson
+import pytest
+from django.contrib.auth import get_user_model
+from django.db import connection, connections
+from playwright.sync_api import sync_playwright
+
+from batches import events
+from batches.models import Batch
+from billing.models import Price
+from openrelay.models import Deployment, Membership, Model, Organization
+from openrelay.simulator import SimulatorConfig, run_in_thread
+from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = ROOT / "var" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+PASSWORD = "browser-test-password"
+FAST_RECORDS, SLOW_RECORDS = 60, 40
+CREATED = re.compile(r"/batches/batch_[^/?]+\?created=1$")
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords():
+    """Overrides conftest's: the server process checks passwords with the default hashers."""
+
+
+def _database_url():
+    s = connection.settings_dict
+    if s["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{s['NAME']}"
+    return f"postgres://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+class Processes:
+    """The web server and the worker cluster, each in its own process group, on the test database."""
+
+    def __init__(self, data_dir):
+        self.env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
+                    "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_TASKS_PER_BATCH": "2", "OPENRELAY_LOG_LEVEL": "WARNING"}
+        self.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
+        self.started = []
+        self.logs = data_dir / "logs"
+        self.logs.mkdir()
+
+    def start(self, name, argv):
+        log = open(self.logs / f"{name}.log", "wb")
+        self.started.append(subprocess.Popen(argv, cwd=ROOT, env=self.env, start_new_session=True, stdout=log,
+                                             stderr=subprocess.STDOUT))
+        log.close()
+
+    def web(self, server):
+        port = _free_port()
+        if server == "uvicorn":
+            argv = ["-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
+        else:
+            argv = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port)]
+        self.start(server, [sys.executable, *argv, "openrelay.asgi:application"])
+        url = f"http://127.0.0.1:{port}"
+        _wait_for(lambda: self._answers(port), 30, f"{server} to listen")
+        return url
+
+    def workers(self):
+        # Tasks other tests left in the broker are harmless here: a task whose
+        # batch is unknown ends at once, one whose batch exists just helps run it.
+        self.start("qcluster", [sys.executable, "manage.py", "qcluster"])
+
+    def _answers(self, port):
+        for process in self.started:
+            assert process.poll() is None, f"{process.args} exited: see {self.logs}"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            return False
+
+    def stop(self):
+        for process in self.started:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+
+@pytest.fixture
+def member(transactional_db):
+    org = Organization.objects.create(name="acme")
+    user = get_user_model().objects.create_user("ada", password=PASSWORD)
+    Membership.objects.create(user=user, organization=org)
+    return org
+
+
+@pytest.fixture
+def processes(transactional_db, tmp_path):
+    procs = Processes(tmp_path)
+    yield procs
+    procs.stop()
+
+
+@pytest.fixture
+def browser(processes, monkeypatch):
+    # Playwright's sync API runs an event loop on this thread; the ORM calls
+    # the test makes between browser steps are still plain sync calls.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        # Reduced motion: no bar transitions, so each screenshot shows what the DOM says.
+        context = chromium.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True,
+                                       reduced_motion="reduce")
+        context.set_default_timeout(20_000)
+        yield context.new_page()
+        # The ORM calls made while Playwright's loop ran had connections of
+        # their own (asgiref's Local is context-local there): close them, or
+        # they keep the test database from being dropped.
+        connections.close_all()
+        context.close()
+        chromium.close()
+
+
+def _announce(batch_pk):
+    try:
+        events.batch_changed_sync(batch_pk)
+    finally:
+        connections.close_all()  # this thread's own connection; a left-open one blocks dropping the test database
+
+
+def shot(page, name):
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def sign_in(page, url):
+    page.goto(url + "/")
+    shot(page, "01-sign-in")
+    page.fill("#id_username", "ada")
+    page.fill("#id_password", PASSWORD)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(url + "/")
+    page.wait_for_selector("[data-live].open")  # the organization feed is connected
+
+
+def text(page, selector):
+    return page.locator(selector).first.inner_text()
+
+
+def test_it_uploads_creates_watches_live_downloads_and_cancels(member, processes, browser, tmp_path):
+    page = browser
+    with run_in_thread(SimulatorConfig()) as sim:
+        model = Model.objects.create(name=MODEL)
+        Deployment.objects.create(model=model, base_url=sim.base_url, max_concurrency=4)
+        Price.objects.create(model=model, input_per_mtok="0.20", cached_input_per_mtok="0.05", output_per_mtok="0.80")
+        url = processes.web("uvicorn")
+        processes.workers()
+
+        sign_in(page, url)
+        assert "No batches yet" in text(page, "tbody")
+        shot(page, "02-batches-empty")
+
+        # Upload and create: 60 records that take ~2 s in all, plus two the create rejects.
+        requests = tmp_path / "requests.jsonl"
+        requests.write_bytes(jsonl(
+            *[chat_line(f"fast-{i}", f"question {i} [[latency:150]]") for i in range(FAST_RECORDS)],
+            b'{"custom_id": "broken"',
+            chat_line("fast-0"),
+        ))
+        page.click("nav >> text=New batch")
+        page.wait_for_selector("[data-drop]")
+        page.set_input_files("input[name=file]", str(requests))
+        page.select_option("#endpoint", "/v1/chat/completions")
+        page.select_option("#priority", "standard")
+        shot(page, "03-new-batch")
+        page.click("[data-submit]")
+        page.wait_for_url(CREATED)
+        summary = text(page, "[data-created-summary]")
+        assert f"{FAST_RECORDS} records accepted, 2 rejected" in summary
+        assert page.locator("[data-rejections] tbody tr").count() == 2
+        shot(page, "04-created")
+
+        # Watch it finish without a reload: the page's own DOM changes under the pushes.
+        page.evaluate("""() => {
+            window.__notReloaded = true;
+            window.__widths = [];
+            const bar = document.querySelector('[data-field="bar"]');
+            new MutationObserver(() => window.__widths.push(bar.style.width)).observe(bar, {attributes: true});
+        }""")
+        page.wait_for_selector("[data-live].open")
+        page.wait_for_function("() => window.__widths.some(w => w !== '0%' && w !== '100%')")
+        shot(page, "05-running")
+        page.wait_for_function("() => document.querySelector('.page-head [data-field=status]').textContent === 'completed'",
+                               timeout=30_000)
+        assert page.evaluate("window.__notReloaded") is True
+        assert page.locator("[data-field=bar]").first.get_attribute("style") == "width: 100%;"
+        assert text(page, ".stats [data-field=counts]") == f"{FAST_RECORDS} / {FAST_RECORDS}"
+        assert int(text(page, ".stats [data-field=tokens]").replace(",", "")) > 0
+        assert int(page.get_attribute("[data-chart]", "data-points")) >= 3
+        assert not page.locator("[data-role=cancel]").is_visible()
+        page.wait_for_selector("[data-file=output_file_id]:not([hidden])")
+        shot(page, "06-completed")
+
+        # Download the output.
+        with page.expect_download() as download:
+            page.click("[data-file=output_file_id]")
+        lines = [orjson.loads(line) for line in Path(download.value.path()).read_bytes().splitlines()]
+        assert sorted(line["custom_id"] for line in lines) == sorted(f"fast-{i}" for i in range(FAST_RECORDS))
+        assert all(line["response"]["status_code"] == 200 for line in lines)
+
+        # A second, slow batch, dropped onto the drop zone; the batches page follows it live.
+        slow = jsonl(*[chat_line(f"slow-{i}", f"slow {i} [[latency:1000]]") for i in range(SLOW_RECORDS)])
+        page.click("nav >> text=New batch")
+        page.wait_for_selector("[data-drop]")
+        page.evaluate("""(content) => {
+            const data = new DataTransfer();
+            data.items.add(new File([content], "slow.jsonl", {type: "application/jsonl"}));
+            document.querySelector('[data-drop]').dispatchEvent(new DragEvent('drop', {dataTransfer: data, bubbles: true}));
+        }""", slow.decode())
+        assert "slow.jsonl" in text(page, "[data-file-name]")
+        shot(page, "07-dropped")
+        page.click("[data-submit]")
+        page.wait_for_url(CREATED)
+        slow_id = page.url.split("/batches/")[1].split("?")[0]
+
+        page.click("nav >> text=Batches")
+        page.wait_for_selector("[data-live].open")
+        page.evaluate("window.__notReloaded = true")
+        row = f"tr[data-batch='{slow_id}']"
+        page.wait_for_function(f"""() => {{
+            const counts = document.querySelector("{row} [data-field=counts]").textContent;
+            return parseInt(counts, 10) > 0;
+        }}""")
+        assert page.evaluate("window.__notReloaded") is True
+        assert text(page, f"{row} [data-field=status]") == "in_progress"
+        shot(page, "08-batches-live")
+
+        # Cancel it from its page; the page follows it to cancelled.
+        page.click(f"{row} [data-field=link]")
+        page.wait_for_selector("[data-live].open")
+        page.once("dialog", lambda dialog: dialog.accept())
+        page.click("[data-role=cancel] button")
+        page.wait_for_selector(".flash.success")
+        page.wait_for_function("() => document.querySelector('.page-head [data-field=status]').textContent === 'cancelled'",
+                               timeout=30_000)
+        page.wait_for_selector("[data-file=error_file_id]:not([hidden])")
+        shot(page, "09-cancelled")
+        batch = Batch.objects.get(public_id=slow_id)
+        assert batch.status == "cancelled" and batch.completed_count < SLOW_RECORDS
+        assert text(page, ".stats [data-field=completed]") == str(batch.completed_count)
+
+
+def test_daphne_serves_the_pages_static_files_and_live_updates(member, processes, browser):
+    """The same application under daphne: static files through WhiteNoise and a live websocket."""
+    page = browser
+    url = processes.web("daphne")
+    sign_in(page, url)
+    assert page.evaluate("getComputedStyle(document.querySelector('.top')).display") == "flex"  # CSS loaded
+    batch = make_batch(member, total=8, completed=2)
+    page.goto(f"{url}/batches/{batch.public_id}")
+    page.wait_for_selector("[data-live].open")
+    assert text(page, ".stats [data-field=counts]") == "2 / 8"
+    # The change a worker makes: the database row, and (with Redis) the pushed event.
+    Batch.objects.filter(pk=batch.pk).update(completed_count=6)
+    with ThreadPoolExecutor(1) as thread:  # async_to_sync refuses the thread Playwright's loop runs in
+        thread.submit(_announce, batch.pk).result()
+    page.wait_for_function("() => document.querySelector('.stats [data-field=counts]').textContent === '6 / 8'")
+    assert text(page, ".stats [data-field=percent]") == "75%"
+    shot(page, "10-daphne")
