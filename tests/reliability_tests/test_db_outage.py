@@ -1,0 +1,84 @@
+"""A worker outlives a lost database connection (batches/engine/dbretry.py).
+
+The real restart is in test_crashes.py (PostgreSQL only); here the loss is
+simulated on every backend: engine operations fail with OperationalError,
+including after their transaction committed (the answer lost on the way
+back), and the batch still completes in the same task, every record once.
+"""
+
+import pytest
+from django.db import OperationalError
+
+from batches.engine import dbretry, store
+from batches.engine.runner import run_batch
+from batches.models import Batch
+from tests.engine_tests.conftest import chat, make_batch, model, read_lines, sim  # noqa: F401 (fixtures)
+from tests.reliability_tests.test_crashes import assert_exactly_once
+
+
+def test_a_call_is_retried_until_the_database_answers(settings):
+    settings.OPENRELAY_DB_OUTAGE_S = 5
+    attempts = []
+
+    def flaky():
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise OperationalError("server closed the connection unexpectedly")
+        return "ok"
+
+    assert dbretry.call(flaky) == "ok" and len(attempts) == 3
+
+
+def test_it_gives_up_after_the_outage_limit(settings):
+    settings.OPENRELAY_DB_OUTAGE_S = 0.3
+
+    def down():
+        raise OperationalError("connection refused")
+
+    with pytest.raises(OperationalError):
+        dbretry.call(down)
+
+
+def test_other_errors_are_not_retried():
+    calls = []
+
+    def broken():
+        calls.append(1)
+        raise ValueError("a bug, not an outage")
+
+    with pytest.raises(ValueError):
+        dbretry.call(broken)
+    assert calls == [1]
+
+
+def _failing(monkeypatch, name, *, after_commit, times):
+    """store.<name> raises OperationalError `times` times, before or after doing its work."""
+    real = getattr(store, name)
+    left = [times]
+
+    def wrapper(*args, **kwargs):
+        if left[0] and not after_commit:
+            left[0] -= 1
+            raise OperationalError("terminating connection due to administrator command")
+        result = real(*args, **kwargs)
+        if left[0]:
+            left[0] -= 1
+            raise OperationalError("server closed the connection unexpectedly")
+        return result
+
+    monkeypatch.setattr(store, name, wrapper)
+    return left
+
+
+def test_a_batch_survives_lost_connections_in_one_task(alice, model, monkeypatch):  # noqa: F811
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(300)])
+    left = [
+        _failing(monkeypatch, "claim", after_commit=False, times=2),
+        _failing(monkeypatch, "flush", after_commit=True, times=2),  # committed, then the answer was lost
+        _failing(monkeypatch, "batch_status", after_commit=False, times=1),
+    ]
+    run_batch(batch.pk)  # one task, no sweeper
+    assert [l[0] for l in left] == [0, 0, 0], "the failures were not all hit"
+    assert Batch.objects.get(pk=batch.pk).status == "completed"
+    out, err = assert_exactly_once(batch, 300)
+    assert err == []
