@@ -1,0 +1,272 @@
+"""Crashes: worker processes killed with -9 again and again, the database and the
+broker restarted mid-batch, the web process killed mid-upload.
+
+Every time the batch finishes, each record appears exactly once across the
+output and error files, and billed usage (the batch's input/output tokens)
+equals the sum over the output lines. Real processes throughout: qcluster
+workers (tests.engine_tests.test_workers.Cluster), the simulated model
+server, the ASGI web server `manage.py up` runs.
+"""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection, connections
+
+from batches.engine.sweeper import sweep
+from batches.models import Batch, Record
+from batches.tasks import enqueue_batch
+from files.models import File
+from openrelay.simulator import SimulatorConfig, run_in_thread
+from tests.engine_tests.conftest import chat, make_batch, model, read_lines, sim  # noqa: F401 (fixtures)
+from tests.engine_tests.test_workers import _database_url, clusters  # noqa: F401 (clusters: a fixture)
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = 3000
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return
+        except Exception:  # noqa: BLE001 - the database may be restarting under us
+            connections.close_all()
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _status(batch):
+    return Batch.objects.filter(pk=batch.pk).values_list("status", flat=True).get()
+
+
+def _succeeded(batch):
+    return Record.objects.filter(batch=batch, status="succeeded").count()
+
+
+def _progress(batch, at_least):
+    """Has the batch done `at_least` records? Hands it out again while no worker holds it."""
+    if _succeeded(batch) >= at_least:
+        return True
+    sweep()  # what the periodic sweeper does: re-queue a batch whose workers died, once their leases ran out
+    return False
+
+
+def _finish(batch, timeout):
+    """Wait for the batch to complete, handing it out again whenever no worker holds it."""
+
+    _wait_for(lambda: _status(batch) == "completed" or _progress(batch, float("inf")), timeout,
+              "the batch to complete")
+
+
+def assert_exactly_once(batch, total):
+    batch.refresh_from_db()
+    out, err = read_lines(batch.output_file), read_lines(batch.error_file)
+    ids = [line["custom_id"] for line in out + err]
+    assert len(ids) == total and len(set(ids)) == total, (len(ids), len(set(ids)))
+    assert set(ids) == {f"req-{i}" for i in range(1, total + 1)}
+    assert (batch.completed_count, batch.failed_count) == (len(out), len(err))
+    assert batch.input_tokens == sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in out)
+    assert batch.output_tokens == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in out)
+    return out, err
+
+
+@pytest.fixture
+def slow_model(model):  # noqa: F811
+    """The catalog model on a simulator slow enough that a batch outlives a few crashes."""
+    with run_in_thread(SimulatorConfig(latency_ms=25)) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=16)
+        yield model
+
+
+@pytest.mark.slow
+def test_repeated_kill_9_of_the_workers(alice, slow_model, clusters):  # noqa: F811
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(RECORDS - 1)] + [chat("bad [[status:400]]")])
+    cluster = clusters()
+    enqueue_batch(batch.pk)
+    for kill_at in (RECORDS // 10, RECORDS * 4 // 10, RECORDS * 7 // 10):
+        _wait_for(lambda: _progress(batch, kill_at), 60, f"{kill_at} records done")
+        cluster.kill()
+        assert _status(batch) == "in_progress", "the batch finished before the kill; the test proves nothing"
+        cluster = clusters()
+    _finish(batch, 90)
+    out, err = assert_exactly_once(batch, RECORDS)
+    assert [line["custom_id"] for line in err] == [f"req-{RECORDS}"]
+    # The kills really cut work short: some records ran more than once, none was written twice.
+    assert Record.objects.filter(batch=batch, attempts__gt=1).exists()
+
+
+# --- PostgreSQL and Redis restarts ------------------------------------------------------------
+
+
+def _postgres_cluster():
+    versions = sorted(os.listdir("/etc/postgresql")) if os.path.isdir("/etc/postgresql") else []
+    return versions[-1] if versions else None
+
+
+def _wait_until(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _postgres_ready():
+    return subprocess.run(["pg_isready", "-h", "127.0.0.1", "-p", "5432"], capture_output=True).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(connection.vendor != "postgresql" or not _postgres_cluster() or not shutil.which("pg_ctlcluster"),
+                    reason="restarts PostgreSQL: only when the tests run against it")
+def test_a_postgresql_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
+    cluster = clusters()
+    enqueue_batch(batch.pk)
+    _wait_for(lambda: _succeeded(batch) >= 200, 60, "progress")
+    assert _succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
+    try:
+        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", _postgres_cluster(), "main", "restart"],
+                       check=True, capture_output=True, timeout=60)
+    finally:
+        _wait_until(_postgres_ready, 60, "PostgreSQL to accept connections again")
+    connections.close_all()  # this process's connection died with the server
+    # The running tasks live through it (batches/engine/dbretry.py): the batch completes
+    # without the sweeper handing it out again, and the cluster never restarts.
+    _wait_for(lambda: _status(batch) == "completed", 45, "the batch to complete in the same tasks")
+    assert cluster.process.poll() is None, "the worker cluster died with the database"
+    assert_exactly_once(batch, 1500)
+    # No task died: a dead task's records would have been claimed again once its leases ran out.
+    assert not Record.objects.filter(batch=batch, attempts__gt=1).exists()
+
+
+def _redis_ready():
+    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "ping"], capture_output=True,
+                          text=True).stdout.strip() == "PONG"
+
+
+def _start_redis():
+    Path("/var/lib/redis").mkdir(parents=True, exist_ok=True)
+    Path("/var/log/redis").mkdir(parents=True, exist_ok=True)
+    subprocess.run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
+                    "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
+                    "--logfile", "/var/log/redis/ci.log"], check=True, capture_output=True, timeout=30)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not django_settings.REDIS_URL or not shutil.which("redis-server"),
+                    reason="restarts Redis: only when REDIS_URL is set")
+def test_a_redis_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
+    cluster = clusters()
+    enqueue_batch(batch.pk)
+    _wait_for(lambda: _succeeded(batch) >= 200, 60, "progress")
+    assert _succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
+    try:
+        subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave"], capture_output=True,
+                       timeout=30)
+        _wait_until(lambda: not _redis_ready(), 10, "Redis to stop")
+        time.sleep(0.5)  # noqa: the broker stays down a moment while the batch runs
+    finally:
+        if not _redis_ready():
+            _start_redis()
+        _wait_until(_redis_ready, 30, "Redis to answer again")
+    _wait_for(lambda: _status(batch) == "completed", 45, "the batch to complete in the same tasks")
+    assert cluster.process.poll() is None, "the worker cluster died with the broker"
+    assert_exactly_once(batch, 1500)
+    assert not Record.objects.filter(batch=batch, attempts__gt=1).exists()
+    # The broker works again: a new batch is picked up from the queue.
+    second = make_batch(alice.org, [chat("after the restart")])
+    enqueue_batch(second.pk)
+    _wait_for(lambda: _status(second) == "completed", 30, "a batch queued after the restart")
+
+
+# --- the web process killed mid-upload --------------------------------------------------------
+
+
+def _free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class WebServer:
+    """The ASGI web server as `manage.py up` runs it, on the test database."""
+
+    def __init__(self, data_dir):
+        self.port = _free_port()
+        env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(data_dir)}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
+             "openrelay.asgi:application"], cwd=ROOT, env=env, start_new_session=True,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _wait_until(self._listening, 30, "the web server to listen")
+
+    def _listening(self):
+        assert self.process.poll() is None, "the web server exited"
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                return True
+        except OSError:
+            return False
+
+    def kill(self):
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(10)
+
+
+def _stored_files(data_dir):
+    root = Path(data_dir) / "files"
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+@pytest.mark.slow
+def test_the_web_process_killed_mid_upload_leaves_nothing(alice, tmp_path, settings, transactional_db):
+    settings.STORAGES = {**settings.STORAGES, "default": {
+        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+    server = WebServer(tmp_path)
+    line = b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", ' \
+           b'"messages": [{"role": "user", "content": "' + b"x" * 900 + b'"}]}}\n'
+    boundary = "reliability-boundary"
+    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.jsonl\"\r\n"
+            f"Content-Type: application/jsonl\r\n\r\n").encode()
+    declared = 40 * 1024 * 1024
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    try:
+        sock.sendall((f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {alice.key}\r\n"
+                      f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+                      f"Content-Length: {declared}\r\n\r\n").encode() + head)
+        sent = 0
+        chunk = b"".join(line % i for i in range(1000))
+        while sent < 12 * 1024 * 1024:  # well into the body, well short of its end
+            sock.sendall(chunk)
+            sent += len(chunk)
+        server.kill()
+    finally:
+        sock.close()
+    assert not File.objects.exists()
+    assert _stored_files(tmp_path) == []
+    # A new web process takes uploads as before.
+    server = WebServer(tmp_path)
+    try:
+        body = head + b"".join(line % i for i in range(3)) + f"\r\n--{boundary}--\r\n".encode()
+        with socket.create_connection(("127.0.0.1", server.port)) as sock:
+            sock.sendall((f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {alice.key}\r\n"
+                          f"Content-Type: multipart/form-data; boundary={boundary}\r\nConnection: close\r\n"
+                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+            answer = b""
+            while data := sock.recv(65536):
+                answer += data
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+        assert File.objects.count() == 1 and len(_stored_files(tmp_path)) == 1
+    finally:
+        server.kill()
