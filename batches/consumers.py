@@ -12,6 +12,8 @@ worker processes never reach the web process: with that layer each socket
 also reads its batches from the database every POLL_INTERVAL_S and pushes
 those that changed. Either way the browser only listens.
 
+The browser gets the Batch object of batches.presenters without `errors`
+(the rejected records from create are on the page and never change).
 Events carry absolute snapshots, so a socket may drop any of them: each
 forwards at most one snapshot per batch every MIN_INTERVAL_S (the newest it
 holds), only when it differs from the last one sent, and never one older
@@ -74,6 +76,9 @@ class Outbox:
         self._timers = {}
 
     async def offer(self, batch):
+        # The rejected records from create (up to 50,000) are on the page
+        # already and never change: they are left out of every push.
+        batch = {**batch, "errors": None}
         key = batch["id"]
         newest = self._pending.get(key) or self._sent.get(key)
         if newest is not None and (batch == newest or progress(batch) < progress(newest)):

@@ -139,8 +139,9 @@
 
   // ---------------------------------------------------------------- chart
 
-  // Records done (completed + failed) against time, from the snapshots this
-  // page received; seeded with the start and the state when it was rendered.
+  // Records completed (request_counts.completed) against time, from the
+  // snapshots this page received; seeded with the start and the state when
+  // it was rendered.
   function Chart(svg, seed, skew) {
     this.svg = svg;
     this.line = svg.querySelector("[data-chart-line]");
@@ -156,8 +157,7 @@
   }
 
   Chart.prototype.push = function (t, batch) {
-    const c = batch.request_counts;
-    const done = c.completed + c.failed;
+    const done = batch.request_counts.completed;
     const previous = this.points[this.points.length - 1];
     if (previous && previous.done === done && !TERMINAL.has(batch.status)) return;
     this.points.push({ t: Math.max(t, previous ? previous.t : t), done: done });
@@ -178,8 +178,8 @@
     const t1 = Math.max(pts[pts.length - 1].t, t0 + 1);
     const top = Math.max(this.total, 1);
     this.line.setAttribute("points", pts.map(function (p) {
-      const x = 40 + ((p.t - t0) / (t1 - t0)) * 590;
-      const y = 160 - (p.done / top) * 150;
+      const x = 48 + ((p.t - t0) / (t1 - t0)) * 902; // the axes drawn in batch.html's viewBox
+      const y = 172 - (p.done / top) * 160;
       return x.toFixed(1) + "," + y.toFixed(1);
     }).join(" "));
     this.max.textContent = int(this.total);
