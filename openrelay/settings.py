@@ -208,6 +208,9 @@ OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
 OPENRELAY_TASK_SLICE_S = envint("OPENRELAY_TASK_SLICE_S", 1800, minimum=1)
 # How many worker tasks are handed each batch; each works its own chunks.
 OPENRELAY_TASKS_PER_BATCH = envint("OPENRELAY_TASKS_PER_BATCH", 2, minimum=1)
+# Most model calls one worker task keeps in flight (0: no cap of its own, only
+# its share of the deployments' max_concurrency among the tasks on the batch).
+OPENRELAY_TASK_CONCURRENCY = envint("OPENRELAY_TASK_CONCURRENCY", 0, minimum=0)
 OPENRELAY_MAX_UPLOAD_BYTES = envint("OPENRELAY_MAX_UPLOAD_BYTES", 209_715_200, minimum=1)
 
 LOGGING = {

@@ -86,13 +86,19 @@ def run_batch(batch_pk):
 def _load_upstreams(batch):
     if batch.model is None or not batch.model.enabled:
         return []
-    share = max(1, settings.OPENRELAY_TASKS_PER_BATCH)
+    # A task may use a whole deployment when it works the batch alone; how
+    # much of the model it takes next to its siblings is BatchWorker's share.
     return [
-        # Several tasks work one batch; each takes its share of a deployment's
-        # concurrency so together they stay within it.
-        Upstream(d.base_url, d.upstream_name, d.api_key, max(1, d.max_concurrency // share))
+        Upstream(d.base_url, d.upstream_name, d.api_key, max(1, d.max_concurrency))
         for d in batch.model.deployments.filter(enabled=True).select_related("model")
     ]
+
+
+def task_share(total, tasks, cap=None):
+    """Records one task keeps running: its part of the model's concurrency among
+    `tasks` live tasks on the batch, within the per-task cap (0 or None: no cap)."""
+    share = max(1, total // max(1, tasks))
+    return min(share, cap) if cap else share
 
 
 class BatchWorker:
@@ -113,6 +119,7 @@ class BatchWorker:
         self.stopping = False
         self.yielded = False
         self.slice_ends = time.monotonic() + settings.OPENRELAY_TASK_SLICE_S
+        self.task_cap = settings.OPENRELAY_TASK_CONCURRENCY
         self.input = None
         self.last_event = 0.0
 
@@ -128,7 +135,10 @@ class BatchWorker:
             )
             async with caller, OutboundClient() as outbound:
                 self.ctx = self._context(caller, outbound)
-                await self._loop(caller.capacity)
+                self.model_capacity = caller.capacity
+                # Until the first count of live siblings, assume every task
+                # handed the batch runs now (they usually start together).
+                await self._loop(task_share(caller.capacity, settings.OPENRELAY_TASKS_PER_BATCH, self.task_cap))
         finally:
             await self.db(self._cleanup)
             self.db_thread.shutdown(wait=True)
@@ -297,8 +307,27 @@ class BatchWorker:
         self.last_event = now
         await events.send(await self.db(events.snapshot, self.batch.pk))
 
+    def _status_and_siblings(self):
+        return store.batch_status(self.batch.pk), store.live_siblings(self.batch.pk, self.owner)
+
+    def _reshare(self, siblings):
+        """The model's concurrency split among the tasks working the batch now.
+
+        Each task re-counts its live siblings every STATUS_CHECK_EVERY_S, so
+        a lone task (fewer workers free than OPENRELAY_TASKS_PER_BATCH, or
+        the others done) grows to the whole deployment, and a task that
+        gains siblings shrinks (it stops starting records until it is under
+        its new share; nothing in flight is cut).
+        """
+        capacity = task_share(self.model_capacity, siblings + 1, self.task_cap)
+        if capacity != self.capacity:
+            self.capacity = capacity
+            self._start_queued()
+            self.wake.set()
+
     async def _check_status(self):
-        status = await self.db(store.batch_status, self.batch.pk)
+        status, siblings = await self.db(self._status_and_siblings)
+        self._reshare(siblings)
         if status == BatchStatus.IN_PROGRESS and await self.db(finish.window_passed, self.batch.pk):
             status = "expired"
         if (

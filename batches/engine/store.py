@@ -124,6 +124,18 @@ def batch_status(batch_pk):
     return Batch.objects.filter(pk=batch_pk).values_list("status", flat=True).first()
 
 
+def live_siblings(batch_pk, owner, now=None):
+    """How many other workers hold live leases on the batch's records now."""
+    now = now or timezone.now()
+    return (
+        Record.objects.filter(batch_id=batch_pk, status=RecordStatus.RUNNING, lease_expires_at__gt=now)
+        .exclude(lease_owner=owner)
+        .values("lease_owner")
+        .distinct()
+        .count()
+    )
+
+
 def expedited_waiting(now=None, quiet_s=5):
     """Is an expedited batch waiting for a worker (queued, or no worker seen lately)?"""
     from batches.models import BatchStatus, Priority

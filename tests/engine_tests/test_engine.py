@@ -230,17 +230,19 @@ def test_a_long_batch_is_worked_in_slices(alice, model, settings):
     broker = get_broker()
     broker.purge_queue()
     settings.OPENRELAY_TASK_SLICE_S = 1
-    batch = make_batch(alice.org, [chat(f"q{i} [[latency:300]]") for i in range(40)])
+    # A lone task grows to the whole deployment (16) after its first status
+    # check, so the batch is long enough to outlast a one-second slice.
+    batch = make_batch(alice.org, [chat(f"q{i} [[latency:300]]") for i in range(80)])
     run_batch(batch.pk)
     batch.refresh_from_db()
     assert batch.status == "in_progress"
-    assert 0 < Record.objects.filter(batch=batch, status=RecordStatus.SUCCEEDED).count() < 40
+    assert 0 < Record.objects.filter(batch=batch, status=RecordStatus.SUCCEEDED).count() < 80
     assert not Record.objects.filter(batch=batch, status=RecordStatus.RUNNING).exists()
     assert broker.queue_size() >= 1
     settings.OPENRELAY_TASK_SLICE_S = 600
     run_batch(batch.pk)
     batch.refresh_from_db()
-    assert batch.status == "completed" and batch.completed_count == 40
+    assert batch.status == "completed" and batch.completed_count == 80
 
 
 def test_a_crash_while_closing_leaves_no_rows_and_no_bytes(alice, model, tmp_path, monkeypatch):
