@@ -1,0 +1,58 @@
+"""`python manage.py bench`: the gateway against the limits of issue 12, in one run.
+
+The measuring lives in tests/perf/bench_engine.py (run from a checkout);
+this command parses the options, runs it and prints the table.
+"""
+
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+
+
+class Command(BaseCommand):
+    help = (
+        "Benchmark the whole gateway (daphne web, qcluster workers, simulated model servers) in throwaway state and "
+        "print the eight measurements with their targets. SQLite + ORM broker by default; --database-url and "
+        "--redis-url run it on PostgreSQL + Redis (a database is created and dropped on that server)."
+    )
+    requires_system_checks = []
+
+    def add_arguments(self, parser):
+        parser.add_argument("--quick", action="store_true", help="500 records and tiny files: proves it runs (< 60 s)")
+        parser.add_argument("--records", type=int, default=None,
+                            help="records of the large batch (default 50,000; the other runs scale with it)")
+        parser.add_argument("--database-url", default=None,
+                            help="a PostgreSQL server to create the benchmark's database on, e.g. "
+                                 "postgres://postgres@127.0.0.1:5432/postgres (default: a temp SQLite file)")
+        parser.add_argument("--redis-url", default=None,
+                            help="a Redis server for the broker and channel layer; an empty database index on it "
+                                 "is used and flushed (default: the ORM broker)")
+        parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
+        parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
+
+    def handle(self, quick, records, database_url, redis_url, markdown, json, **options):
+        try:
+            from tests.perf import bench_engine
+        except ImportError as exc:
+            raise CommandError(f"The benchmark lives in tests/perf; run it from a checkout of the repository ({exc}).")
+        if records is not None and records < 10:
+            raise CommandError("--records must be at least 10.")
+        if redis_url and not database_url:
+            raise CommandError("--redis-url needs --database-url: Redis goes with PostgreSQL (SQLite runs the ORM broker).")
+
+        def report(message):
+            self.stderr.write(message)
+            self.stderr.flush()
+
+        rows, facts = bench_engine.run(quick=quick, records=records, database_url=database_url, redis_url=redis_url,
+                                       report=report)
+        if markdown:
+            self.stdout.write(bench_engine.markdown(rows, facts))
+        else:
+            from rich.console import Console
+
+            tty = sys.stdout.isatty()
+            bench_engine.render(rows, facts, Console(file=self.stdout, width=None if tty else 220,
+                                                     force_terminal=tty, color_system="auto" if tty else None))
+        if json:
+            bench_engine.write_json(json, rows, facts)

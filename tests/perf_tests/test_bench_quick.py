@@ -1,0 +1,41 @@
+"""`manage.py bench --quick` runs from end to end and prints every measurement (CI's only benchmark run).
+
+The figures of a quick run mean nothing (500 records, tiny files, a shared
+machine): this proves the command, its throwaway state and its processes
+work, on SQLite, and on PostgreSQL + Redis when the suite runs there.
+"""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.perf.bench_engine import TARGETS
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW_NAMES = ("create", "upload", "end to end", "first model call", "latency-bound", "finalize", "scale-out",
+             "worker peak RSS")
+
+
+@pytest.mark.slow
+def test_bench_quick_prints_every_row_with_its_target():
+    argv = [sys.executable, "manage.py", "bench", "--quick"]
+    database_url = os.environ.get("DATABASE_URL", "")
+    if database_url.startswith("postgres"):
+        argv += ["--database-url", database_url]
+        if os.environ.get("REDIS_URL"):
+            argv += ["--redis-url", os.environ["REDIS_URL"]]
+    started = time.monotonic()
+    result = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = result.stdout
+    for name in ROW_NAMES:
+        assert name in out, f"row {name!r} missing:\n{out}"
+    for target in TARGETS.values():
+        assert target in out, f"target {target!r} missing:\n{out}"
+    assert out.count("PASS") + out.count("MISS") == len(TARGETS)
+    print(f"bench --quick took {elapsed:.0f} s")
