@@ -1,9 +1,16 @@
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "openrelay.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+
+from django.conf import settings  # noqa: E402
+
+from openrelay.asgi_handler import BoundedASGIHandler  # noqa: E402
+
+# Django's handler, with at most OPENRELAY_WEB_CONCURRENCY requests in views at once.
+django_asgi_app = BoundedASGIHandler(settings.OPENRELAY_WEB_CONCURRENCY)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set up)
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

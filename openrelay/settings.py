@@ -212,6 +212,10 @@ OPENRELAY_TASKS_PER_BATCH = envint("OPENRELAY_TASKS_PER_BATCH", 2, minimum=1)
 # its share of the deployments' max_concurrency among the tasks on the batch).
 OPENRELAY_TASK_CONCURRENCY = envint("OPENRELAY_TASK_CONCURRENCY", 0, minimum=0)
 OPENRELAY_MAX_UPLOAD_BYTES = envint("OPENRELAY_MAX_UPLOAD_BYTES", 209_715_200, minimum=1)
+# Requests running views at once in one web process (each holds a database
+# connection); more wait their turn. Keep (web processes x this) + workers
+# under the database's max_connections.
+OPENRELAY_WEB_CONCURRENCY = envint("OPENRELAY_WEB_CONCURRENCY", 32, minimum=1)
 
 LOGGING = {
     "version": 1,
