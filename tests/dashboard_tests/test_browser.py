@@ -134,6 +134,7 @@ def browser(processes, monkeypatch):
     # Playwright's sync API runs an event loop on this thread; the ORM calls
     # the test makes between browser steps are still plain sync calls.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium"
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
