@@ -34,7 +34,11 @@ def snapshot(batch_pk):
     batch = Batch.objects.select_related("input_file", "output_file", "error_file").filter(pk=batch_pk).first()
     if batch is None:
         return None
-    return {"organization_id": batch.organization_id, "batch": batch_object(batch)}
+    snapshot = batch_object(batch)
+    # The create-time rejections can be 50,000 entries and never change: pages
+    # render them once, events leave them out.
+    snapshot["errors"] = None
+    return {"organization_id": batch.organization_id, "batch": snapshot}
 
 
 async def send(event):

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import lifecycle
+from batches import events, lifecycle
 from batches.models import Batch, BatchStatus, Priority, Record
 from batches.tasks import enqueue_batch
 from batches.validation import MAX_RECORDS, FileRejected, RecordChecker, scan, too_many_message
@@ -162,7 +162,13 @@ def _start_or_fail(batch, file, result):
 def _enqueue_on_commit(batch):
     # robust: a broker hiccup after the commit must not turn a created batch
     # into an error answer; the sweeper re-enqueues batches never handed out.
-    transaction.on_commit(lambda: enqueue_batch(batch.pk), robust=True)
+    transaction.on_commit(lambda: _hand_out(batch.pk), robust=True)
+
+
+def _hand_out(batch_pk):
+    """After commit: give the batch to the workers, then show its new status live."""
+    enqueue_batch(batch_pk)
+    events.batch_changed_sync(batch_pk)
 
 
 # ---------------------------------------------------------------------------

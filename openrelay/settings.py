@@ -102,7 +102,9 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # Groups are named by organization and batch ids; the prefix keeps two
+            # deployments sharing one Redis database apart.
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": envstr("OPENRELAY_CHANNEL_PREFIX", "openrelay")},
         }
     }
 else:
@@ -201,7 +203,6 @@ OPENRELAY_LEASE_S = envint("OPENRELAY_LEASE_S", 120, minimum=1)
 # How long a worker waits for a lost database connection to come back before its task gives up.
 OPENRELAY_DB_OUTAGE_S = envint("OPENRELAY_DB_OUTAGE_S", 60, minimum=0)
 OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)
-OPENRELAY_SWEEP_INTERVAL_S = envint("OPENRELAY_SWEEP_INTERVAL_S", 5, minimum=1)
 OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
 # A task stops claiming after this long and re-queues its batch, so it ends
 # well inside the q2 timeout even with 30-minute calls in flight.

@@ -1,25 +1,28 @@
 """`python manage.py up`: the whole product on one machine, in one command.
 
 Migrates, makes sure a development organization exists and prints a fresh
-API key for it, starts the simulated model server and registers a model on
-it, then runs the ASGI web server (uvicorn: HTTP + websockets) and a
-django-q2 cluster until Ctrl-C.
+API key for it and a fresh password for its dashboard user `dev`, starts the
+simulated model server and registers a model on it, then runs the ASGI web
+server (uvicorn: HTTP + websockets) and a django-q2 cluster until Ctrl-C.
 """
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from openrelay.models import ApiKey, Organization
+from openrelay.models import ApiKey, Membership, Organization
 
 DEV_ORG = "dev"
 DEV_KEY_NAME = "printed by manage.py up"
+DEV_USER = "dev"
 DEFAULT_MODEL = "openrelay/gemma-4-31b"
 
 
@@ -38,6 +41,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         call_command("migrate", interactive=False, verbosity=0)
         key = self._dev_key()
+        password = self._dev_user()
         children = []
         try:
             if not no_simulator:
@@ -47,7 +51,7 @@ class Command(BaseCommand):
             children.append(self._spawn([sys.executable, "manage.py", "qcluster"]))
             children.append(self._spawn([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
                                           "--no-access-log", "openrelay.asgi:application"]))
-            self._banner(host, port, key, model)
+            self._banner(host, port, key, model, password)
             self._supervise(children)
         except KeyboardInterrupt:
             pass
@@ -61,13 +65,23 @@ class Command(BaseCommand):
             old.revoke()
         return ApiKey.issue(org, name=DEV_KEY_NAME)[1]
 
+    def _dev_user(self):
+        """A dashboard (and admin) user `dev` in the dev organization, with a fresh password each start."""
+        org = Organization.objects.get(name=DEV_ORG)
+        user, _ = get_user_model().objects.get_or_create(username=DEV_USER, defaults={"is_staff": True, "is_superuser": True})
+        password = secrets.token_urlsafe(12)
+        user.set_password(password)
+        user.save(update_fields=["password"])
+        Membership.objects.update_or_create(user=user, defaults={"organization": org})
+        return password
+
     def _spawn(self, argv):
         return subprocess.Popen(argv, cwd=settings.BASE_DIR, env=os.environ.copy())
 
-    def _banner(self, host, port, key, model):
+    def _banner(self, host, port, key, model, password):
         url = f"http://{host}:{port}"
         self.stdout.write(self.style.SUCCESS(f"\nOpenRelay Batch is running at {url}  (dashboard {url}/, API {url}/v1)"))
-        self.stdout.write(f"Model: {model}    Data: {settings.DATA_DIR}")
+        self.stdout.write(f"Dashboard sign-in: user {DEV_USER}, password {password}    Model: {model}    Data: {settings.DATA_DIR}")
         self.stdout.write(f"export OPENAI_BASE_URL={url}/v1 OPENRELAY_BASE_URL={url}/v1")
         self.stdout.write(f"export OPENAI_API_KEY={key} OPENRELAY_API_KEY={key}")
         self.stdout.write("API key:")

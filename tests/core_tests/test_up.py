@@ -1,0 +1,87 @@
+"""The README's first command: `manage.py up` runs the whole product on the embedded defaults."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+ROOT = Path(__file__).resolve().parents[2]
+EMBEDDED_ONLY = ("DATABASE_URL", "REDIS_URL")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read_banner(process, deadline):
+    lines = []
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        assert line, f"manage.py up exited early: {lines}"
+        lines.append(line.rstrip("\n"))
+        if lines[-2:-1] == ["API key:"]:
+            return lines
+    raise AssertionError(f"no banner: {lines}")
+
+
+@pytest.mark.slow
+def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
+    port, sim_port = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
+    env["OPENRELAY_DATA_DIR"] = str(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(sim_port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    try:
+        banner = _read_banner(process, time.monotonic() + 60)
+        key = banner[-1]
+        assert key.startswith("or_")
+        assert any(f"http://127.0.0.1:{port}" in line for line in banner)
+        password = next(line for line in banner if "Dashboard sign-in" in line).split("password ")[1].split()[0]
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{base}/v1/batches", headers={"Authorization": f"Bearer {key}"}).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the web server never answered"
+            time.sleep(0.2)
+        client = OpenAI(base_url=f"{base}/v1", api_key=key)
+        line = b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "hi"}]}}\n'
+        file = client.files.create(file=("in.jsonl", line), purpose="batch")
+        batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 60
+        while batch.status != "completed":
+            assert batch.status not in ("failed", "expired", "cancelled") and time.monotonic() < deadline, batch
+            time.sleep(0.2)
+            batch = client.batches.retrieve(batch.id)
+        assert '"custom_id":"r1"' in client.files.content(batch.output_file_id).text
+        assert batch.usage.total_tokens > 0
+        with httpx.Client(base_url=base) as browser:
+            form = browser.get("/login")
+            token = browser.cookies["csrftoken"]
+            signed_in = browser.post("/login", data={"username": "dev", "password": password, "csrfmiddlewaretoken": token},
+                                     headers={"Referer": f"{base}/login"}, follow_redirects=True)
+            assert form.status_code == 200 and batch.id in signed_in.text
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    assert process.returncode is not None
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{sim_port}/v1/models", timeout=2)
