@@ -184,7 +184,8 @@ class BatchWorker:
             now = time.monotonic()
             want = 0
             if self._room():
-                want = capacity + self.prefetch - len(self.inflight) - len(self.queue)
+                # self.capacity, not the starting share: _reshare moves it while the loop runs.
+                want = max(0, self.capacity + self.prefetch - len(self.inflight) - len(self.queue))
                 rate_mark = self._adapt_prefetch(rate_mark, now)
             if want or (self.done and (len(self.done) >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)):
                 claimed = await self._flush_and_claim(want)

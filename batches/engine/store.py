@@ -66,6 +66,9 @@ def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
     (a record released by a stopping worker may sit behind it). One
     UPDATE ... RETURNING per kind: no rows read back, no model instances.
     """
+    if limit <= 0:
+        # LIMIT -1 is an error on PostgreSQL and "no limit" on SQLite (the whole batch).
+        return []
     now = timezone.now()
     ops = connection.ops
     lease_until = ops.adapt_datetimefield_value(now + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S))

@@ -135,3 +135,16 @@ def test_a_failed_server_reruns_on_another_deployment(alice, faulty):
     assert (batch.completed_count, batch.failed_count) == (24, 0)
     out = read_lines(batch.output_file)
     assert batch.input_tokens == sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in out)
+
+
+@pytest.mark.parametrize("limit", [0, -1, -50])
+def test_a_claim_with_no_room_claims_nothing(alice, faulty, limit):
+    # Found by the fault batch on PostgreSQL: a task whose share grew mid-run asked for
+    # LIMIT -1 (a DataError there; on SQLite, "no limit": the whole batch to one task).
+    from batches.engine import store
+    from openrelay.models import Model
+
+    model = Model.objects.create(name="openrelay/gemma-4-31b")
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(20)], model=model)
+    assert store.claim(batch.pk, "w1", limit) == []
+    assert not Record.objects.filter(batch=batch, status="running").exists()
