@@ -255,6 +255,8 @@ def test_the_web_process_killed_mid_upload_leaves_nothing(alice, tmp_path, setti
         sock.close()
     assert not File.objects.exists()
     assert _stored_files(tmp_path) == []
+    temp_dir = tmp_path / "tmp"  # FILE_UPLOAD_TEMP_DIR: no half-written upload left behind either
+    assert not temp_dir.exists() or [p for p in temp_dir.iterdir() if p.is_file()] == []
     # A new web process takes uploads as before.
     server = WebServer(tmp_path)
     try:
