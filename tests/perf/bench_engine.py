@@ -360,8 +360,9 @@ def cpu_seconds(pids):
 class Stack:
     """Throwaway gateway: data dir, database, Redis index, and the subprocesses."""
 
-    def __init__(self, tmp, database_url=None, redis_url=None, report=print):
+    def __init__(self, tmp, database_url=None, redis_url=None, report=print, web_server="daphne"):
         self.tmp = tmp
+        self.web_server = web_server
         self.report = report
         self.processes = []
         self.logs = tmp / "logs"
@@ -439,8 +440,12 @@ class Stack:
 
     def start_web(self, **env):
         port = _free_port()
-        process = self.spawn("web", [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
-                                     "openrelay.asgi:application"], **env)
+        if self.web_server == "uvicorn":
+            argv = [PYTHON, "-m", "uvicorn", "openrelay.asgi:application", "--host", "127.0.0.1", "--port", str(port),
+                    "--log-level", "warning", "--lifespan", "off"]
+        else:
+            argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"]
+        process = self.spawn("web", argv, **env)
         url = f"http://127.0.0.1:{port}"
         _wait_http(process, f"{url}/v1/files")
         self.web = process
@@ -583,6 +588,11 @@ class Bench:
         parse_s = min(bare_parse(path) for _ in range(3))
         with PeakRss(self.stack.web.pid) as upload_rss:
             file_id, upload_s = self.api.upload(path)
+        # A fresh web process for the create, so its RSS growth is the create's
+        # own and not memory the upload left behind.
+        self.stack.stop(self.stack.web)
+        self.api = Api(self.stack.start_web(), self.key)
+        self.api.client.get("/batches").raise_for_status()
         with PeakRss(self.stack.web.pid) as create_rss:
             batch, sent, answered = self.api.create(file_id)
         create_s = answered - sent
@@ -597,7 +607,7 @@ class Bench:
         mb_s = size / MB / upload_s
         self.rows["upload"] = Row(
             "upload", 2, f"upload, {size / MB:.0f} MB", f"{mb_s:.0f} MB/s", TARGETS["upload"], mb_s >= 150,
-            f"{upload_s:.2f} s through daphne; web RSS +{upload_rss.growth_mb:.0f} MB during the upload",
+            f"{upload_s:.2f} s through {self.stack.web_server}; web RSS +{upload_rss.growth_mb:.0f} MB during the upload",
             {"upload_s": upload_s, "mb_s": mb_s, "web_rss_growth_mb": upload_rss.growth_mb})
         self.report(f"1+2: upload {mb_s:.0f} MB/s; create {create_s:.2f} s = {ratio:.2f}x parse, web +{growth:.0f} MB")
         self.big_batch = batch["id"]
@@ -640,13 +650,7 @@ class Bench:
     def end_to_end(self):
         sc = self.scale
         path, file_id = self.file("plain.jsonl", sc.plain, MODEL_ZERO)
-        answers = self.tmp / "bare-answers.jsonl"
-        result = subprocess.run(
-            [PYTHON, "-m", "tests.perf.bench_client", "--url", self.sim[MODEL_ZERO] + "/v1", "--input", str(path),
-             "--output", str(answers), "--concurrency", str(sc.concurrency), "--model", UPSTREAM],
-            cwd=ROOT, env=self.stack.env(), capture_output=True, text=True, timeout=600, check=True)
-        bare = orjson.loads(result.stdout.strip().splitlines()[-1])
-        assert bare["records"] == sc.plain, bare
+        bare_runs = [self._bare_client(path)]
         self.cluster = cluster = self.stack.start_cluster(2)
         self.warm(2)
         pids = [self.stack.web.pid, cluster.pid]
@@ -655,18 +659,34 @@ class Bench:
         row = self.wait_done(batch["id"], self._deadline(sc.plain, 200))
         cpu = cpu_seconds(pids) - cpu_before
         assert row["completed"] == sc.plain, row
+        # The machine may be shared: the bare client runs again after the
+        # gateway and the faster of its two runs is the reference.
+        bare_runs.append(self._bare_client(path))
+        bare = max(bare_runs, key=lambda run: run["records_per_s"])
+        bare_rates = ", ".join(f"{run['records_per_s']:.0f}" for run in bare_runs)
         rate = sc.plain / (row["completed_at"] - sent)
         ratio = rate / bare["records_per_s"]
         cpu_ms = cpu / sc.plain * 1000
         self.rows["e2e"] = Row(
             "e2e", 3, f"end to end, {sc.plain:,} plain records, 0 ms model",
             f"{ratio:.2f}x, {cpu_ms:.2f} ms CPU/rec", TARGETS["e2e"], ratio >= 0.8 and cpu_ms <= 1.0,
-            f"gateway {rate:.0f}/s (create -> completed) vs bare aiohttp {bare['records_per_s']:.0f}/s, "
+            f"gateway {rate:.0f}/s (create -> completed) vs bare aiohttp {bare['records_per_s']:.0f}/s "
+            f"(best of {bare_rates}), "
             f"concurrency {sc.concurrency}; web + workers {cpu:.1f} CPU s",
             {"gateway_records_per_s": rate, "bare_records_per_s": bare["records_per_s"], "ratio": ratio,
              "cpu_s": cpu, "cpu_ms_per_record": cpu_ms})
         self.report(f"3: gateway {rate:.0f}/s vs bare {bare['records_per_s']:.0f}/s = {ratio:.2f}x; "
                     f"{cpu_ms:.2f} ms CPU/record")
+
+    def _bare_client(self, path):
+        result = subprocess.run(
+            [PYTHON, "-m", "tests.perf.bench_client", "--url", self.sim[MODEL_ZERO] + "/v1", "--input", str(path),
+             "--output", str(self.tmp / "bare-answers.jsonl"), "--concurrency", str(self.scale.concurrency),
+             "--model", UPSTREAM],
+            cwd=ROOT, env=self.stack.env(), capture_output=True, text=True, timeout=600, check=True)
+        bare = orjson.loads(result.stdout.strip().splitlines()[-1])
+        assert bare["records"] == self.scale.plain, bare
+        return bare
 
     # 4: create's answer -> first call at the model server (on the idle cluster of 3)
     def first_call(self):
@@ -762,12 +782,15 @@ def machine():
             f"Python {platform.python_version()}")
 
 
-def run(quick=False, records=None, database_url=None, redis_url=None, report=print):
+def run(quick=False, records=None, database_url=None, redis_url=None, report=print, web_server="daphne"):
     """Run every measurement in throwaway state; return (rows, facts)."""
+    import logging
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request under Django's logging
     scale = Scale.make(quick=quick, records=records)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="openrelay-bench-") as tmp:
-        stack = Stack(Path(tmp), database_url, redis_url, report)
+        stack = Stack(Path(tmp), database_url, redis_url, report, web_server)
         try:
             rows = Bench(stack, scale, report).run()
         except BaseException:
@@ -780,7 +803,7 @@ def run(quick=False, records=None, database_url=None, redis_url=None, report=pri
         finally:
             stack.close()
         facts = {"machine": machine(), "database": stack.db.vendor, "broker": "redis" if redis_url else "orm",
-                 "quick": quick, "seconds": time.perf_counter() - started}
+                 "web": web_server, "quick": quick, "seconds": time.perf_counter() - started}
     return rows, facts
 
 
@@ -789,7 +812,9 @@ def render(rows, facts, console=None):
     from rich.table import Table
 
     console = console or Console(width=None if sys.stdout.isatty() else 220)
-    table = Table(title=_title(facts))
+    caption = ("--quick: tiny runs prove the command works; their fixed costs dominate, so PASS/MISS means nothing here"
+               if facts["quick"] else None)
+    table = Table(title=_title(facts), caption=caption)
     for column in ("#", "measurement", "result", "target", "", "detail"):
         table.add_column(column, overflow="fold")
     for row in rows:
@@ -801,7 +826,8 @@ def render(rows, facts, console=None):
 
 def _title(facts):
     mode = "quick" if facts["quick"] else "full"
-    return (f"OpenRelay bench ({mode}, {facts['database']} + {facts['broker']} broker, {facts['seconds']:.0f} s) "
+    return (f"OpenRelay bench ({mode}, {facts['database']} + {facts['broker']} broker, {facts.get('web', 'daphne')} web, "
+            f"{facts['seconds']:.0f} s) "
             f"on {facts['machine']}")
 
 
@@ -824,8 +850,9 @@ def main(argv=None):
     parser.add_argument("--records", type=int)
     parser.add_argument("--database-url")
     parser.add_argument("--redis-url")
+    parser.add_argument("--web-server", choices=["daphne", "uvicorn"], default="daphne")
     args = parser.parse_args(argv)
-    rows, facts = run(args.quick, args.records, args.database_url, args.redis_url)
+    rows, facts = run(args.quick, args.records, args.database_url, args.redis_url, web_server=args.web_server)
     render(rows, facts)
     return 0
 

@@ -27,10 +27,12 @@ class Command(BaseCommand):
         parser.add_argument("--redis-url", default=None,
                             help="a Redis server for the broker and channel layer; an empty database index on it "
                                  "is used and flushed (default: the ORM broker)")
+        parser.add_argument("--web-server", choices=["daphne", "uvicorn"], default="daphne",
+                            help="the ASGI server of the web process (default daphne, as in production)")
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
-    def handle(self, quick, records, database_url, redis_url, markdown, json, **options):
+    def handle(self, quick, records, database_url, redis_url, web_server, markdown, json, **options):
         try:
             from tests.perf import bench_engine
         except ImportError as exc:
@@ -45,7 +47,7 @@ class Command(BaseCommand):
             self.stderr.flush()
 
         rows, facts = bench_engine.run(quick=quick, records=records, database_url=database_url, redis_url=redis_url,
-                                       report=report)
+                                       report=report, web_server=web_server)
         if markdown:
             self.stdout.write(bench_engine.markdown(rows, facts))
         else:
