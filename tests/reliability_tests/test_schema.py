@@ -124,7 +124,7 @@ def api_key(db):
     return make_persona("schemathesis-org").key
 
 
-schema = schemathesis.pytest.from_fixture("api_schema").include(path_regex=r"^/v1/(files|batches)")
+schema = schemathesis.pytest.from_fixture("api_schema").include(path_regex=r"^/v1/")
 
 
 @schema.parametrize()
