@@ -214,32 +214,51 @@ def _flush_postgresql(batch_pk, owner, rows, finished_at):
     return found[0] if found else 0
 
 
+class _LostLeases(Exception):
+    pass
+
+
 def _flush_executemany(batch_pk, owner, rows, finished_at):
-    # SQLite runs write transactions one at a time (IMMEDIATE), so the rows
-    # found held here are still held when the UPDATE runs.
-    held = set(
-        Record.objects.filter(pk__in=[row[0] for row in rows], lease_owner=owner, status=RecordStatus.RUNNING)
-        .values_list("pk", flat=True)
-    )
-    rows = [row for row in rows if row[0] in held]
-    if not rows:
-        return 0
+    """One conditional executemany; when it wrote every row (the common case) that is all.
+
+    When some leases were lost (rowcount short), the savepoint is rolled
+    back and the rows still held are written alone, so the roll-up counts
+    exactly what was written. SQLite runs write transactions one at a time
+    (IMMEDIATE), so what is found held is still held when written.
+    """
+    record = _q(Record._meta.db_table)
     sets = ", ".join(f"{_q(c)} = %s" for c in _RESULT_COLUMNS[1:])
-    sql = (
-        f"UPDATE {_q(Record._meta.db_table)} SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL "
-        f"WHERE id = %s AND lease_owner = %s AND status = %s"
-    )
+    update = (f"UPDATE {record} SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL "
+              f"WHERE id = %s AND lease_owner = %s AND status = %s")
+
+    def params(rows):
+        return [(*row[1:], finished_at, row[0], owner, _RUNNING) for row in rows]
+
     with connection.cursor() as cursor:
-        cursor.executemany(sql, [(*row[1:], finished_at, row[0], owner, _RUNNING) for row in rows])
-    succeeded = sum(1 for row in rows if row[1] == _SUCCEEDED)
-    Batch.objects.filter(pk=batch_pk).update(
-        completed_count=F("completed_count") + succeeded,
-        failed_count=F("failed_count") + (len(rows) - succeeded),
-        input_tokens=F("input_tokens") + sum(row[7] for row in rows),
-        cached_tokens=F("cached_tokens") + sum(row[8] for row in rows),
-        output_tokens=F("output_tokens") + sum(row[9] for row in rows),
-        reasoning_tokens=F("reasoning_tokens") + sum(row[10] for row in rows),
-    )
+        try:
+            with transaction.atomic():
+                cursor.executemany(update, params(rows))
+                if cursor.rowcount != len(rows):
+                    raise _LostLeases
+        except _LostLeases:
+            ids = [row[0] for row in rows]
+            cursor.execute(
+                f"SELECT id FROM {record} WHERE id IN ({', '.join(['%s'] * len(ids))}) AND lease_owner = %s AND status = %s",
+                [*ids, owner, _RUNNING],
+            )
+            held = {pk for (pk,) in cursor.fetchall()}
+            rows = [row for row in rows if row[0] in held]
+            if not rows:
+                return 0
+            cursor.executemany(update, params(rows))
+        succeeded = sum(1 for row in rows if row[1] == _SUCCEEDED)
+        sums = [sum(row[i] for row in rows) for i in (7, 8, 9, 10)]
+        totals = ", ".join(f"{_q(total)} = {_q(total)} + %s" for total, _ in _ROLL_UP)
+        cursor.execute(
+            f"UPDATE {_q(Batch._meta.db_table)} SET completed_count = completed_count + %s, "
+            f"failed_count = failed_count + %s, {totals} WHERE id = %s",
+            [succeeded, len(rows) - succeeded, *sums, batch_pk],
+        )
     return len(rows)
 
 
