@@ -1,0 +1,35 @@
+from django.contrib import admin, messages
+
+from batches import services
+from batches.models import Batch
+from openrelay.errors import ApiError
+
+
+@admin.register(Batch)
+class BatchAdmin(admin.ModelAdmin):
+    """Read-only: rejected records and bodies stay out (input lines may carry authorization values)."""
+
+    list_display = ("public_id", "organization", "model_name", "status", "priority", "total_count",
+                    "completed_count", "failed_count", "created_at")
+    list_filter = ("status", "priority", "organization", "model_name")
+    search_fields = ("public_id", "organization__name", "input_file_public_id")
+    date_hierarchy = "created_at"
+    exclude = ("errors",)
+    actions = ["cancel"]
+
+    def get_readonly_fields(self, request, obj=None):
+        return [f.name for f in self.model._meta.fields if f.name != "errors"]
+
+    def has_add_permission(self, request):
+        return False  # batches are created through the API or the dashboard
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Cancel selected batches")
+    def cancel(self, request, queryset):
+        for batch in queryset:
+            try:
+                services.cancel_batch(batch)
+            except ApiError as exc:
+                messages.warning(request, f"{batch.public_id}: {exc.message}")
