@@ -4,9 +4,13 @@ Bytes live in Django's default storage (a folder under OPENRELAY_DATA_DIR by
 default); a File row exists only once its bytes are fully stored.
 """
 
+import os
 import tempfile
+import time
 from datetime import timedelta
+from pathlib import Path
 
+from django.conf import settings
 from django.core.files.base import File as DjangoFile
 from django.core.files.storage import default_storage
 from django.db import transaction
@@ -153,3 +157,22 @@ def _delete_stored(names):
 def default_expiry(purpose, now=None):
     now = now or timezone.now()
     return now + (DEFAULT_BATCH_INPUT_TTL if purpose == "batch" else DEFAULT_OUTPUT_TTL)
+
+
+# An upload's temp file lives only while its request runs; one older than this
+# belongs to a web process that died mid-upload.
+STALE_UPLOAD_AGE_S = 3600
+
+
+def delete_stale_upload_temp_files(now=None):
+    """Remove temp files left in FILE_UPLOAD_TEMP_DIR by web processes that died mid-upload."""
+    cutoff = (now or time.time()) - STALE_UPLOAD_AGE_S
+    removed = 0
+    for path in Path(settings.FILE_UPLOAD_TEMP_DIR).glob("*"):
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                os.unlink(path)
+                removed += 1
+        except FileNotFoundError:
+            pass  # another web process finished or removed it meanwhile
+    return removed

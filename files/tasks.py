@@ -12,4 +12,7 @@ def delete_expired_files():
     count = services.delete_expired_files()
     if count:
         logger.info("Deleted %d expired files", count)
+    stale = services.delete_stale_upload_temp_files()
+    if stale:
+        logger.info("Deleted %d upload temp files left by interrupted uploads", stale)
     return count

@@ -90,3 +90,17 @@ def test_the_schedule_exists_after_migrate_and_is_created_once():
     )
     ensure_expiry_schedule(sender=apps.get_app_config("files"), apps=apps, using="default")
     assert Schedule.objects.filter(name=EXPIRY_SCHEDULE_NAME).count() == 1
+
+
+def test_it_removes_upload_temp_files_left_by_a_dead_web_process(settings, tmp_path):
+    import os
+    import time
+
+    settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
+    old, fresh = tmp_path / "upload_old.part", tmp_path / "upload_fresh.part"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"y")
+    an_hour_ago = time.time() - services.STALE_UPLOAD_AGE_S - 1
+    os.utime(old, (an_hour_ago, an_hour_ago))
+    assert services.delete_stale_upload_temp_files() == 1
+    assert not old.exists() and fresh.exists()
