@@ -110,7 +110,8 @@ class BatchWorker:
         self.workflows_enabled = batch.organization.workflows_enabled
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
-        self.inflight = {}  # task -> ClaimedRecord
+        self.running = 0  # records being worked now
+        self.slots = set()  # slot coroutines: each works queued records one after another
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
         self.worked = 0
         self.completed = 0  # records finished in this task (flushed or not)
@@ -185,7 +186,7 @@ class BatchWorker:
             want = 0
             if self._room():
                 # self.capacity, not the starting share: _reshare moves it while the loop runs.
-                want = max(0, self.capacity + self.prefetch - len(self.inflight) - len(self.queue))
+                want = max(0, self.capacity + self.prefetch - self.running - len(self.queue))
                 rate_mark = self._adapt_prefetch(rate_mark, now)
             if want or (self.done and (len(self.done) >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)):
                 claimed = await self._flush_and_claim(want)
@@ -196,7 +197,7 @@ class BatchWorker:
                 # Claimed but never started: back to pending for whoever runs next.
                 await self.db(store.release, self.batch.pk, self.owner, [record.pk for record, _ in self.queue])
                 self.queue.clear()
-            if not self.inflight and not self.queue and (self.exhausted or self.stopping):
+            if not self.running and not self.queue and (self.exhausted or self.stopping):
                 break
             if now >= self.slice_ends and not self.stopping:
                 # Long batches are worked in slices: finish what is in flight,
@@ -212,6 +213,8 @@ class BatchWorker:
                 last_renew = now
                 await self.db(store.renew, self.batch.pk, self.owner)
             await self._sleep(FLUSH_EVERY_S)
+        if self.slots:  # slots with nothing left to work end on their own
+            await asyncio.gather(*self.slots, return_exceptions=True)
         await self._flush()
         await self._announce(force=True)
 
@@ -220,7 +223,7 @@ class BatchWorker:
         return (
             not self.stopping
             and not self.exhausted
-            and len(self.inflight) + len(self.queue) < self.capacity + self.prefetch // 2
+            and self.running + len(self.queue) < self.capacity + self.prefetch // 2
         )
 
     def _adapt_prefetch(self, mark, now):
@@ -266,26 +269,40 @@ class BatchWorker:
         return written, claimed
 
     def _start_queued(self):
-        while self.queue and len(self.inflight) < self.capacity and not self.stopping:
-            record, raw = self.queue.popleft()
-            task = asyncio.create_task(self._execute(record, raw))
-            task.add_done_callback(self._record_done)
-            self.inflight[task] = record
+        """Enough slot coroutines for the queue, up to capacity.
 
-    def _record_done(self, task):
-        record = self.inflight.pop(task)
-        if not task.cancelled():
-            exc = task.exception()
-            if exc is not None:
+        A slot works queued records one after another, like the workers of
+        a bare client: no Task and no done callback per record.
+        """
+        if self.stopping:
+            return
+        # Every live slot is busy with a record and takes the next one itself.
+        for _ in range(min(self.capacity - len(self.slots), len(self.queue))):
+            slot = asyncio.create_task(self._slot())
+            self.slots.add(slot)
+            slot.add_done_callback(self.slots.discard)
+
+    async def _slot(self):
+        # A slot leaves when the queue is empty, when the batch stops, or when
+        # a reshare left more slots than capacity (after its current record).
+        while self.queue and not self.stopping and len(self.slots) <= self.capacity:
+            record, raw = self.queue.popleft()
+            self.running += 1
+            try:
+                outcome = await self._execute(record, raw)
+            except asyncio.CancelledError:
+                raise  # the batch was cancelled or expired: whoever closes it marks the record
+            except Exception as exc:
                 logger.error("record %s of %s crashed: %r", record.line, self.batch.public_id, exc)
                 outcome = RecordOutcome.error("internal_error", "The record failed inside the worker.")
-            else:
-                outcome = task.result()
+            finally:
+                self.running -= 1
             self.done.append((record, outcome))
             self.completed += 1
-        self._start_queued()
-        if len(self.done) >= FLUSH_SIZE or not self.inflight or self._room():
-            self.wake.set()
+            if len(self.done) >= FLUSH_SIZE or not self.running or self._room():
+                self.wake.set()
+        self.slots.discard(asyncio.current_task())
+        self.wake.set()
 
     async def _execute(self, record, raw):
         try:
@@ -346,5 +363,5 @@ class BatchWorker:
             # batch marks their records; our flush skips them.
             self.stopping = True
             await self._flush()
-            for task in list(self.inflight):
-                task.cancel()
+            for slot in list(self.slots):
+                slot.cancel()
