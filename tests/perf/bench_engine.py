@@ -655,7 +655,7 @@ class Bench:
         self.warm(2)
         pids = [self.stack.web.pid, cluster.pid]
         cpu_before = cpu_seconds(pids)
-        batch, sent, _ = self.api.create(file_id)
+        batch, sent, answered = self.api.create(file_id)
         row = self.wait_done(batch["id"], self._deadline(sc.plain, 200))
         cpu = cpu_seconds(pids) - cpu_before
         assert row["completed"] == sc.plain, row
@@ -675,8 +675,8 @@ class Bench:
             f"concurrency {sc.concurrency}; web + workers {cpu:.1f} CPU s",
             {"gateway_records_per_s": rate, "bare_records_per_s": bare["records_per_s"], "ratio": ratio,
              "cpu_s": cpu, "cpu_ms_per_record": cpu_ms})
-        self.report(f"3: gateway {rate:.0f}/s vs bare {bare['records_per_s']:.0f}/s = {ratio:.2f}x; "
-                    f"{cpu_ms:.2f} ms CPU/record")
+        self.report(f"3: gateway {rate:.0f}/s vs bare {bare_rates}/s = {ratio:.2f}x; {cpu_ms:.2f} ms CPU/record "
+                    f"({self._phases(batch['id'], sent)}; create took {answered - sent:.2f} s)")
 
     def _bare_client(self, path):
         result = subprocess.run(
