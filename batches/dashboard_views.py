@@ -17,15 +17,13 @@ from decimal import Decimal, InvalidOperation
 from functools import wraps
 
 import orjson
-from asgiref.sync import sync_to_async
 from django.contrib import messages
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Q
-from django.http import Http404, HttpResponse, StreamingHttpResponse
+from django.http import Http404, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -42,6 +40,7 @@ from files import selectors as file_selectors
 from files import services as file_services
 from files.models import File, Purpose
 from files.presenters import present_file
+from files.responses import download_response
 from files.uploads import receive_upload
 from openrelay.errors import ApiError
 from openrelay.models import Membership
@@ -49,7 +48,6 @@ from openrelay.models import Membership
 PAGE_SIZE = 50
 # The batch page lists this many rejected records; all of them download as JSONL.
 REJECTIONS_SHOWN = 200
-DOWNLOAD_CHUNK = 1024 * 1024
 TIMELINE = (
     ("created_at", "Created"),
     ("in_progress_at", "In progress"),
@@ -365,26 +363,5 @@ def file_delete(request, file_id):
 @member_required
 def file_download(request, file_id):
     """The organization's own file, streamed (a 200 MB input is never read whole)."""
-    file = _file_or_404(request, file_id)
-    stream = file_services.open_content(file)
-    # Under ASGI a sync iterator would be read whole into memory first.
-    chunks = _async_chunks(stream) if isinstance(request, ASGIRequest) else _chunks(stream)
-    response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
-    response["Content-Length"] = str(file.bytes)
-    response["Content-Disposition"] = content_disposition_header(True, file.filename)
-    return response
+    return download_response(request, _file_or_404(request, file_id))
 
-
-def _chunks(stream):
-    with stream:
-        while chunk := stream.read(DOWNLOAD_CHUNK):
-            yield chunk
-
-
-async def _async_chunks(stream):
-    read = sync_to_async(stream.read, thread_sensitive=False)
-    try:
-        while chunk := await read(DOWNLOAD_CHUNK):
-            yield chunk
-    finally:
-        await sync_to_async(stream.close, thread_sensitive=False)()

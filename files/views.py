@@ -1,9 +1,5 @@
 """The Files routes: thin views over files.uploads, files.selectors and files.services."""
 
-from asgiref.sync import sync_to_async
-from django.core.handlers.asgi import ASGIRequest
-from django.http import StreamingHttpResponse
-from django.utils.http import content_disposition_header
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.negotiation import DefaultContentNegotiation
@@ -11,12 +7,12 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from files import params, selectors, services
+from files.responses import download_response
 from files.presenters import present_deleted, present_file, present_file_list
 from files.uploads import receive_upload
 from openrelay import openapi
 from openrelay.errors import ApiError
 
-DOWNLOAD_CHUNK = 1024 * 1024
 
 
 class FilesView(APIView):
@@ -83,26 +79,5 @@ class FileContentView(APIView):
                               **openapi.errors(401, 404)})
     def get(self, request, file_id):
         file = selectors.get_file(request.user.organization, file_id)
-        stream = services.open_content(file)
-        # Under ASGI a sync iterator would be read whole into memory first, so
-        # each server gets the iterator it can stream.
-        chunks = _async_chunks(stream) if isinstance(request._request, ASGIRequest) else _chunks(stream)
-        response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
-        response["Content-Length"] = str(file.bytes)
-        response["Content-Disposition"] = content_disposition_header(True, file.filename)
-        return response
+        return download_response(request._request, file)
 
-
-def _chunks(stream):
-    with stream:
-        while chunk := stream.read(DOWNLOAD_CHUNK):
-            yield chunk
-
-
-async def _async_chunks(stream):
-    read = sync_to_async(stream.read, thread_sensitive=False)
-    try:
-        while chunk := await read(DOWNLOAD_CHUNK):
-            yield chunk
-    finally:
-        await sync_to_async(stream.close, thread_sensitive=False)()

@@ -36,3 +36,18 @@ def bob(db):
 @pytest.fixture
 def admin_user(db, django_user_model):
     return django_user_model.objects.create_superuser("admin", "admin@example.com", "admin-password")
+
+
+@pytest.fixture(scope="session")
+def sim_server():
+    """One simulated model server for the session (tests that need knobs start their own)."""
+    from openrelay.simulator import SimulatorConfig, run_in_thread
+
+    with run_in_thread(SimulatorConfig()) as server:
+        yield server
+
+
+@pytest.fixture
+def sim(sim_server):
+    sim_server.reset()
+    return sim_server

@@ -18,7 +18,6 @@ from batches.models import Batch
 from billing.models import Price
 from files.services import open_content
 from openrelay.models import Deployment, Model
-from openrelay.simulator import SimulatorConfig, run_in_thread
 # The tool executor and workflow callback servers of tests/tool_tests and
 # tests/workflow_tests, reused as they are (real servers on 127.0.0.1).
 from tests.tool_tests.conftest import executor, executor_server  # noqa: F401
@@ -39,16 +38,6 @@ def _storage(settings, tmp_path):
     settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # executors and callbacks listen on 127.0.0.1
 
 
-@pytest.fixture(scope="session")
-def sim_server():
-    with run_in_thread(SimulatorConfig()) as server:
-        yield server
-
-
-@pytest.fixture
-def sim(sim_server):
-    sim_server.reset()
-    return sim_server
 
 
 @pytest.fixture

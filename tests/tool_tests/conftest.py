@@ -19,7 +19,7 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.outbound import OutboundClient
-from openrelay.simulator import SimulatorConfig, bind_socket, make_runner, run_in_thread
+from openrelay.simulator import bind_socket, make_runner
 
 CHAT = "/v1/chat/completions"
 SIM_MODEL = "sim-model"
@@ -200,16 +200,6 @@ def executor(executor_server):
     return executor_server
 
 
-@pytest.fixture(scope="session")
-def sim_server():
-    with run_in_thread(SimulatorConfig()) as server:
-        yield server
-
-
-@pytest.fixture
-def sim(sim_server):
-    sim_server.reset()
-    return sim_server
 
 
 # --- running one record by hand ---------------------------------------------------

@@ -22,7 +22,6 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.outbound import OutboundClient
-from openrelay.simulator import SimulatorConfig, run_in_thread
 
 MODEL = "openrelay/gemma-4-31b"
 ENDPOINT = "/v1/chat/completions"
@@ -118,16 +117,6 @@ def callback(callback_server):
     callback_server.reset()
 
 
-@pytest.fixture(scope="session")
-def sim_server():
-    with run_in_thread(SimulatorConfig()) as server:
-        yield server
-
-
-@pytest.fixture
-def sim(sim_server):
-    sim_server.reset()
-    return sim_server
 
 
 def chat(content, **extra):
