@@ -7,6 +7,7 @@ the loop owns the HTTP clients and one coroutine per record.
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import socket
@@ -14,10 +15,12 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 
 import orjson
 from django.conf import settings
 from django.db import close_old_connections, connections
+from django.utils import timezone
 
 from batches import events, lifecycle
 from batches.engine import dbretry, dispatch, finish, store
@@ -176,7 +179,10 @@ class BatchWorker:
         claim and a flush share one trip to the database thread.
         """
         self.capacity = capacity
-        self.prefetch = min(settings.OPENRELAY_CLAIM_CHUNK, capacity)
+        # Claimed-but-unstarted records: claim when fewer than `low` wait,
+        # up to low + batch (both follow the completion rate, _adapt_prefetch).
+        self.low = self.batch_size = min(capacity, MIN_PREFETCH)
+        self.hop_s = 0.0  # how long a flush-and-claim trip to the database takes (moving average)
         self.wake = asyncio.Event()
         self.exhausted = False
         rate_mark = (time.monotonic(), 0)
@@ -185,9 +191,10 @@ class BatchWorker:
             now = time.monotonic()
             want = 0
             if self._room():
-                # self.capacity, not the starting share: _reshare moves it while the loop runs.
-                want = max(0, self.capacity + self.prefetch - self.running - len(self.queue))
                 rate_mark = self._adapt_prefetch(rate_mark, now)
+                # self.capacity, not the starting share: _reshare moves it while the loop runs.
+                want = self.capacity + self.low + self.batch_size - self.running - len(self.queue)
+                want = max(0, min(want, max(settings.OPENRELAY_CLAIM_CHUNK, self.capacity)))
             if want or (self.done and (len(self.done) >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)):
                 claimed = await self._flush_and_claim(want)
                 last_flush = now
@@ -219,25 +226,31 @@ class BatchWorker:
         await self._announce(force=True)
 
     def _room(self):
-        """Is it time to claim: fewer than capacity + half the prefetch claimed and unfinished?"""
+        """Is it time to claim: a slot idle, or fewer than `low` claimed records waiting for one?"""
         return (
             not self.stopping
             and not self.exhausted
-            and self.running + len(self.queue) < self.capacity + self.prefetch // 2
+            and (self.running < self.capacity or len(self.queue) < self.low)
         )
 
     def _adapt_prefetch(self, mark, now):
-        """Claim ahead about PREFETCH_S of the recent completion rate.
+        """Size the claim-ahead from the recent completion rate and the database's round trip.
 
-        Enough that no call waits for a claim; little enough that at the end
-        of a batch no task sits on records another task could be running.
+        `low` covers what the slots finish during two trips to the database
+        (so they never wait for a claim), `batch_size` about PREFETCH_S of
+        work (so claims stay few); both at least min(capacity, MIN_PREFETCH).
+        Small for a slow model, so at the end of a batch no task sits on
+        records another task could be running.
         """
         since, completed = mark
-        if now - since >= 0.05:
-            wanted = int((self.completed - completed) / (now - since) * PREFETCH_S)
-            self.prefetch = max(min(self.capacity, MIN_PREFETCH), min(settings.OPENRELAY_CLAIM_CHUNK, wanted))
-            return now, self.completed
-        return mark
+        if now - since < 0.05:
+            return mark
+        rate = (self.completed - completed) / (now - since)
+        floor = min(self.capacity, MIN_PREFETCH)
+        chunk = settings.OPENRELAY_CLAIM_CHUNK
+        self.low = max(floor, min(chunk, math.ceil(rate * 2 * self.hop_s)))
+        self.batch_size = max(floor, min(chunk, int(rate * PREFETCH_S)))
+        return now, self.completed
 
     async def _sleep(self, timeout):
         if not self.wake.is_set():
@@ -248,7 +261,10 @@ class BatchWorker:
 
     async def _flush_and_claim(self, want):
         outcomes, self.done = self.done, []
-        written, claimed = await self.db(self._flush_and_claim_sync, outcomes, want, self.cursor)
+        started = time.monotonic()
+        trip = _Trip(self, outcomes, want, self.cursor)
+        written, claimed = await self.db(trip)
+        self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
         self.worked += written
         if claimed:
             self.queue.extend(claimed)
@@ -257,16 +273,6 @@ class BatchWorker:
         if outcomes:
             await self._announce()
         return claimed
-
-    def _flush_and_claim_sync(self, outcomes, want, cursor):
-        written = store.flush(self.batch.pk, self.owner, outcomes) if outcomes else 0
-        claimed = []
-        if want:
-            for record in store.claim(self.batch.pk, self.owner, want, after_line=cursor):
-                # In line order: the reads walk the file forward.
-                self.input.seek(record.offset)
-                claimed.append((record, self.input.read(record.length)))
-        return written, claimed
 
     def _start_queued(self):
         """Enough slot coroutines for the queue, up to capacity.
@@ -365,3 +371,31 @@ class BatchWorker:
             await self._flush()
             for slot in list(self.slots):
                 slot.cancel()
+
+
+class _Trip:
+    """One flush-and-claim trip to the database, as dbretry calls it (again after a lost connection).
+
+    Its lease time is fixed when the trip starts, so a retry can take back
+    what an attempt whose answer was lost had leased already.
+    """
+
+    def __init__(self, worker, outcomes, want, cursor):
+        self.worker, self.outcomes, self.want, self.cursor = worker, outcomes, want, cursor
+        self.lease_until = timezone.now() + timedelta(seconds=settings.OPENRELAY_LEASE_S)
+        self.attempts = 0
+        self.__name__ = "flush_and_claim"  # dbretry names the call it retries
+
+    def __call__(self):
+        self.attempts += 1
+        worker = self.worker
+        written, records = store.flush_and_claim(
+            worker.batch.pk, worker.owner, self.outcomes, self.want, after_line=self.cursor,
+            lease_until=self.lease_until, recover=self.attempts > 1,
+        )
+        claimed = []
+        for record in records:
+            # In line order: the reads walk the file forward.
+            worker.input.seek(record.offset)
+            claimed.append((record, worker.input.read(record.length)))
+        return written, claimed

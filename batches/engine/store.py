@@ -70,16 +70,46 @@ def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
         # LIMIT -1 is an error on PostgreSQL and "no limit" on SQLite (the whole batch).
         return []
     now = timezone.now()
-    ops = connection.ops
-    lease_until = ops.adapt_datetimefield_value(now + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S))
-    rows = []
     with transaction.atomic():
-        rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND line > %s", [_PENDING, after_line])
-        if len(rows) < limit:
-            rows += _claim_where(batch_pk, owner, limit - len(rows), lease_until,
-                                 "status = %s AND lease_expires_at < %s", [_RUNNING, ops.adapt_datetimefield_value(now)])
-        if not rows and after_line:
-            rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s", [_PENDING])
+        return _claim(batch_pk, owner, limit, now + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S), after_line, now)
+
+
+def flush_and_claim(batch_pk, owner, outcomes, limit, after_line=0, lease_until=None, recover=False):
+    """flush(outcomes) and claim(limit) in one transaction: one commit (one WAL flush) a trip.
+
+    The claim goes first: it is what the worker's idle slots wait for.
+    `lease_until` is the caller's, fixed for this trip, so a retry after a
+    lost connection (`recover`: the first attempt may have committed, its
+    answer lost on the way back) takes back the records that attempt leased
+    instead of leaving them to wait out their lease. Returns (written, claimed).
+    """
+    now = timezone.now()
+    lease_until = lease_until or now + timedelta(seconds=settings.OPENRELAY_LEASE_S)
+    with transaction.atomic():
+        claimed = _leased_until(batch_pk, owner, lease_until) if recover else []
+        if limit > len(claimed):
+            claimed += _claim(batch_pk, owner, limit - len(claimed), lease_until, after_line, now)
+        written = _flush(batch_pk, owner, outcomes) if outcomes else 0
+    claimed.sort(key=lambda record: record.line)
+    return written, claimed
+
+
+def _leased_until(batch_pk, owner, lease_until):
+    rows = Record.objects.filter(
+        batch_id=batch_pk, status=RecordStatus.RUNNING, lease_owner=owner, lease_expires_at=lease_until
+    ).values_list("pk", "line", "custom_id", "offset", "length")
+    return [ClaimedRecord(*row) for row in rows]
+
+
+def _claim(batch_pk, owner, limit, lease_until, after_line, now):
+    ops = connection.ops
+    lease_until = ops.adapt_datetimefield_value(lease_until)
+    rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND line > %s", [_PENDING, after_line])
+    if len(rows) < limit:
+        rows += _claim_where(batch_pk, owner, limit - len(rows), lease_until,
+                             "status = %s AND lease_expires_at < %s", [_RUNNING, ops.adapt_datetimefield_value(now)])
+    if not rows and after_line:
+        rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s", [_PENDING])
     rows.sort(key=lambda row: row[1])
     return [ClaimedRecord(*row) for row in rows]
 
@@ -165,12 +195,16 @@ def flush(batch_pk, owner, outcomes):
     """
     if not outcomes:
         return 0
+    with transaction.atomic():
+        return _flush(batch_pk, owner, outcomes)
+
+
+def _flush(batch_pk, owner, outcomes):
     rows = [_result_row(claimed.pk, outcome) for claimed, outcome in outcomes]
     finished_at = connection.ops.adapt_datetimefield_value(timezone.now())
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            return _flush_postgresql(batch_pk, owner, rows, finished_at)
-        return _flush_executemany(batch_pk, owner, rows, finished_at)
+    if connection.vendor == "postgresql":
+        return _flush_postgresql(batch_pk, owner, rows, finished_at)
+    return _flush_executemany(batch_pk, owner, rows, finished_at)
 
 
 def _result_row(pk, outcome):

@@ -72,9 +72,12 @@ def _failing(monkeypatch, name, *, after_commit, times):
 
 def test_a_batch_survives_lost_connections_in_one_task(alice, model, monkeypatch):  # noqa: F811
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(300)])
+    # The worker flushes and claims in one transaction (store.flush_and_claim):
+    # it fails before its work, and after committing it (the answer lost on the
+    # way back: the retry takes back the records that attempt leased).
     left = [
-        _failing(monkeypatch, "claim", after_commit=False, times=2),
-        _failing(monkeypatch, "flush", after_commit=True, times=2),  # committed, then the answer was lost
+        _failing(monkeypatch, "flush_and_claim", after_commit=False, times=2),
+        _failing(monkeypatch, "flush_and_claim", after_commit=True, times=2),
         _failing(monkeypatch, "batch_status", after_commit=False, times=1),
     ]
     run_batch(batch.pk)  # one task, no sweeper
