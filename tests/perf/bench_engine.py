@@ -830,7 +830,7 @@ def render(rows, facts, console=None):
     from rich.table import Table
 
     console = console or Console(width=None if sys.stdout.isatty() else 220)
-    caption = ("--quick: tiny runs prove the command works; their fixed costs dominate, so PASS/MISS means nothing here"
+    caption = ("--quick: tiny runs prove the command works; their fixed costs dominate, so the verdicts mean nothing here"
                if facts["quick"] else None)
     table = Table(title=_title(facts), caption=caption)
     for column in ("#", "measurement", "result", "target", "", "detail"):
