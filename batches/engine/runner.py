@@ -172,11 +172,11 @@ class BatchWorker:
     async def _loop(self, capacity):
         """Keep `capacity` records running, claiming ahead and flushing behind.
 
-        Record coroutines report through a done callback (no asyncio.wait
-        over every task in flight, which costs O(in flight) per wake-up) and
-        start the next claimed record themselves; the loop wakes when there
-        is room to claim into, a flush is full, or FLUSH_EVERY_S passed. A
-        claim and a flush share one trip to the database thread.
+        Slot coroutines (_slot) work claimed records one after another and
+        wake this loop when the claim-ahead runs low or a flush is full (no
+        asyncio.wait over every task in flight, which cost O(in flight) per
+        wake-up); otherwise it wakes every FLUSH_EVERY_S. A claim and a
+        flush share one transaction on the database thread (_Trip).
         """
         self.capacity = capacity
         # Claimed-but-unstarted records: claim when fewer than `low` wait,
