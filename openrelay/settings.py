@@ -132,7 +132,8 @@ Q_CLUSTER = {
     "catch_up": False,
     "save_limit": 1000,
     "label": "Tasks",
-    "poll": 0.2,
+    # How often the ORM broker looks for new tasks: a batch waits at most this long to start.
+    "poll": 0.1,
 }
 if REDIS_URL:
     Q_CLUSTER["redis"] = REDIS_URL

@@ -375,7 +375,7 @@ def cpu_seconds(pids):
 class Stack:
     """Throwaway gateway: data dir, database, Redis index, and the subprocesses."""
 
-    def __init__(self, tmp, database_url=None, redis_url=None, report=print, web_server="daphne"):
+    def __init__(self, tmp, database_url=None, redis_url=None, report=print, web_server="uvicorn"):
         self.tmp = tmp
         self.web_server = web_server
         self.report = report
@@ -800,7 +800,7 @@ def machine():
             f"Python {platform.python_version()}")
 
 
-def run(quick=False, records=None, database_url=None, redis_url=None, report=print, web_server="daphne"):
+def run(quick=False, records=None, database_url=None, redis_url=None, report=print, web_server="uvicorn"):
     """Run every measurement in throwaway state; return (rows, facts)."""
     import logging
 

@@ -27,8 +27,8 @@ class Command(BaseCommand):
         parser.add_argument("--redis-url", default=None,
                             help="a Redis server for the broker and channel layer; an empty database index on it "
                                  "is used and flushed (default: the ORM broker)")
-        parser.add_argument("--web-server", choices=["daphne", "uvicorn"], default="daphne",
-                            help="the ASGI server of the web process (default daphne, as in production)")
+        parser.add_argument("--web-server", choices=["daphne", "uvicorn"], default="uvicorn",
+                            help="the ASGI server of the web process (default uvicorn, as `manage.py up` and production run it)")
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
