@@ -15,12 +15,12 @@ destroyed here. `run()` returns the numbers for a future `manage.py bench`.
 import os
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import orjson
-import psutil
+
+from tests.perf.common import PeakRss
 
 RECORDS = 50_000
 LINE_BYTES = 4_000  # ~200 MB in all
@@ -61,32 +61,6 @@ def bare_parse(path):
     return time.perf_counter() - started, count
 
 
-class PeakRss:
-    """Samples this process's RSS in a thread; `growth` is the peak minus the start."""
-
-    def __init__(self, every_s=0.02):
-        self.every_s = every_s
-        self.process = psutil.Process()
-
-    def __enter__(self):
-        self.start = self.peak = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
-
-    @property
-    def growth_mb(self):
-        return (self.peak - self.start) / 2**20
 
 
 def _store(organization, path, size):

@@ -56,6 +56,8 @@ import httpx
 import orjson
 import psutil
 
+from tests.perf.common import wait_http
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 MB = 2**20
@@ -450,7 +452,7 @@ class Stack:
             argv += ["--host", "127.0.0.1", "--no-record"]
         process = self.spawn("probe" if probe else f"sim{latency_ms}", argv)
         url = f"http://127.0.0.1:{port}"
-        _wait_http(process, f"{url}/v1/models")
+        wait_http(process, f"{url}/v1/models")
         return url
 
     def start_web(self, **env):
@@ -462,7 +464,7 @@ class Stack:
             argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"]
         process = self.spawn("web", argv, **env)
         url = f"http://127.0.0.1:{port}"
-        _wait_http(process, f"{url}/v1/files")
+        wait_http(process, f"{url}/v1/files")
         self.web = process
         return url
 
@@ -480,17 +482,6 @@ class Stack:
         return process
 
 
-def _wait_http(process, url, deadline_s=60):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
-        try:
-            httpx.get(url, timeout=2)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer in time")
 
 
 class Api:

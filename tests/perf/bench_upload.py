@@ -18,13 +18,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import orjson
-import psutil
+
+from tests.perf.common import PeakRss
 
 RECORDS = 50_000
 LINE_BYTES = 4_000  # ~200 MB in all, under the 209,715,200-byte limit
@@ -50,32 +50,6 @@ def write_input(path, records=RECORDS, line_bytes=LINE_BYTES):
     return path.stat().st_size
 
 
-class PeakRss:
-    """Samples a process's RSS in a thread; `growth_mb` is the peak minus the RSS at entry."""
-
-    def __init__(self, pid, every_s=0.005):
-        self.process = psutil.Process(pid)
-        self.every_s = every_s
-
-    def __enter__(self):
-        self.start = self.peak = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, self.process.memory_info().rss)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
-
-    @property
-    def growth_mb(self):
-        return (self.peak - self.start) / MB
 
 
 def _free_port():

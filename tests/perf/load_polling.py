@@ -35,6 +35,8 @@ import aiohttp
 import httpx
 import orjson
 
+from tests.perf.common import wait_http
+
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 MODEL = "openrelay/gemma-4-31b"
@@ -116,7 +118,7 @@ class Gateway:
         sim_port = _free_port()
         sim = self.spawn("simulator", [PYTHON, "-m", "openrelay.simulator", "--host", "127.0.0.1", "--port",
                                        str(sim_port), "--latency-ms", str(self.sim_latency_ms), "--no-record"])
-        _wait_http(sim, f"http://127.0.0.1:{sim_port}/v1/models")
+        wait_http(sim, f"http://127.0.0.1:{sim_port}/v1/models")
         key = self.manage("shell", "-c", (
             "from django.core.management import call_command\n"
             "from openrelay.models import ApiKey, Organization\n"
@@ -129,7 +131,7 @@ class Gateway:
         web = self.spawn("web", [PYTHON, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(web_port),
                                  "--no-access-log", "openrelay.asgi:application"])
         self.base = f"http://127.0.0.1:{web_port}"
-        _wait_http(web, f"{self.base}/v1/openapi.json")
+        wait_http(web, f"{self.base}/v1/openapi.json")
         return key
 
     def close(self):
@@ -141,17 +143,6 @@ class Gateway:
             self._psql(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
 
 
-def _wait_http(process, url, deadline_s=60):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url}: the server exited with {process.returncode}")
-        try:
-            httpx.get(url, timeout=2)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{url} did not answer in time")
 
 
 def create_batches(base, key, count, records):
