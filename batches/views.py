@@ -14,6 +14,7 @@ from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import parse_create_params
 from openrelay import openapi
 from openrelay.errors import ApiError, NotFound
+from openrelay.lists import list_object
 from openrelay.throttles import BatchCreateThrottle
 
 LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 20, 100
@@ -76,13 +77,7 @@ class BatchListView(APIView):
             batches = batches.filter(_older_than(request, after))
         page = list(batches[: limit + 1])
         data = [batch_object(batch) for batch in page[:limit]]
-        return Response({
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(page) > limit,
-        })
+        return Response(list_object(data, has_more=len(page) > limit))
 
 
 def _parse_limit(raw):

@@ -1,5 +1,7 @@
 """The File object as the OpenAI API shows it; the batches app and the dashboard reuse it."""
 
+from openrelay.lists import list_object
+
 
 def _unix(moment):
     return None if moment is None else int(moment.timestamp())
@@ -21,13 +23,7 @@ def present_file(file):
 
 
 def present_file_list(files, has_more):
-    return {
-        "object": "list",
-        "data": [present_file(f) for f in files],
-        "first_id": files[0].public_id if files else None,
-        "last_id": files[-1].public_id if files else None,
-        "has_more": has_more,
-    }
+    return list_object([present_file(f) for f in files], has_more)
 
 
 def present_deleted(public_id):

@@ -33,6 +33,8 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
+from openrelay.lists import list_object
+
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 EXIT_API_ERROR, EXIT_USAGE, EXIT_BATCH_UNSUCCESSFUL = 1, 2, 3
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -671,10 +673,7 @@ def _list_batches(client, limit, after, all_pages):
         if not (all_pages and page["has_more"] and page["data"]):
             break
         after = page["data"][-1]["id"]
-    return {
-        "object": "list", "data": data, "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None, "has_more": page["has_more"] and not all_pages,
-    }
+    return list_object(data, has_more=page["has_more"] and not all_pages)
 
 
 @batches_app.command("cancel")

@@ -20,6 +20,22 @@ def ref(name):
 _NULLABLE_STRING = {"type": "string", "nullable": True}
 _NULLABLE_INT = {"type": "integer", "nullable": True}
 
+
+def _list_of(item):
+    """OpenAI's list envelope (openrelay.lists.list_object) around `item` components."""
+    return {
+        "type": "object",
+        "required": ["object", "data", "has_more"],
+        "properties": {
+            "object": {"type": "string", "enum": ["list"]},
+            "data": {"type": "array", "items": ref(item)},
+            "first_id": _NULLABLE_STRING,
+            "last_id": _NULLABLE_STRING,
+            "has_more": {"type": "boolean"},
+        },
+    }
+
+
 COMPONENTS = {
     "Error": {
         "type": "object",
@@ -52,17 +68,7 @@ COMPONENTS = {
             "status_details": _NULLABLE_STRING,
         },
     },
-    "FileList": {
-        "type": "object",
-        "required": ["object", "data", "has_more"],
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "data": {"type": "array", "items": ref("File")},
-            "first_id": _NULLABLE_STRING,
-            "last_id": _NULLABLE_STRING,
-            "has_more": {"type": "boolean"},
-        },
-    },
+    "FileList": _list_of("File"),
     "FileDeleted": {
         "type": "object",
         "required": ["id", "object", "deleted"],
@@ -139,17 +145,7 @@ COMPONENTS = {
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
         },
     },
-    "BatchList": {
-        "type": "object",
-        "required": ["object", "data", "has_more"],
-        "properties": {
-            "object": {"type": "string", "enum": ["list"]},
-            "data": {"type": "array", "items": ref("Batch")},
-            "first_id": _NULLABLE_STRING,
-            "last_id": _NULLABLE_STRING,
-            "has_more": {"type": "boolean"},
-        },
-    },
+    "BatchList": _list_of("Batch"),
     "BatchCreate": {
         "type": "object",
         "required": ["endpoint", "completion_window"],
