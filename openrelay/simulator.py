@@ -923,20 +923,18 @@ def bind_socket(host: str, port: int) -> socket.socket:
 # ---------------------------------------------------------------- in a thread
 
 
-class SimulatorThread:
-    """A simulator on its own event loop in a background thread (for tests).
+class AppThread:
+    """Any aiohttp application on its own event loop in a background thread.
 
-    Use as a context manager, or call start() and stop() (pytest fixtures).
+    Tests use it for their peers (the simulator, tool executors, workflow
+    callbacks). A context manager, or start() and stop() (pytest fixtures).
     """
 
-    def __init__(
-        self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
-    ):
-        self.config = config or SimulatorConfig()
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0, name: str = "aiohttp"):
+        self.app = app
         self.host = host
+        self.name = name
         self._requested_port = port
-        self.app = build_app(self.config)
-        self.state = self.app[SERVER_KEY].state
         self.port: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -947,38 +945,19 @@ class SimulatorThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    @property
-    def base_url(self) -> str:
-        return self.url + "/v1"
-
-    def requests(self, path: str | None = None) -> list[dict]:
-        """Recorded calls `{"path", "headers", "body"}`, oldest first."""
-        return self.state.requests(path)
-
-    def bodies(self, path: str | None = None) -> list[Any]:
-        return [r["body"] for r in self.state.requests(path)]
-
-    @property
-    def request_count(self) -> int:
-        """Model calls since start or reset (counted even when not recorded)."""
-        return self.state.request_count
-
-    def reset(self) -> None:
-        self.state.reset()
-
-    def start(self) -> SimulatorThread:
+    def start(self):
         if self._thread is not None:
             return self
         sock = bind_socket(self.host, self._requested_port)
         self.port = sock.getsockname()[1]
         # Daemon: a test that forgets stop() must not keep the interpreter alive.
         self._thread = threading.Thread(
-            target=self._run, args=(sock,), name=f"simulator:{self.port}", daemon=True
+            target=self._run, args=(sock,), name=f"{self.name}:{self.port}", daemon=True
         )
         self._thread.start()
         self._ready.wait()
         if self._startup_error is not None:
-            raise RuntimeError("simulated model server failed to start") from self._startup_error
+            raise RuntimeError(f"{self.name} server failed to start") from self._startup_error
         return self
 
     def stop(self) -> None:
@@ -989,7 +968,7 @@ class SimulatorThread:
         self._thread.join(timeout=10)
         self._thread = None
 
-    def __enter__(self) -> SimulatorThread:
+    def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc_info) -> None:
@@ -1014,6 +993,36 @@ class SimulatorThread:
             loop.run_until_complete(runner.cleanup())
             _cancel_leftover_tasks(loop)
             loop.close()
+
+
+class SimulatorThread(AppThread):
+    """A simulator in a background thread (for tests)."""
+
+    def __init__(
+        self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
+    ):
+        self.config = config or SimulatorConfig()
+        super().__init__(build_app(self.config), host, port, name="simulator")
+        self.state = self.app[SERVER_KEY].state
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def requests(self, path: str | None = None) -> list[dict]:
+        """Recorded calls `{"path", "headers", "body"}`, oldest first."""
+        return self.state.requests(path)
+
+    def bodies(self, path: str | None = None) -> list[Any]:
+        return [r["body"] for r in self.state.requests(path)]
+
+    @property
+    def request_count(self) -> int:
+        """Model calls since start or reset (counted even when not recorded)."""
+        return self.state.request_count
+
+    def reset(self) -> None:
+        self.state.reset()
 
 
 def run_in_thread(

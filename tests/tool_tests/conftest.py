@@ -19,7 +19,7 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.outbound import OutboundClient
-from openrelay.simulator import bind_socket, make_runner
+from openrelay.simulator import AppThread
 
 CHAT = "/v1/chat/completions"
 SIM_MODEL = "sim-model"
@@ -123,8 +123,7 @@ class ExecutorServer:
         self.received = []
         self._answers = [ok()]
         self._lock = threading.Lock()
-        self._loop = None
-        self._thread = None
+        self._server = None
         self.port = None
 
     @property
@@ -161,30 +160,13 @@ class ExecutorServer:
     def start(self):
         app = web.Application(client_max_size=50 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
-        sock = bind_socket("127.0.0.1", 0)
-        self.port = sock.getsockname()[1]
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(app, sock, ready), name="tool-executor", daemon=True)
-        self._thread.start()
-        ready.wait(10)
+        # handler_cancellation (AppThread's runner): a sleeping answer ends when the client gives up.
+        self._server = AppThread(app, name="tool-executor").start()
+        self.port = self._server.port
         return self
 
-    def _run(self, app, sock, ready):
-        loop = self._loop = asyncio.new_event_loop()
-        # handler_cancellation: a sleeping answer ends when the client gives up.
-        runner = make_runner(app)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.SockSite(runner, sock).start())
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(runner.cleanup())
-            loop.close()
-
     def stop(self):
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
+        self._server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,6 @@ answer at all).
 """
 
 import asyncio
-import socket
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +20,7 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.outbound import OutboundClient
+from openrelay.simulator import AppThread
 
 MODEL = "openrelay/gemma-4-31b"
 ENDPOINT = "/v1/chat/completions"
@@ -79,35 +78,14 @@ class CallbackServer:
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
 
-def _serve(server, sock, ready, stop):
-    loop = asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_post("/workflow", server.handle)
-    runner = web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5)
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.SockSite(runner, sock).start())
-    stop.append(loop)
-    ready.set()
-    try:
-        loop.run_forever()
-    finally:
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-
 @pytest.fixture(scope="session")
 def callback_server():
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    server = CallbackServer(port=sock.getsockname()[1])
-    ready, loops = threading.Event(), []
-    thread = threading.Thread(target=_serve, args=(server, sock, ready, loops), name="workflow-callback", daemon=True)
-    thread.start()
-    assert ready.wait(10), "the callback server did not start"
-    yield server
-    loops[0].call_soon_threadsafe(loops[0].stop)
-    thread.join(10)
+    app = web.Application()
+    server = CallbackServer()
+    app.router.add_post("/workflow", server.handle)
+    with AppThread(app, name="workflow-callback") as thread:
+        server.port = thread.port
+        yield server
 
 
 @pytest.fixture
