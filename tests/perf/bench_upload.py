@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import orjson
 
-from tests.perf.common import PeakRss
+from tests.perf.common import PeakRss, wait_http
 
 RECORDS = 50_000
 LINE_BYTES = 4_000  # ~200 MB in all, under the 209,715,200-byte limit
@@ -70,19 +70,6 @@ def _server_command(server, port):
     return [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"]
 
 
-def _wait_ready(process, url, deadline_s=30):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)  # polling for the port to open, bounded by the deadline
-    raise RuntimeError("server did not start in time")
-
-
 def _upload(base, key, path):
     with open(path, "rb") as stream:
         started = time.perf_counter()
@@ -125,7 +112,7 @@ def run(report=print, server="daphne", records=RECORDS):
         process = subprocess.Popen(_server_command(server, port), cwd=ROOT, env=env,
                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            _wait_ready(process, f"{base}/v1/files")
+            wait_http(process, f"{base}/v1/files")
             httpx.get(f"{base}/v1/files", headers={"Authorization": f"Bearer {key}"}).raise_for_status()  # warm up
             with PeakRss(process.pid) as upload_rss:
                 file, upload_s = _upload(base, key, path)
