@@ -27,10 +27,6 @@ class _LostRace(Exception):
     pass
 
 
-def window_passed(batch_pk):
-    return Batch.objects.filter(pk=batch_pk, expires_at__lte=timezone.now()).exists()
-
-
 def finalize_if_done(batch):
     batch.refresh_from_db()
     if batch.status == BatchStatus.CANCELLING:

@@ -266,3 +266,17 @@ def test_a_crash_while_closing_leaves_no_rows_and_no_bytes(alice, model, tmp_pat
     assert Batch.objects.get(pk=batch.pk).status == "finalizing"
     assert not File.objects.filter(purpose="batch_output").exists()
     assert [p.name for p in (tmp_path / "files").rglob("*.jsonl")] == [batch.input_file.storage_name.split("/")[-1]]
+
+
+def test_a_worker_stops_when_the_window_passes_and_the_batch_expires(alice, model):
+    from datetime import timedelta
+
+    batch = make_batch(alice.org, [chat("quick")] + [chat(f"slow {i} [[latency:5000]]") for i in range(4)],
+                       window=timedelta(seconds=1))
+    started = time.monotonic()
+    run_batch(batch.pk)
+    assert time.monotonic() - started < 4  # the slow calls were stopped, not waited out
+    batch = _finished(batch)
+    assert batch.status == "expired"
+    assert [line["custom_id"] for line in read_lines(batch.output_file)] == ["req-1"]
+    assert {e["error"]["code"] for e in read_lines(batch.error_file)} == {"batch_expired"}
