@@ -32,7 +32,7 @@ from django.db.models import Q
 
 from batches import events
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
-from batches.presenters import PRESENTER_RELATED, batch_object
+from batches.presenters import live_batch_object, live_batches
 from openrelay.models import Membership
 
 logger = logging.getLogger("openrelay.dashboard")
@@ -197,13 +197,12 @@ class OrganizationBatchesConsumer(BatchFeedConsumer):
         # The unfinished batches, plus those unfinished at the last read, so
         # each one's terminal snapshot goes out too.
         batches = list(
-            Batch.objects.for_org(self.organization_id)
+            live_batches(Batch.objects.for_org(self.organization_id))
             .filter(Q(pk__in=self.watching) | ~Q(status__in=TERMINAL_BATCH_STATUSES))
-            .select_related(*PRESENTER_RELATED)
             .order_by("-created_at", "-pk")[:POLL_LIMIT]
         )
         self.watching = [batch.pk for batch in batches if not batch.is_terminal]
-        return [batch_object(batch) for batch in batches]
+        return [live_batch_object(batch) for batch in batches]
 
 
 class BatchConsumer(BatchFeedConsumer):
@@ -219,12 +218,12 @@ class BatchConsumer(BatchFeedConsumer):
         return None if self.batch_pk is None else events.batch_group(batch_id)
 
     def read(self):
-        batch = Batch.objects.select_related(*PRESENTER_RELATED).filter(pk=self.batch_pk).first()
+        batch = live_batches(Batch.objects.filter(pk=self.batch_pk)).first()
         if batch is None:  # deleted (its organization was)
             self.terminal = True
             return []
         self.terminal = batch.is_terminal
-        return [batch_object(batch)]
+        return [live_batch_object(batch)]
 
     def following(self):
         return not self.terminal

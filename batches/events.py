@@ -29,16 +29,12 @@ def org_group(organization_id):
 
 def snapshot(batch_pk):
     """The event for a batch, read now (sync; call from the DB thread)."""
-    from batches.presenters import batch_object
+    from batches.presenters import live_batch_object, live_batches
 
-    batch = Batch.objects.select_related("input_file", "output_file", "error_file").filter(pk=batch_pk).first()
+    batch = live_batches(Batch.objects.filter(pk=batch_pk)).first()
     if batch is None:
         return None
-    snapshot = batch_object(batch)
-    # The create-time rejections can be 50,000 entries and never change: pages
-    # render them once, events leave them out.
-    snapshot["errors"] = None
-    return {"organization_id": batch.organization_id, "batch": snapshot}
+    return {"organization_id": batch.organization_id, "batch": live_batch_object(batch)}
 
 
 async def send(event):

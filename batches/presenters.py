@@ -9,6 +9,17 @@ from billing.pricing import batch_cost
 
 PRESENTER_RELATED = ("output_file", "error_file")
 
+
+def live_batches(queryset):
+    """Batches for live snapshots (events, dashboard sockets): the create-time
+    rejections (up to 50,000 entries, never changing) are neither read nor sent."""
+    return queryset.select_related(*PRESENTER_RELATED).defer("errors")
+
+
+def live_batch_object(batch):
+    """The Batch object without `errors`, for a batch loaded through live_batches."""
+    return _batch_object(batch, errors=None)
+
 _TIMESTAMPS = (
     "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
     "failed_at", "expired_at", "cancelling_at", "cancelled_at",
@@ -16,12 +27,16 @@ _TIMESTAMPS = (
 
 
 def batch_object(batch):
+    return _batch_object(batch, {"object": "list", "data": batch.errors} if batch.errors else None)
+
+
+def _batch_object(batch, errors):
     return {
         "id": batch.public_id,
         "object": "batch",
         "endpoint": batch.endpoint,
         "model": batch.model_name or None,
-        "errors": {"object": "list", "data": batch.errors} if batch.errors else None,
+        "errors": errors,
         "input_file_id": batch.input_file_public_id,
         "completion_window": batch.completion_window,
         "status": batch.status,

@@ -29,3 +29,17 @@ def test_it_announces_create_and_cancel(alice, gemma, django_capture_on_commit_c
     with django_capture_on_commit_callbacks(execute=True):
         assert alice.client.post(f"/v1/batches/{batch_id}/cancel").status_code == 200
     assert receive()["batch"]["status"] == "cancelling"
+
+
+@pytest.mark.django_db
+def test_a_snapshot_is_one_query_that_never_reads_the_rejections(alice, gemma, django_assert_num_queries):
+    file = upload(alice, jsonl(chat_line("a"), {"custom_id": "broken"}))
+    batch_id = create(alice, input_file_id=file.public_id).json()["id"]
+    from batches.models import Batch
+
+    pk = Batch.objects.get(public_id=batch_id).pk
+    with django_assert_num_queries(1) as captured:
+        event = events.snapshot(pk)
+    assert '"errors"' not in captured.captured_queries[0]["sql"]
+    assert event["batch"]["id"] == batch_id and event["batch"]["errors"] is None
+    assert event["batch"]["request_counts"]["total"] == 1
