@@ -29,14 +29,20 @@ class Command(BaseCommand):
                                  "is used and flushed (default: the ORM broker)")
         parser.add_argument("--web-server", choices=["daphne", "uvicorn"], default="uvicorn",
                             help="the ASGI server of the web process (default uvicorn, as `manage.py up` and production run it)")
+        parser.add_argument("--only", nargs="+", default=None, metavar="PART",
+                            help="run only these parts: big (measurements 1, 2, 6, 8), e2e (3), first_call (4), "
+                                 "latency (5), scale (7)")
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
-    def handle(self, quick, records, database_url, redis_url, web_server, markdown, json, **options):
+    def handle(self, quick, records, database_url, redis_url, web_server, only, markdown, json, **options):
         try:
             from tests.perf import bench_engine
         except ImportError as exc:
             raise CommandError(f"The benchmark lives in tests/perf; run it from a checkout of the repository ({exc}).")
+        unknown = set(only or ()) - set(bench_engine.PARTS)
+        if unknown:
+            raise CommandError(f"--only takes {', '.join(bench_engine.PARTS)}; not {', '.join(sorted(unknown))}.")
         if records is not None and records < 10:
             raise CommandError("--records must be at least 10.")
         if redis_url and not database_url:
@@ -47,7 +53,7 @@ class Command(BaseCommand):
             self.stderr.flush()
 
         rows, facts = bench_engine.run(quick=quick, records=records, database_url=database_url, redis_url=redis_url,
-                                       report=report, web_server=web_server)
+                                       report=report, web_server=web_server, only=only)
         if markdown:
             self.stdout.write(bench_engine.markdown(rows, facts))
         else:
