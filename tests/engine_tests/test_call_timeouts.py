@@ -47,3 +47,53 @@ def test_a_connect_timeout_is_a_failed_server_and_is_retried(monkeypatch):
 
     result = _run(call())
     assert result.kind == "unavailable" and len(attempts) == 2
+
+
+def test_the_limit_cuts_a_call_soon_after_it_runs_out_and_leaves_the_task_usable():
+    with run_in_thread(SimulatorConfig(latency_ms=5000)) as sim:
+        async def call():
+            async with ModelCaller([Upstream(sim.base_url, "m", "", 4)], time_limit_s=0.2, retries=0) as caller:
+                started = asyncio.get_running_loop().time()
+                result = await caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+                elapsed = asyncio.get_running_loop().time() - started
+                # The cut is the call's alone: the task is not left cancelling.
+                cancelling = asyncio.current_task().cancelling()
+                await asyncio.sleep(0.01)
+                return result, elapsed, cancelling
+
+        result, elapsed, cancelling = _run(call())
+    assert result.kind == "time_limit" and "0.2 seconds" in result.message
+    assert 0.2 <= elapsed < 1.0
+    assert cancelling == 0
+
+
+def test_a_cancel_from_outside_is_not_reported_as_the_limit():
+    with run_in_thread(SimulatorConfig(latency_ms=5000)) as sim:
+        async def call():
+            async with ModelCaller([Upstream(sim.base_url, "m", "", 4)], time_limit_s=60, retries=0) as caller:
+                task = asyncio.create_task(caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}))
+                await asyncio.sleep(0.2)
+                task.cancel()  # the batch was cancelled
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    return "cancelled", caller._deadlines
+                return "returned", caller._deadlines
+
+        outcome, in_flight = _run(call())
+    assert outcome == "cancelled"
+    assert in_flight == {}
+
+
+def test_calls_within_the_limit_are_untouched_while_others_are_cut():
+    with run_in_thread(SimulatorConfig()) as sim:
+        async def calls():
+            async with ModelCaller([Upstream(sim.base_url, "m", "", 8)], time_limit_s=0.3, retries=0) as caller:
+                slow = caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "[[latency:3000]]"}]})
+                fast = [caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": f"hi {i}"}]})
+                        for i in range(5)]
+                return await asyncio.gather(slow, *fast)
+
+        slow, *fast = _run(calls())
+    assert slow.kind == "time_limit"
+    assert all(result.ok for result in fast)
