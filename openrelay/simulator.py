@@ -124,6 +124,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from openrelay import aio
+
 DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "text-embedding-3-small")
 SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"}
@@ -800,7 +802,7 @@ class ModelServer:
             body = None
         # An unparsable body is recorded as text: tests want to see what came.
         recorded = body if body is not None else raw.decode(errors="replace")
-        self.state.record(request.path, recordable_headers(request), recorded)
+        self.state.record(request.path, recordable_headers(request) if self.config.record else None, recorded)
         if not isinstance(body, dict):
             return json_response(error_envelope(400, "The body must be a JSON object."), 400)
         directives = parse_fault_directives(endpoint.text_of(body))
@@ -1054,7 +1056,7 @@ def serve(
 ) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens."""
     try:
-        asyncio.run(_serve_until_signal(config or SimulatorConfig(), host, port))
+        aio.run(_serve_until_signal(config or SimulatorConfig(), host, port))
     except KeyboardInterrupt:
         pass
 

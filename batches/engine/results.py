@@ -59,19 +59,22 @@ def render(batch):
         while rows := cursor.fetchmany(_CHUNK):
             out, err = [], []
             for line, custom_id, status, status_code, request_id, body, code, message in rows:
-                head = (b'{"id":"batch_req_' + sha256(prefix + str(line).encode()).hexdigest()[:32].encode()
-                        + b'","custom_id":' + orjson.dumps(custom_id))
+                # One f-string a line and one encode a chunk: bytes concatenation
+                # copied each ~1 KB line a dozen times over.
+                head = (f'{{"id":"batch_req_{sha256(prefix + str(line).encode()).hexdigest()[:32]}",'
+                        f'"custom_id":{orjson.dumps(custom_id).decode()}')
                 if status == _SUCCEEDED:
-                    out.append(head + _response(status_code, request_id, body) + b',"error":null}\n')
+                    out.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
                 elif status_code is not None:
-                    err.append(head + _response(status_code, request_id, body) + b',"error":null}\n')
+                    err.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
                 elif status in _ERROR_FILE_STATUSES:
-                    err.append(head + b',"response":null,"error":' + orjson.dumps({"code": code, "message": message}) + b"}\n")
+                    error_object = orjson.dumps({"code": code, "message": message}).decode()
+                    err.append(f'{head},"response":null,"error":{error_object}}}\n')
             if out:
-                output.write(b"".join(out))
+                output.write("".join(out).encode())
                 counts[0] += len(out)
             if err:
-                error.write(b"".join(err))
+                error.write("".join(err).encode())
                 counts[1] += len(err)
     for f in (output, error):
         f.seek(0)
@@ -84,12 +87,5 @@ def _closed(f):
 
 
 def _response(status_code, request_id, body):
-    return (
-        b',"response":{"status_code":'
-        + str(status_code).encode()
-        + b',"request_id":'
-        + orjson.dumps(request_id)
-        + b',"body":'
-        + (body.encode() if body else b"null")
-        + b"}"
-    )
+    return (f'"response":{{"status_code":{status_code},"request_id":{orjson.dumps(request_id).decode()},'
+            f'"body":{body or "null"}}}')
