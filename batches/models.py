@@ -120,7 +120,10 @@ class Batch(models.Model):
 class Record(models.Model):
     """One request of a batch. Points into the input file; never copies the body."""
 
-    batch = models.ForeignKey(Batch, models.CASCADE, related_name="records")
+    # No index of its own: record_batch_line_unique starts with batch_id and
+    # serves every lookup by batch; a second index cost each claim and flush
+    # an index insert per record (~10% of PostgreSQL's work).
+    batch = models.ForeignKey(Batch, models.CASCADE, related_name="records", db_index=False)
     line = models.PositiveIntegerField()
     custom_id = models.CharField(max_length=512)
     offset = models.BigIntegerField()
@@ -147,7 +150,11 @@ class Record(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["batch", "line"], name="record_batch_line_unique")]
-        indexes = [models.Index(fields=["batch", "status"], name="record_batch_status")]
+        # Claims read "pending (or running) records of a batch past line N, in
+        # line order": one range scan of this index, already in order. With
+        # (batch, status) alone PostgreSQL read every pending record and
+        # sorted them, half of a claim's time.
+        indexes = [models.Index(fields=["batch", "status", "line"], name="record_batch_status_line")]
 
     def __str__(self):
         return f"{self.batch_id}:{self.line}:{self.custom_id}"
