@@ -243,28 +243,30 @@ class ModelCaller:
         payload = dict(body)
         payload["model"] = upstream.upstream_model
         url = upstream.url(endpoint)
-        async with upstream.semaphore:
-            # The limit starts here, when the request is sent: time spent
-            # queued inside the model server counts, our own queue does not.
-            task = asyncio.current_task()
-            self._deadlines[task] = asyncio.get_running_loop().time() + self.time_limit_s
-            try:
-                return await self._send(url, payload, upstream.headers)
-            except asyncio.CancelledError:
-                # Ours (the watchdog's) unless someone else cancelled the task too.
-                if task in self._cut:
-                    self._cut.discard(task)
-                    if task.uncancel() == 0:
-                        return CallResult(kind="time_limit",
-                                          message=f"The model call did not return within {self.time_limit_s:g} seconds.")
-                raise
-            except (aiohttp.ClientError, OSError) as exc:  # OSError covers TimeoutError, e.g. connecting timed out
-                return self._failed(upstream, exc)
-            finally:
-                del self._deadlines[task]
-                if task in self._cut:  # cut, but the call ended another way: take the cancel back
-                    self._cut.discard(task)
-                    task.uncancel()
+        # acquire/release, not `async with`: two coroutine frames fewer a call.
+        await upstream.semaphore.acquire()
+        # The limit starts here, when the request is sent: time spent queued
+        # inside the model server counts, our own queue does not.
+        task = asyncio.current_task()
+        self._deadlines[task] = asyncio.get_running_loop().time() + self.time_limit_s
+        try:
+            return await self._send(url, payload, upstream.headers)
+        except asyncio.CancelledError:
+            # Ours (the watchdog's) unless someone else cancelled the task too.
+            if task in self._cut:
+                self._cut.discard(task)
+                if task.uncancel() == 0:
+                    return CallResult(kind="time_limit",
+                                      message=f"The model call did not return within {self.time_limit_s:g} seconds.")
+            raise
+        except (aiohttp.ClientError, OSError) as exc:  # OSError covers TimeoutError, e.g. connecting timed out
+            return self._failed(upstream, exc)
+        finally:
+            upstream.semaphore.release()
+            del self._deadlines[task]
+            if task in self._cut:  # cut, but the call ended another way: take the cancel back
+                self._cut.discard(task)
+                task.uncancel()
 
     @staticmethod
     def _failed(upstream, exc):

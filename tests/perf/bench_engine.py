@@ -23,7 +23,7 @@ The eight measurements of issue 12 (targets in TARGETS):
  3. end-to-end records/s for 20,000 plain records (create -> completed, with
     finalize) against the simulator with no latency, as a ratio to the bare
     asyncio + aiohttp client of tests/perf/bench_client.py on the same bodies,
-    server and concurrency (the two take turns, twice each; best of each
+    server and concurrency (the two take turns, E2E_ROUNDS times each; best of each
     side); and the gateway's CPU seconds per record (web + every cluster
     process, from the OS's accounting; the PostgreSQL server's beside it);
  4. create's answer -> the first call arriving at the model server (median);
@@ -75,7 +75,7 @@ SCALE_TASKS = 4
 SCALE_TASK_CONCURRENCY = 32
 SCALE_WORKERS = (1, 2, 4)
 # End to end: the bare client and the gateway take turns this many times each.
-E2E_ROUNDS = 2
+E2E_ROUNDS = 3
 
 TARGETS = {
     "create": "<= 6x parse, < 100 MB",
