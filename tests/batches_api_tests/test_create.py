@@ -53,6 +53,17 @@ class TestCreate:
             assert orjson.loads(raw)["custom_id"] == record.custom_id
             assert record.status == "pending"
 
+    def test_deleting_a_batch_or_its_organization_deletes_its_records(self, alice, gemma):
+        # Record.batch has no database constraint (create's bulk insert skips
+        # its per-row check): the ORM's CASCADE is what removes records.
+        first = create(alice, input_file_id=upload(alice, jsonl(chat_line("a"), chat_line("b"))).public_id).json()["id"]
+        second = create(alice, input_file_id=upload(alice, jsonl(chat_line("c"))).public_id).json()["id"]
+        Batch.objects.get(public_id=first).delete()
+        assert not Record.objects.filter(batch__public_id=first).exists()
+        assert Record.objects.filter(batch__public_id=second).count() == 1
+        Batch.objects.get(public_id=second).organization.delete()
+        assert Record.objects.count() == 0
+
     def test_it_skips_a_byte_order_mark(self, alice, gemma):
         content = b"\xef\xbb\xbf" + jsonl(chat_line("a"))
         batch_id = create(alice, input_file_id=upload(alice, content).public_id).json()["id"]
