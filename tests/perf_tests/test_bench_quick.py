@@ -39,3 +39,19 @@ def test_bench_quick_prints_every_row_with_its_target():
         assert target in out, f"target {target!r} missing:\n{out}"
     assert out.count("PASS") + out.count("MISS") == len(TARGETS)
     print(f"bench --quick took {elapsed:.0f} s")
+
+
+def test_bench_only_names_the_parts_it_knows():
+    result = subprocess.run([sys.executable, "manage.py", "bench", "--only", "e2e", "everything"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "--only takes big, e2e, first_call, latency, scale; not everything." in result.stderr
+
+
+def test_bench_steps_follow_only():
+    from tests.perf.bench_engine import Bench
+
+    bench = Bench.__new__(Bench)
+    names = [step.__name__ for step in bench.steps(["scale", "e2e"])]
+    assert names == ["end_to_end", "scale_out"]
+    assert [step.__name__ for step in bench.steps()][:2] == ["upload_and_create", "big_run_and_rss"]
