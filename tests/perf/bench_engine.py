@@ -363,19 +363,14 @@ def database_cpu(db):
     """
     if db.vendor != "postgresql":
         return 0.0
-    total = 0.0
+    postmasters = []
     for process in psutil.process_iter(["name", "ppid"]):
         try:
-            if process.info["name"] != "postgres" or psutil.Process(process.info["ppid"]).name() == "postgres":
-                continue
-            t = process.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
-            for child in process.children():
-                c = child.cpu_times()
-                total += c.user + c.system
+            if process.info["name"] == "postgres" and psutil.Process(process.info["ppid"]).name() != "postgres":
+                postmasters.append(process.pid)
         except psutil.Error:
             continue
-    return total
+    return cpu_seconds(postmasters)
 
 
 def cpu_seconds(pids):
