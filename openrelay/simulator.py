@@ -685,11 +685,12 @@ class SimulatorState:
         self._recorded: deque = deque(maxlen=max(1, config.record_limit))
         self._seen: OrderedDict[bytes, int] = OrderedDict()
 
-    def record(self, path: str, headers: dict, body: Any) -> None:
+    def record(self, path: str, headers: Mapping, body: Any) -> None:
+        """Count the call; keep it (secret headers left out) when recording."""
         with self._lock:
             self.request_count += 1
             if self.config.record:
-                self._recorded.append({"path": path, "headers": headers, "body": body})
+                self._recorded.append({"path": path, "headers": recordable_headers(headers), "body": body})
 
     def requests(self, path: str | None = None) -> list[dict]:
         with self._lock:
@@ -802,7 +803,7 @@ class ModelServer:
             body = None
         # An unparsable body is recorded as text: tests want to see what came.
         recorded = body if body is not None else raw.decode(errors="replace")
-        self.state.record(request.path, recordable_headers(request) if self.config.record else None, recorded)
+        self.state.record(request.path, request.headers, recorded)
         if not isinstance(body, dict):
             return json_response(error_envelope(400, "The body must be a JSON object."), 400)
         directives = parse_fault_directives(endpoint.text_of(body))
@@ -885,8 +886,8 @@ class ModelServer:
         return json_response(error_envelope(404, message), 404)
 
 
-def recordable_headers(request: web.Request) -> dict:
-    return {k.lower(): v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS}
+def recordable_headers(headers: Mapping) -> dict:
+    return {k.lower(): v for k, v in headers.items() if k.lower() not in SECRET_HEADERS}
 
 
 SERVER_KEY = web.AppKey("model_server", ModelServer)
