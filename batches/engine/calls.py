@@ -5,8 +5,9 @@ the model server queues it counts), failover between deployments when a
 server fails under a call, and 429 back-off. Everything above it (plain
 records, tool loops, workflows) sees a `CallResult`.
 
-aiohttp is used directly: on this machine it dispatches several times faster
-than httpx's default async pool (engine-notes.md), and this is the hot path.
+The calls travel over batches.engine.transport, a lean HTTP/1.1 client:
+this is the hot path, and aiohttp's client (used for users' URLs, through
+openrelay.outbound) costs two to three times its CPU a call.
 """
 
 import asyncio
@@ -16,8 +17,9 @@ import random
 import time
 from dataclasses import dataclass, field
 
-import aiohttp
 import orjson
+
+from batches.engine.transport import Origin, TransportError
 
 
 logger = logging.getLogger("openrelay.engine")
@@ -126,14 +128,25 @@ class Upstream:
         self.headers = {"Content-Type": "application/json"}
         if self.api_key:
             self.headers["Authorization"] = f"Bearer {self.api_key}"
-        self._urls = {}
+        try:
+            self.origin = Origin(self.base_url, connect_timeout_s=CONNECT_TIMEOUT_S)
+        except ValueError as exc:
+            # A deployment the admin mistyped fails its calls; it must not crash the task.
+            self.origin, self.problem = None, str(exc)
+        self._heads = {}
 
-    def url(self, endpoint):
-        """The deployment's URL for an API endpoint ("/v1/chat/completions")."""
-        url = self._urls.get(endpoint)
-        if url is None:
-            url = self._urls[endpoint] = self.base_url.rstrip("/") + endpoint.removeprefix("/v1")
-        return url
+    def head(self, endpoint):
+        """The prepared request head for an API endpoint ("/v1/chat/completions"). Raises ValueError."""
+        head = self._heads.get(endpoint)
+        if head is None:
+            if self.origin is None:
+                raise ValueError(self.problem)
+            head = self._heads[endpoint] = self.origin.prepare(endpoint.removeprefix("/v1"), self.headers)
+        return head
+
+    def close(self):
+        if self.origin is not None:
+            self.origin.close()
 
     @property
     def healthy(self):
@@ -141,7 +154,7 @@ class Upstream:
 
 
 class ModelCaller:
-    """Calls one model through its deployments, on one shared aiohttp session."""
+    """Calls one model through its deployments, over keep-alive connections to each."""
 
     def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25):
         if not upstreams:
@@ -151,7 +164,6 @@ class ModelCaller:
         self.retries = retries
         self.backoff_base_s = backoff_base_s
         self._rotation = itertools.count()
-        self.session = None
         self._deadlines = {}  # the task of each call in flight -> when its limit runs out (loop time)
         self._cut = set()  # tasks the watchdog cancelled at their limit
         self._watchdog = None
@@ -161,22 +173,14 @@ class ModelCaller:
         return sum(u.concurrency for u in self.upstreams)
 
     async def __aenter__(self):
-        connector = aiohttp.TCPConnector(limit=self.capacity + 8, limit_per_host=0, ttl_dns_cache=300)
-        # aiohttp's default session timeout cuts every request at 5 minutes;
-        # the call limit (30 minutes by default) is ours to enforce, in
-        # _attempt. Only connecting keeps a bound of its own, so a deployment
-        # that swallows SYNs fails over instead of hanging a call.
-        self.session = aiohttp.ClientSession(
-            connector=connector, skip_auto_headers=("User-Agent",),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S),
-        )
         self._watchdog = asyncio.create_task(self._watch())
         return self
 
     async def __aexit__(self, *exc):
         self._watchdog.cancel()
         await asyncio.gather(self._watchdog, return_exceptions=True)
-        await self.session.close()
+        for upstream in self.upstreams:
+            upstream.close()
 
     async def _watch(self):
         """Cut calls that pass the time limit: one timer for every call in flight.
@@ -242,7 +246,10 @@ class ModelCaller:
     async def _attempt(self, upstream, endpoint, body):
         payload = dict(body)
         payload["model"] = upstream.upstream_model
-        url = upstream.url(endpoint)
+        try:
+            head = upstream.head(endpoint)
+        except ValueError as exc:
+            return CallResult(kind="unavailable", message=f"The model server's settings are not usable: {exc}.")
         # acquire/release, not `async with`: two coroutine frames fewer a call.
         await upstream.semaphore.acquire()
         # The limit starts here, when the request is sent: time spent queued
@@ -250,7 +257,7 @@ class ModelCaller:
         task = asyncio.current_task()
         self._deadlines[task] = asyncio.get_running_loop().time() + self.time_limit_s
         try:
-            return await self._send(url, payload, upstream.headers)
+            return await self._send(upstream, head, payload)
         except asyncio.CancelledError:
             # Ours (the watchdog's) unless someone else cancelled the task too.
             if task in self._cut:
@@ -259,7 +266,7 @@ class ModelCaller:
                     return CallResult(kind="time_limit",
                                       message=f"The model call did not return within {self.time_limit_s:g} seconds.")
             raise
-        except (aiohttp.ClientError, OSError) as exc:  # OSError covers TimeoutError, e.g. connecting timed out
+        except (TransportError, OSError) as exc:  # OSError covers TimeoutError, e.g. connecting timed out
             return self._failed(upstream, exc)
         finally:
             upstream.semaphore.release()
@@ -273,24 +280,24 @@ class ModelCaller:
         logger.info("model server at %s failed under a call: %s", upstream.base_url, type(exc).__name__)
         return CallResult(kind="unavailable", message=f"The model server failed: {type(exc).__name__}.")
 
-    async def _send(self, url, payload, headers):
-        async with self.session.post(url, data=orjson.dumps(payload), headers=headers) as response:
-            raw = await response.read()
-            request_id = response.headers.get("x-request-id") or _request_id()
-            try:
-                parsed = orjson.loads(raw) if raw else None
-            except orjson.JSONDecodeError:
-                parsed = None
-            if parsed is None and 200 <= response.status < 300:
-                return CallResult(kind="unavailable", message="The model server answered with a body that is not JSON.")
-            if parsed is None:
-                parsed = {"error": {"message": raw[:500].decode("utf-8", "replace"), "type": "upstream_error", "param": None, "code": None}}
-            retry_after = response.headers.get("Retry-After", "") if response.status == 429 else ""
-            return CallResult(
-                kind="response",
-                status_code=response.status,
-                body=parsed,
-                request_id=request_id,
-                usage=Usage.from_body(parsed) if 200 <= response.status < 300 else Usage(),
-                message=retry_after,
-            )
+    async def _send(self, upstream, head, payload):
+        response = await upstream.origin.post(head, orjson.dumps(payload))
+        raw, status = response.body, response.status
+        request_id = response.headers.get("x-request-id") or _request_id()
+        try:
+            parsed = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            parsed = None
+        if parsed is None and 200 <= status < 300:
+            return CallResult(kind="unavailable", message="The model server answered with a body that is not JSON.")
+        if parsed is None:
+            parsed = {"error": {"message": raw[:500].decode("utf-8", "replace"), "type": "upstream_error", "param": None, "code": None}}
+        retry_after = response.headers.get("retry-after", "") if status == 429 else ""
+        return CallResult(
+            kind="response",
+            status_code=status,
+            body=parsed,
+            request_id=request_id,
+            usage=Usage.from_body(parsed) if 200 <= status < 300 else Usage(),
+            message=retry_after,
+        )

@@ -243,11 +243,12 @@ class Database:
 
     def batch(self, public_id):
         row = self.query(
-            "SELECT status, completed_count, failed_count, total_count, in_progress_at, finalizing_at, completed_at "
-            "FROM batches_batch WHERE public_id = %s", (public_id,))[0]
-        keys = ("status", "completed", "failed", "total", "in_progress_at", "finalizing_at", "completed_at")
+            "SELECT status, completed_count, failed_count, total_count, enqueued_at, in_progress_at, finalizing_at, "
+            "completed_at FROM batches_batch WHERE public_id = %s", (public_id,))[0]
+        keys = ("status", "completed", "failed", "total", "enqueued_at", "in_progress_at", "finalizing_at",
+                "completed_at")
         values = dict(zip(keys, row))
-        for key in ("in_progress_at", "finalizing_at", "completed_at"):
+        for key in ("enqueued_at", "in_progress_at", "finalizing_at", "completed_at"):
             values[key] = _epoch(values[key])
         return values
 
@@ -580,7 +581,7 @@ class Bench:
         first, last = (_epoch(v) for v in self.stack.db.query(
             "SELECT MIN(r.finished_at), MAX(r.finished_at) FROM batches_record r JOIN batches_batch b "
             "ON r.batch_id = b.id WHERE b.public_id = %s", (public_id,))[0])
-        return (f"started +{row['in_progress_at'] - answered:.2f} s, first record +{first - answered:.2f} s, "
+        return (f"enqueued {row['enqueued_at'] - answered:+.2f} s, started +{row['in_progress_at'] - answered:.2f} s, first record +{first - answered:.2f} s, "
                 f"last +{last - answered:.2f} s, finalized in {row['completed_at'] - row['finalizing_at']:.2f} s")
 
     def warm(self, tasks):
