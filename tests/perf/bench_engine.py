@@ -575,19 +575,20 @@ class Bench:
             time.sleep(0.05)
 
     def _phases(self, public_id, answered):
-        """Where a run's time went, from create's answer: a task started, the first and last record
-        finished, finalize."""
+        """Where a run's time went, from create's answer: the batch handed to the broker (before
+        the answer: on commit), a task started, the first and last record finished, finalize."""
         row = self.stack.db.batch(public_id)
         first, last = (_epoch(v) for v in self.stack.db.query(
             "SELECT MIN(r.finished_at), MAX(r.finished_at) FROM batches_record r JOIN batches_batch b "
             "ON r.batch_id = b.id WHERE b.public_id = %s", (public_id,))[0])
-        return (f"enqueued {row['enqueued_at'] - answered:+.2f} s, started +{row['in_progress_at'] - answered:.2f} s, first record +{first - answered:.2f} s, "
-                f"last +{last - answered:.2f} s, finalized in {row['completed_at'] - row['finalizing_at']:.2f} s")
+        return (f"enqueued {row['enqueued_at'] - answered:+.2f} s, started +{row['in_progress_at'] - answered:.2f} s, "
+                f"first record +{first - answered:.2f} s, last +{last - answered:.2f} s, "
+                f"finalized in {row['completed_at'] - row['finalizing_at']:.2f} s")
 
     def warm(self, tasks):
         """Run a tiny batch so every worker process of a fresh cluster has imported the engine.
 
-        A worker process imports the engine (aiohttp, ...) with its first
+        A worker process imports the engine (httptools, aiohttp, ...) with its first
         task, ~0.1 s alone and more when four import at once on two cores:
         a one-time cost of a process, not throughput, so throughput runs
         start on a warm cluster (the first-call time is measured warm too).
@@ -730,7 +731,7 @@ class Bench:
         assert row["completed"] == self.scale.plain, row
         return {"records_per_s": self.scale.plain / (row["completed_at"] - sent), "cpu_s": cpu,
                 "database_cpu_s": db_cpu,
-                "phases": f"{self._phases(batch['id'], sent)}; create took {answered - sent:.2f} s"}
+                "phases": f"create took {answered - sent:.2f} s; from its answer: {self._phases(batch['id'], answered)}"}
 
     def _bare_client(self, path):
         result = subprocess.run(
