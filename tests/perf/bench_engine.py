@@ -581,8 +581,8 @@ class Bench:
         first, last = (_epoch(v) for v in self.stack.db.query(
             "SELECT MIN(r.finished_at), MAX(r.finished_at) FROM batches_record r JOIN batches_batch b "
             "ON r.batch_id = b.id WHERE b.public_id = %s", (public_id,))[0])
-        return (f"enqueued {row['enqueued_at'] - answered:+.2f} s, started +{row['in_progress_at'] - answered:.2f} s, "
-                f"first record +{first - answered:.2f} s, last +{last - answered:.2f} s, "
+        return (f"enqueued {row['enqueued_at'] - answered:+.2f} s, started {row['in_progress_at'] - answered:+.2f} s, "
+                f"first record {first - answered:+.2f} s, last {last - answered:+.2f} s, "
                 f"finalized in {row['completed_at'] - row['finalizing_at']:.2f} s")
 
     def warm(self, tasks):
