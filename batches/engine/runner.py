@@ -140,9 +140,11 @@ class BatchWorker:
             async with caller, OutboundClient() as outbound:
                 self.ctx = self._context(caller, outbound)
                 self.model_capacity = caller.capacity
-                # Until the first count of live siblings, assume every task
-                # handed the batch runs now (they usually start together).
-                await self._loop(task_share(caller.capacity, settings.OPENRELAY_TASKS_PER_BATCH, self.task_cap))
+                # Until the next count, assume every task handed the batch
+                # runs now (they usually start together), and every task
+                # already calling the model for other batches goes on.
+                tasks = max(settings.OPENRELAY_TASKS_PER_BATCH, await self.db(self._siblings) + 1)
+                await self._loop(task_share(caller.capacity, tasks, self.task_cap))
         finally:
             await self.db(self._cleanup)
             self.db_thread.shutdown(wait=True)
@@ -331,17 +333,21 @@ class BatchWorker:
         self.last_event = now
         await events.send(await self.db(events.snapshot, self.batch.pk))
 
+    def _siblings(self):
+        return store.live_siblings(self.batch.pk, self.owner, self.batch.model_id)
+
     def _status_and_siblings(self):
-        return store.batch_status(self.batch.pk), store.live_siblings(self.batch.pk, self.owner)
+        return store.batch_status(self.batch.pk), self._siblings()
 
     def _reshare(self, siblings):
-        """The model's concurrency split among the tasks working the batch now.
+        """The model's concurrency split among the tasks calling it now, for any batch.
 
         Each task re-counts its live siblings every STATUS_CHECK_EVERY_S, so
         a lone task (fewer workers free than OPENRELAY_TASKS_PER_BATCH, or
         the others done) grows to the whole deployment, and a task that
-        gains siblings shrinks (it stops starting records until it is under
-        its new share; nothing in flight is cut).
+        gains siblings (on its batch or on another batch of the model)
+        shrinks: it stops starting records until it is under its new share;
+        nothing in flight is cut.
         """
         capacity = task_share(self.model_capacity, siblings + 1, self.task_cap)
         if capacity != self.capacity:

@@ -157,16 +157,24 @@ def batch_status(batch_pk):
     return Batch.objects.filter(pk=batch_pk).values_list("status", flat=True).first()
 
 
-def live_siblings(batch_pk, owner, now=None):
-    """How many other workers hold live leases on the batch's records now."""
+def live_siblings(batch_pk, owner, model_id=None, now=None):
+    """How many other workers hold live leases on records of the batch's model now.
+
+    Counted over every batch of the model still running (or stopping), not
+    the batch alone: the model's concurrency is split among all the tasks
+    calling it, so two batches on one model don't each take all of it.
+    Without a model (it was deleted) the batch alone is counted.
+    """
+    from batches.models import BatchStatus
+
     now = now or timezone.now()
-    return (
-        Record.objects.filter(batch_id=batch_pk, status=RecordStatus.RUNNING, lease_expires_at__gt=now)
-        .exclude(lease_owner=owner)
-        .values("lease_owner")
-        .distinct()
-        .count()
-    )
+    records = Record.objects.filter(status=RecordStatus.RUNNING, lease_expires_at__gt=now)
+    if model_id is None:
+        records = records.filter(batch_id=batch_pk)
+    else:
+        batches = Batch.objects.filter(model_id=model_id, status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING))
+        records = records.filter(batch_id__in=batches.values("pk"))
+    return records.exclude(lease_owner=owner).values("lease_owner").distinct().count()
 
 
 def expedited_waiting(now=None, quiet_s=5):

@@ -1,8 +1,14 @@
-"""How much of a model one worker task uses: its share among live sibling tasks, within OPENRELAY_TASK_CONCURRENCY."""
+"""How much of a model one worker task uses: its share among the live tasks calling the model,
+within OPENRELAY_TASK_CONCURRENCY."""
+
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
+from django.db import connections
 
 from batches.engine.runner import run_batch, task_share
+from batches.models import Batch
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import chat, make_batch
 
@@ -44,3 +50,41 @@ def test_a_lone_task_grows_to_the_whole_deployment_and_the_task_cap_bounds_it(al
         settings.OPENRELAY_TASK_CONCURRENCY = 4
         run_batch(make_batch(alice.org, [chat(f"b{i}") for i in range(24)]).pk)
         assert sim.peak == 4
+
+
+def test_two_batches_on_one_model_share_its_concurrency(alice, model, settings):
+    """Each batch's task gets half the model, not all of it: together they stay within max_concurrency."""
+    settings.OPENRELAY_TASKS_PER_BATCH = 1
+    with _peak_tracking_simulator(100) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=16)
+        first = make_batch(alice.org, [chat(f"a{i}") for i in range(400)])
+        second = make_batch(alice.org, [chat(f"b{i}") for i in range(200)])
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(_in_thread, first.pk)
+            _wait_for(lambda: Batch.objects.get(pk=first.pk).completed_count >= 16)
+            assert sim.peak == 16  # alone on the model, the first batch's task took all of it
+            joined = pool.submit(_in_thread, second.pk)
+            # The second task counts the first and starts at half; the first
+            # re-counts within STATUS_CHECK_EVERY_S and shrinks as its calls
+            # end: settled well before the second has done 8 rounds of 8 calls.
+            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 64)
+            sim.peak = 0
+            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 160)
+            shared_peak = sim.peak
+            running.result(timeout=60), joined.result(timeout=60)
+    assert shared_peak == 16
+    assert {Batch.objects.get(pk=pk).status for pk in (first.pk, second.pk)} == {"completed"}
+
+
+def _in_thread(batch_pk):
+    try:
+        return run_batch(batch_pk)
+    finally:
+        connections.close_all()
+
+
+def _wait_for(condition, timeout_s=30):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
