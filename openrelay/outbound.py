@@ -324,10 +324,12 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
-def _request_headers(headers: Mapping[str, str] | None, accept: str) -> CIMultiDict[str]:
-    merged: CIMultiDict[str] = CIMultiDict(
-        {"Content-Type": "application/json", "Accept": accept, "User-Agent": USER_AGENT}
-    )
+def _request_headers(
+    headers: Mapping[str, str] | None, accept: str, *, has_body: bool = True
+) -> CIMultiDict[str]:
+    merged: CIMultiDict[str] = CIMultiDict({"Accept": accept, "User-Agent": USER_AGENT})
+    if has_body:
+        merged["Content-Type"] = "application/json"
     for name, value in (headers or {}).items():
         # Checked here so the error names the header but never its value
         # (aiohttp's own ValueError would quote the value).
@@ -415,15 +417,36 @@ class OutboundClient:
         or too_large. ``timeout_s`` bounds the whole call: resolving,
         connecting, sending and reading the body.
         """
+        return await self._request("POST", url, _serialize(payload), headers, timeout_s, accept)
+
+    async def delete(
+        self,
+        url: str | URL,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float,
+        accept: str = "application/json",
+    ) -> OutboundResponse:
+        """DELETE ``url`` (no body), under the same guard, limits and errors as post_json."""
+        return await self._request("DELETE", url, None, headers, timeout_s, accept)
+
+    async def _request(
+        self,
+        method: str,
+        url: str | URL,
+        body: bytes | None,
+        headers: Mapping[str, str] | None,
+        timeout_s: float,
+        accept: str,
+    ) -> OutboundResponse:
         if self._session is None:
             raise RuntimeError("OutboundClient is used outside 'async with'")
         target = check_url(url, allow_private=self.allow_private)
         origin = _origin(target)
-        body = _serialize(payload)
-        request_headers = _request_headers(headers, accept)
+        request_headers = _request_headers(headers, accept, has_body=body is not None)
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._send(target, body, request_headers, origin)
+                return await self._send(method, target, body, request_headers, origin)
         except OutboundError:
             raise
         except TimeoutError:
@@ -434,11 +457,11 @@ class OutboundClient:
             raise _transport_error(origin, exc) from None
 
     async def _send(
-        self, url: URL, body: bytes, headers: CIMultiDict[str], origin: str
+        self, method: str, url: URL, body: bytes | None, headers: CIMultiDict[str], origin: str
     ) -> OutboundResponse:
         assert self._session is not None
-        async with self._session.post(
-            url, data=body, headers=headers, allow_redirects=False
+        async with self._session.request(
+            method, url, data=body, headers=headers, allow_redirects=False
         ) as resp:
             content = await self._read_capped(resp, origin)
             return OutboundResponse(

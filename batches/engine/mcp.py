@@ -26,9 +26,12 @@ negotiated protocol version (sent as ``MCP-Protocol-Version``). Choices:
 * The calls of one turn run concurrently (they are independent by the
   model's contract); the first failure cancels the rest and fails the
   record. Arguments are checked for all calls before any is sent.
-* close() cannot send ``DELETE`` (the outbound client only POSTs); the
-  session is simply dropped and expires on the server (the official SDK's
-  default idle timeout is 30 minutes).
+* When the record's loop ends, close() ends the session with ``DELETE``
+  and the session id (the spec's SHOULD), so servers don't keep one session
+  per record until their idle expiry (30 minutes in the official SDK). It is
+  best effort within CLOSE_TIMEOUT_S: any answer (405 from a server that
+  doesn't allow it, 404 for a session already gone) or failure leaves the
+  record's outcome as it was.
 * Server-to-client requests on a stream (sampling, elicitation) are never
   answered: the worker declares no capabilities, so servers should not send
   them; one that waits for an answer runs into timeout_ms.
@@ -63,6 +66,7 @@ CLIENT_NAME = "openrelay-batch-worker"
 NO_HANDSHAKE_STATUSES = (404, 405)
 MAX_SERVER_TEXT = 300
 DEFAULT_TIMEOUT_MS = 30_000
+CLOSE_TIMEOUT_S = 5.0
 
 _SESSION_ID = re.compile(r"[\x21-\x7e]+")
 
@@ -108,9 +112,16 @@ class McpExecutor:
             raise
 
     async def close(self) -> None:
-        # No DELETE: see the module docstring.
-        self.session_id = self.protocol_version = None
-        self._ready = False
+        try:
+            if self.session_id:
+                await self.outbound.delete(
+                    self.url, headers=self._headers(), timeout_s=min(self.timeout_s, CLOSE_TIMEOUT_S), accept=ACCEPT
+                )
+        except OutboundError:
+            pass  # best effort: the server expires the session on its own
+        finally:
+            self.session_id = self.protocol_version = None
+            self._ready = False
 
     # --- tool calls ------------------------------------------------------
 

@@ -60,11 +60,15 @@ def rpc_methods(seen):
 
 
 class Recorder:
-    """ASGI wrapper: records each HTTP request and the status it got."""
+    """ASGI wrapper: records each HTTP request and the status it got.
+
+    JSON-RPC POSTs go to `seen`; the DELETEs that end sessions to `deleted`.
+    """
 
     def __init__(self, app):
         self.app = app
         self.seen: list[Seen] = []
+        self.deleted: list[Seen] = []
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -77,7 +81,7 @@ class Recorder:
             more = msg.get("more_body", False)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         entry = Seen(scope["method"], headers, json.loads(body) if body else None)
-        self.seen.append(entry)
+        (self.deleted if scope["method"] == "DELETE" else self.seen).append(entry)
         replayed = False
 
         async def replay():
@@ -164,8 +168,13 @@ class OfficialServer:
     def seen(self):
         return self.recorder.seen
 
+    @property
+    def deleted(self):
+        return self.recorder.deleted
+
     def reset(self):
         self.recorder.seen.clear()
+        self.recorder.deleted.clear()
         self.received.clear()
 
 
@@ -229,15 +238,22 @@ def auth_server(_official_auth):
 class ScriptedServer:
     url: str
     seen: list
+    deleted: list  # DELETE /mcp requests (session ends), answered `delete_status`
 
 
 Handler = Callable[[Seen], Awaitable[web.StreamResponse]]
 
 
 @asynccontextmanager
-async def scripted_server(handler: Handler):
+async def scripted_server(handler: Handler, delete_status: int = 200):
     """An aiohttp server on 127.0.0.1 whose POST /mcp answers are `handler`'s."""
     seen: list[Seen] = []
+    deleted: list[Seen] = []
+
+    async def end_session(request):
+        deleted.append(Seen(request.method, {k.lower(): v for k, v in request.headers.items()}, None,
+                            status=delete_status))
+        return web.Response(status=delete_status)
 
     async def route(request):
         body = await request.read()
@@ -249,6 +265,7 @@ async def scripted_server(handler: Handler):
 
     app = web.Application()
     app.router.add_post("/mcp", route)
+    app.router.add_delete("/mcp", end_session)
     # Handlers still running (a slow answer the client gave up on) are
     # cancelled at cleanup instead of being waited for.
     runner = web.AppRunner(app, shutdown_timeout=0.1)
@@ -257,7 +274,7 @@ async def scripted_server(handler: Handler):
     await site.start()
     port = runner.addresses[0][1]
     try:
-        yield ScriptedServer(f"http://127.0.0.1:{port}/mcp", seen)
+        yield ScriptedServer(f"http://127.0.0.1:{port}/mcp", seen, deleted)
     finally:
         await runner.cleanup()
 

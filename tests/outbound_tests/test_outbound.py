@@ -91,6 +91,9 @@ def _build_app(server_ref: list) -> web.Application:
     async def not_json(request):
         return web.Response(text="<html>oops", content_type="text/html")
 
+    async def end(request):
+        return web.Response(status=204) if not await request.read() else web.Response(status=400)
+
     app = web.Application(middlewares=[count])
     app.router.add_post("/echo", echo)
     app.router.add_post("/redirect", redirect)
@@ -99,6 +102,7 @@ def _build_app(server_ref: list) -> web.Application:
     app.router.add_post("/gzip", gzip_bomb)
     app.router.add_post("/slow", slow)
     app.router.add_post("/not-json", not_json)
+    app.router.add_delete("/session", end)
     return app
 
 
@@ -418,6 +422,28 @@ def test_it_posts_json_and_returns_status_headers_and_body():
     assert sent["Authorization"] == f"Bearer {SECRET}"
     assert sent["Content-Type"] == "application/json"
     assert sent["Accept"] == "application/json, text/event-stream"
+
+
+def test_it_deletes_without_a_body_and_under_the_same_guard():
+    async def scenario():
+        async with local_server() as srv:
+            async with OutboundClient(allow_private=False) as client:
+                with pytest.raises(BlockedURL):
+                    await client.delete(srv.url("/session"), timeout_s=5)
+                blocked_hits = srv.hits["/session"]
+            async with OutboundClient(allow_private=True) as client:
+                with pytest.raises(OutboundError) as bad_header:
+                    await client.delete(srv.url("/session"), headers={"Mcp-Session-Id": "a\r\nb"}, timeout_s=5)
+                response = await client.delete(
+                    srv.url("/session"), headers={"Authorization": f"Bearer {SECRET}"}, timeout_s=5
+                )
+            return blocked_hits, bad_header.value, response, srv
+
+    blocked_hits, bad_header, response, srv = run(scenario())
+    assert blocked_hits == 0 and bad_header.kind == "invalid"
+    assert response.status == 204 and srv.hits["/session"] == 1
+    sent = srv.seen_headers["/session"]
+    assert sent["Authorization"] == f"Bearer {SECRET}" and "Content-Type" not in sent
 
 
 @pytest.mark.parametrize("host", ["localhost", "127.0.0.1"])
