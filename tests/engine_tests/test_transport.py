@@ -303,3 +303,71 @@ def test_the_caller_reads_status_request_id_and_retry_after_from_the_transport()
     server, result = _run(go())
     assert result.ok and result.request_id == "req_abc" and result.usage.total_tokens == 5
     assert len(server.requests) == 2 and orjson.loads(server.requests[1][2]) == {"messages": [], "model": "m"}
+
+
+# --- real servers: uvicorn, as vLLM and most OpenAI-compatible servers run ----
+
+
+async def _asgi_echo(scope, receive, send):
+    """A model server's shape: read the JSON body, answer JSON with a request id."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    answer = orjson.dumps({"echo": orjson.loads(body), "path": scope["path"]})
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"x-request-id", b"req_uv")]})
+    await send({"type": "http.response.body", "body": answer})
+
+
+@pytest.fixture(params=["h11", "httptools"])
+def uvicorn_server(request):
+    import threading
+    import time
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(_asgi_echo, host="127.0.0.1", port=0, http=request.param,
+                                           log_level="warning", lifespan="off", timeout_keep_alive=1))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    yield server.servers[0].sockets[0].getsockname()[1]
+    server.should_exit = True
+    thread.join(timeout=5)
+
+
+def test_concurrent_calls_to_uvicorn_reuse_their_connections(uvicorn_server):
+    async def go():
+        origin = _origin(uvicorn_server)
+        answers = await asyncio.gather(*(_post(origin, orjson.dumps({"n": n})) for n in range(200)))
+        return answers, len(origin._idle)
+
+    answers, idle = _run(go())
+    assert [orjson.loads(a.body)["echo"]["n"] for a in answers] == list(range(200))
+    assert {(a.status, a.headers["x-request-id"], orjson.loads(a.body)["path"]) for a in answers} == {
+        (200, "req_uv", "/v1/chat/completions")}
+    assert 1 <= idle <= 200
+
+
+def test_a_connection_uvicorn_closed_for_idleness_is_replaced_not_failed(uvicorn_server):
+    async def go():
+        origin = _origin(uvicorn_server)
+        await _post(origin)
+        [connection] = origin._idle
+        # uvicorn closes keep-alive connections idle for its timeout_keep_alive (1 s here).
+        deadline = asyncio.get_running_loop().time() + 10
+        while connection.open:
+            assert asyncio.get_running_loop().time() < deadline, "uvicorn kept the connection"
+            await asyncio.sleep(0.05)
+        return await _post(origin), origin._idle[0] is not connection
+
+    answer, replaced = _run(go())
+    assert answer.status == 200 and replaced
