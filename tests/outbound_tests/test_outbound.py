@@ -154,9 +154,12 @@ async def raw_server(response: bytes, trailing: int = 0):
     finally:
         server.close()
         # A handler may be stuck in drain() against a client that stopped
-        # reading; closing its transport ends it.
+        # reading; closing its transport ends it. One already closing is
+        # left alone: aborting a transport whose connection_lost has run
+        # raises inside asyncio (it has dropped its loop).
         for writer in writers:
-            writer.transport.abort()
+            if not writer.transport.is_closing():
+                writer.transport.abort()
         if handlers:
             await asyncio.wait(handlers, timeout=2)
         await server.wait_closed()
