@@ -20,7 +20,7 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ("name", "workflows_enabled", "created_at")
+    list_display = ("name", "workflows_enabled", "max_concurrency", "created_at")
     list_filter = ("workflows_enabled",)
     search_fields = ("name",)
     inlines = [ApiKeyInline]

@@ -20,6 +20,11 @@ def hash_key(plaintext):
 class Organization(models.Model):
     name = models.CharField(max_length=200, unique=True)
     workflows_enabled = models.BooleanField(default=False)
+    max_concurrency = models.PositiveIntegerField(
+        default=0,
+        help_text="Most model calls the organization's batches keep in flight at once, over every model "
+        "(0: no cap of its own; each model's max_concurrency still applies).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

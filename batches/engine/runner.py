@@ -124,6 +124,7 @@ class BatchWorker:
         self.yielded = False
         self.slice_ends = time.monotonic() + settings.OPENRELAY_TASK_SLICE_S
         self.task_cap = settings.OPENRELAY_TASK_CONCURRENCY
+        self.organization_cap = batch.organization.max_concurrency
         self.input = None
         self.last_event = 0.0
 
@@ -141,10 +142,9 @@ class BatchWorker:
                 self.ctx = self._context(caller, outbound)
                 self.model_capacity = caller.capacity
                 # Until the next count, assume every task handed the batch
-                # runs now (they usually start together), and every task
-                # already calling the model for other batches goes on.
-                tasks = max(settings.OPENRELAY_TASKS_PER_BATCH, await self.db(self._siblings) + 1)
-                await self._loop(task_share(caller.capacity, tasks, self.task_cap))
+                # runs now (they usually start together), besides the tasks
+                # already at work for other batches.
+                await self._loop(self._share(*await self.db(self._siblings), starting=True))
         finally:
             await self.db(self._cleanup)
             self.db_thread.shutdown(wait=True)
@@ -334,22 +334,42 @@ class BatchWorker:
         await events.send(await self.db(events.snapshot, self.batch.pk))
 
     def _siblings(self):
-        return store.live_siblings(self.batch.pk, self.owner, self.batch.model_id)
+        """Other live tasks: (calling this batch's model, working this organization's batches)."""
+        batch = self.batch
+        if batch.model_id is None:  # the model was deleted: only the batch's own tasks are known
+            on_model = store.live_siblings(self.owner, batch_pk=batch.pk)
+        else:
+            on_model = store.live_siblings(self.owner, model_id=batch.model_id)
+        in_organization = (
+            store.live_siblings(self.owner, organization_id=batch.organization_id) if self.organization_cap else 0
+        )
+        return on_model, in_organization
 
     def _status_and_siblings(self):
         return store.batch_status(self.batch.pk), self._siblings()
 
-    def _reshare(self, siblings):
-        """The model's concurrency split among the tasks calling it now, for any batch.
+    def _share(self, on_model, in_organization, starting=False):
+        """Calls this task may keep in flight: its equal part of the model's concurrency
+        among the tasks calling the model, and of its organization's cap (if any) among
+        the organization's tasks, within OPENRELAY_TASK_CONCURRENCY."""
+        # At the start, the batch's sibling tasks may not hold leases yet.
+        floor = settings.OPENRELAY_TASKS_PER_BATCH if starting else 1
+        share = task_share(self.model_capacity, max(floor, on_model + 1), self.task_cap)
+        if self.organization_cap:
+            share = min(share, task_share(self.organization_cap, max(floor, in_organization + 1)))
+        return share
+
+    def _reshare(self, on_model, in_organization):
+        """Move this task's capacity to its share among the tasks at work now.
 
         Each task re-counts its live siblings every STATUS_CHECK_EVERY_S, so
         a lone task (fewer workers free than OPENRELAY_TASKS_PER_BATCH, or
         the others done) grows to the whole deployment, and a task that
-        gains siblings (on its batch or on another batch of the model)
-        shrinks: it stops starting records until it is under its new share;
-        nothing in flight is cut.
+        gains siblings (on its batch, on another batch of the model, or in
+        its capped organization) shrinks: it stops starting records until it
+        is under its new share; nothing in flight is cut.
         """
-        capacity = task_share(self.model_capacity, siblings + 1, self.task_cap)
+        capacity = self._share(on_model, in_organization)
         if capacity != self.capacity:
             self.capacity = capacity
             self._start_queued()
@@ -357,7 +377,7 @@ class BatchWorker:
 
     async def _check_status(self):
         status, siblings = await self.db(self._status_and_siblings)
-        self._reshare(siblings)
+        self._reshare(*siblings)
         # expires_at is fixed at create: no need to read it again.
         if status == BatchStatus.IN_PROGRESS and self.batch.expires_at <= timezone.now():
             status = "expired"

@@ -157,22 +157,27 @@ def batch_status(batch_pk):
     return Batch.objects.filter(pk=batch_pk).values_list("status", flat=True).first()
 
 
-def live_siblings(batch_pk, owner, model_id=None, now=None):
-    """How many other workers hold live leases on records of the batch's model now.
+def live_siblings(owner, *, batch_pk=None, model_id=None, organization_id=None, now=None):
+    """How many other workers hold live leases now, on records of one batch
+    (`batch_pk`), or of the running batches of a model or an organization.
 
-    Counted over every batch of the model still running (or stopping), not
-    the batch alone: the model's concurrency is split among all the tasks
-    calling it, so two batches on one model don't each take all of it.
-    Without a model (it was deleted) the batch alone is counted.
+    The model's concurrency is split among every task calling it, whatever
+    the batch, so two batches on one model don't each take all of it; an
+    organization's cap is split among every task working its batches.
     """
     from batches.models import BatchStatus
 
     now = now or timezone.now()
     records = Record.objects.filter(status=RecordStatus.RUNNING, lease_expires_at__gt=now)
-    if model_id is None:
+    if batch_pk is not None:
         records = records.filter(batch_id=batch_pk)
     else:
-        batches = Batch.objects.filter(model_id=model_id, status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING))
+        # Cancelling batches count too: their calls are still in flight until their workers notice.
+        batches = Batch.objects.filter(status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING))
+        if model_id is not None:
+            batches = batches.filter(model_id=model_id)
+        if organization_id is not None:
+            batches = batches.filter(organization_id=organization_id)
         records = records.filter(batch_id__in=batches.values("pk"))
     return records.exclude(lease_owner=owner).values("lease_owner").distinct().count()
 

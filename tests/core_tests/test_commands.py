@@ -20,6 +20,17 @@ def test_create_org_prints_a_working_key_last():
 
 
 @pytest.mark.django_db
+def test_create_org_sets_a_concurrency_cap():
+    call_command("create_org", "capped", "--max-concurrency", "8", stdout=StringIO())
+    call_command("create_org", "free", stdout=StringIO())
+    assert Organization.objects.get(name="capped").max_concurrency == 8
+    assert Organization.objects.get(name="free").max_concurrency == 0
+    with pytest.raises(CommandError, match="--max-concurrency"):
+        call_command("create_org", "negative", "--max-concurrency", "-1", stdout=StringIO())
+    assert not Organization.objects.filter(name="negative").exists()
+
+
+@pytest.mark.django_db
 def test_create_api_key_for_existing_org():
     call_command("create_org", "acme", stdout=StringIO())
     out = StringIO()

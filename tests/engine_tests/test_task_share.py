@@ -76,6 +76,31 @@ def test_two_batches_on_one_model_share_its_concurrency(alice, model, settings):
     assert {Batch.objects.get(pk=pk).status for pk in (first.pk, second.pk)} == {"completed"}
 
 
+def test_an_organization_cap_bounds_all_its_batches_together(alice, model, settings):
+    settings.OPENRELAY_TASKS_PER_BATCH = 1
+    alice.org.max_concurrency = 6
+    alice.org.save(update_fields=["max_concurrency"])
+    with _peak_tracking_simulator(100) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=64)
+        # Alone, a batch of the capped organization takes its cap, not the model's 64.
+        run_batch(make_batch(alice.org, [chat(f"solo{i}") for i in range(30)]).pk)
+        assert sim.peak == 6
+        sim.peak = 0
+        first = make_batch(alice.org, [chat(f"a{i}") for i in range(200)])
+        second = make_batch(alice.org, [chat(f"b{i}") for i in range(90)])
+        with ThreadPoolExecutor(2) as pool:
+            running = pool.submit(_in_thread, first.pk)
+            _wait_for(lambda: Batch.objects.get(pk=first.pk).completed_count >= 6)
+            joined = pool.submit(_in_thread, second.pk)
+            # Settled well before the second has done 8 rounds of its 3 calls.
+            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 24)
+            sim.peak = 0
+            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 75)
+            shared_peak = sim.peak
+            running.result(timeout=60), joined.result(timeout=60)
+    assert shared_peak == 6  # 3 + 3, the model had room for 64
+
+
 def _in_thread(batch_pk):
     try:
         return run_batch(batch_pk)
