@@ -9,9 +9,11 @@ Transitions are conditional UPDATEs on the current status, so two processes
 racing to move one batch cannot both win.
 """
 
+from django.db import transaction
 from django.utils import timezone
 
 from batches.models import Batch, BatchStatus as S
+from openrelay.webhooks import services as webhooks
 
 ALLOWED = {
     S.VALIDATING: {S.IN_PROGRESS, S.FAILED, S.CANCELLING},
@@ -35,6 +37,9 @@ TIMESTAMP_FIELD = {
 }
 
 
+TERMINAL = {target for target, nexts in ALLOWED.items() if not nexts}
+
+
 class IllegalTransition(Exception):
     pass
 
@@ -55,7 +60,12 @@ def transition(batch, target, *, now=None, **fields):
     check(source, target)
     now = now or timezone.now()
     values = {"status": target, TIMESTAMP_FIELD[target]: now, **fields}
-    won = Batch.objects.filter(pk=batch.pk, status=source).update(**values) == 1
+    with transaction.atomic():
+        won = Batch.objects.filter(pk=batch.pk, status=source).update(**values) == 1
+        if won and target in TERMINAL:
+            # The event is born with the status, in its transaction: a batch
+            # that ends has its webhook deliveries, one that rolls back has none.
+            webhooks.batch_finished(batch, target, now)
     if won:
         for name, value in values.items():
             setattr(batch, name, value)

@@ -1,10 +1,7 @@
 """The Batches API: thin views over batches.services and batches.presenters."""
 
-import orjson
 from django.db.models import Q
 from drf_spectacular.utils import extend_schema
-from rest_framework.exceptions import ParseError
-from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -13,22 +10,10 @@ from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import parse_create_params
 from openrelay import openapi
+from openrelay.api import OrjsonParser, json_body, parse_limit
 from openrelay.errors import ApiError, NotFound
 from openrelay.lists import list_object
 from openrelay.throttles import BatchCreateThrottle
-
-LIST_LIMIT_DEFAULT, LIST_LIMIT_MAX = 20, 100
-
-
-class OrjsonParser(JSONParser):
-    """JSON bodies through orjson: fast on 10 MB of inline requests, and its
-    depth limit answers a 400 where the stdlib parser recurses into a 500."""
-
-    def parse(self, stream, media_type=None, parser_context=None):
-        try:
-            return orjson.loads(stream.read())
-        except orjson.JSONDecodeError as exc:
-            raise ParseError(f"JSON parse error - {exc}") from None
 
 
 def _batches(request):
@@ -40,13 +25,6 @@ def _get_batch(request, batch_id):
     if batch is None:
         raise NotFound(f"No batch found with id '{batch_id}'.", code="batch_not_found")
     return batch
-
-
-def _json_body(request):
-    # DRF's parser streams the body without Django's size check; reading
-    # request.body first enforces DATA_UPLOAD_MAX_MEMORY_SIZE (a 413).
-    request.body  # noqa: B018
-    return request.data
 
 
 class BatchListView(APIView):
@@ -63,14 +41,14 @@ class BatchListView(APIView):
                    request={"application/json": openapi.ref("BatchCreate")},
                    responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 413, 415, 429)})
     def post(self, request):
-        params = parse_create_params(_json_body(request))
+        params = parse_create_params(json_body(request))
         batch = services.create_batch(organization=request.user.organization, **vars(params))
         return Response(batch_object(batch))
 
-    @extend_schema(operation_id="batches_list", summary="List batches", parameters=[openapi.BATCH_LIMIT, openapi.AFTER],
+    @extend_schema(operation_id="batches_list", summary="List batches", parameters=[openapi.LIST_LIMIT, openapi.AFTER],
                    responses={200: openapi.ref("BatchList"), **openapi.errors(400, 401)})
     def get(self, request):
-        limit = _parse_limit(request.query_params.get("limit"))
+        limit = parse_limit(request.query_params.get("limit"))
         batches = _batches(request).order_by("-created_at", "-pk")
         after = request.query_params.get("after")
         if after:
@@ -78,19 +56,6 @@ class BatchListView(APIView):
         page = list(batches[: limit + 1])
         data = [batch_object(batch) for batch in page[:limit]]
         return Response(list_object(data, has_more=len(page) > limit))
-
-
-def _parse_limit(raw):
-    if raw is None or raw == "":
-        return LIST_LIMIT_DEFAULT
-    try:
-        limit = int(raw)
-    except ValueError:
-        limit = None
-    if limit is None or not 1 <= limit <= LIST_LIMIT_MAX:
-        raise ApiError(f"Invalid 'limit': expected an integer between 1 and {LIST_LIMIT_MAX}, but got {raw!r} "
-                       "instead.", param="limit", code="invalid_value")
-    return limit
 
 
 def _older_than(request, after):

@@ -1,9 +1,12 @@
-"""Which host serves what: batch and file routes live on the inference host,
-organization routes (billing usage) on the control-plane host."""
+"""Which host serves what: batch and file routes (and the webhooks that report on
+batches) live on the inference host, organization routes (billing usage) on the
+control-plane host."""
 
 from django.conf import settings
 
-INFERENCE_PREFIXES = ("/v1/files", "/v1/batches")
+# Webhook endpoints sit with the batches they report on, so one OpenAI client
+# pointed at the inference host manages both.
+INFERENCE_PREFIXES = ("/v1/files", "/v1/batches", "/v1/webhook_endpoints", "/v1/webhook_event_types")
 CONTROL_PREFIXES = ("/v1/organization",)
 
 

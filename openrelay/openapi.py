@@ -179,6 +179,86 @@ COMPONENTS = {
 }
 
 
+_EVENT_TYPE = {"type": "string", "enum": ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]}
+_ENDPOINT_PROPERTIES = {
+    "id": {"type": "string"},
+    "object": {"type": "string", "enum": ["webhook_endpoint"]},
+    "name": {"type": "string"},
+    "url": {"type": "string"},
+    "event_types": {"type": "array", "items": {"type": "string"}},
+    "signing_secret_hint": {"type": "string"},
+    "created_at": {"type": "integer"},
+    "updated_at": {"type": "integer"},
+}
+_ENDPOINT_REQUIRED = ["id", "object", "name", "url", "event_types", "created_at"]
+
+COMPONENTS.update({
+    "WebhookEndpoint": {"type": "object", "required": _ENDPOINT_REQUIRED, "properties": _ENDPOINT_PROPERTIES},
+    "WebhookEndpointWithSecret": {
+        "type": "object",
+        "required": [*_ENDPOINT_REQUIRED, "signing_secret"],
+        "properties": {**_ENDPOINT_PROPERTIES, "signing_secret": {"type": "string"}},
+    },
+    "WebhookEndpointList": _list_of("WebhookEndpoint"),
+    "WebhookEndpointCreate": {
+        "type": "object",
+        "required": ["name", "url", "event_types"],
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 200},
+            "url": {"type": "string", "maxLength": 2048, "description": "http(s) URL; private addresses are refused "
+                    "unless OPENRELAY_ALLOW_PRIVATE_URLS is set."},
+            "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
+        },
+        "additionalProperties": False,
+    },
+    "WebhookEndpointUpdate": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1, "maxLength": 200},
+            "url": {"type": "string", "maxLength": 2048},
+            "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
+        },
+        "additionalProperties": False,
+    },
+    "WebhookEndpointRotate": {
+        "type": "object",
+        "properties": {"keep_old_secret_active_for_24_hours": {"type": "boolean"}},
+        "additionalProperties": False,
+    },
+    "WebhookEndpointTest": {
+        "type": "object",
+        "required": ["event_type"],
+        "properties": {"event_type": _EVENT_TYPE},
+        "additionalProperties": False,
+    },
+    "WebhookEndpointTestResult": {
+        "type": "object",
+        "required": ["object", "webhook_endpoint_id", "event_type", "status_code", "success"],
+        "properties": {
+            "object": {"type": "string", "enum": ["webhook_endpoint.test"]},
+            "webhook_endpoint_id": {"type": "string"},
+            "event_type": {"type": "string"},
+            "status_code": {"type": "integer"},
+            "success": {"type": "boolean"},
+        },
+    },
+    "WebhookEndpointDeleted": {
+        "type": "object",
+        "required": ["id", "object", "deleted"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["webhook_endpoint.deleted"]},
+            "deleted": {"type": "boolean"},
+        },
+    },
+    "WebhookEventTypeList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": {"type": "string"}}},
+    },
+})
+
+
 def errors(*statuses):
     """Error responses in the envelope, one per status."""
     return {
@@ -190,7 +270,7 @@ def errors(*statuses):
 # Every authenticated route may answer these.
 COMMON_ERRORS = (401,)
 
-BATCH_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 100}, OpenApiParameter.QUERY,
+LIST_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 100}, OpenApiParameter.QUERY,
                                description="Page size (default 20).")
 FILE_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, OpenApiParameter.QUERY,
                               description="Page size (default 10,000).")
@@ -199,6 +279,7 @@ ORDER = OpenApiParameter("order", str, OpenApiParameter.QUERY, enum=["asc", "des
 PURPOSE = OpenApiParameter("purpose", str, OpenApiParameter.QUERY, description="Only files with this purpose.")
 BATCH_ID = OpenApiParameter("batch_id", str, OpenApiParameter.PATH)
 FILE_ID = OpenApiParameter("file_id", str, OpenApiParameter.PATH)
+WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParameter.PATH)
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):

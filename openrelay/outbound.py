@@ -419,6 +419,18 @@ class OutboundClient:
         """
         return await self._request("POST", url, _serialize(payload), headers, timeout_s, accept)
 
+    async def post_raw(
+        self,
+        url: str | URL,
+        body: bytes,
+        *,
+        headers: Mapping[str, str] | None = None,
+        timeout_s: float,
+        accept: str = "application/json",
+    ) -> OutboundResponse:
+        """POST JSON text that is already bytes (it was signed as such), like post_json."""
+        return await self._request("POST", url, body, headers, timeout_s, accept)
+
     async def delete(
         self,
         url: str | URL,

@@ -40,6 +40,7 @@ INSTALLED_APPS = [
     "django_q",
     "channels",
     "openrelay",
+    "openrelay.webhooks",
     "files",
     "batches",
     "billing",
@@ -206,6 +207,8 @@ OPENRELAY_CONTROL_HOSTS = envlist("OPENRELAY_CONTROL_HOSTS")
 # User-supplied URLs (tool executors, MCP servers, workflow callbacks) may not
 # reach private/loopback/metadata addresses unless this is true.
 OPENRELAY_ALLOW_PRIVATE_URLS = envbool("OPENRELAY_ALLOW_PRIVATE_URLS", False)
+# One webhook delivery attempt: connect, send, read the answer.
+OPENRELAY_WEBHOOK_TIMEOUT_S = envfloat("OPENRELAY_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
 
 # Engine knobs.
 OPENRELAY_CALL_TIME_LIMIT_S = envfloat("OPENRELAY_CALL_TIME_LIMIT_S", 1800.0, minimum=0.01)

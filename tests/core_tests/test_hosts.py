@@ -9,7 +9,7 @@ class TestHosts:
     def test_control_plane_answers_404(self, alice, settings):
         settings.OPENRELAY_INFERENCE_HOSTS = ["inference.openrelay.inc"]
         settings.OPENRELAY_CONTROL_HOSTS = ["api.openrelay.inc"]
-        for path in ("/v1/batches", "/v1/files"):
+        for path in ("/v1/batches", "/v1/files", "/v1/webhook_endpoints", "/v1/webhook_event_types"):
             response = alice.client.get(path, HTTP_HOST="api.openrelay.inc")
             assert response.status_code == 404
             assert response.json()["error"]["type"] == "not_found_error"
@@ -20,6 +20,7 @@ class TestHosts:
         settings.OPENRELAY_CONTROL_HOSTS = ["api.openrelay.inc"]
         assert alice.client.get("/v1/batches", HTTP_HOST="inference.openrelay.inc").status_code == 200
         assert alice.client.get("/v1/files", HTTP_HOST="inference.openrelay.inc:443").status_code == 200
+        assert alice.client.get("/v1/webhook_endpoints", HTTP_HOST="inference.openrelay.inc").status_code == 200
 
     def test_control_only_setting_refuses_only_control_hosts(self, alice, settings):
         settings.OPENRELAY_CONTROL_HOSTS = ["api.openrelay.inc"]

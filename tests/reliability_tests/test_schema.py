@@ -20,7 +20,7 @@ from tests.conftest import make_persona
 
 SCHEMA_URL = "/v1/openapi.json"
 # Routes whose shapes this project states (openrelay/openapi.py); other /v1/ routes must at least be listed.
-DESCRIBED_PREFIXES = ("/v1/files", "/v1/batches")
+DESCRIBED_PREFIXES = ("/v1/files", "/v1/batches", "/v1/webhook_endpoints", "/v1/webhook_event_types")
 
 
 def _schema():
@@ -67,7 +67,7 @@ def test_it_covers_every_v1_route():
     assert routes <= listed, f"routes missing from the schema: {sorted(routes - listed)}"
 
 
-def test_files_and_batches_operations_are_described():
+def test_files_batches_and_webhook_operations_are_described():
     schema = _schema()
     assert schema["components"]["securitySchemes"]["ApiKeyAuth"] == {
         "type": "http", "scheme": "bearer", "description": "An organization API key: `Bearer or_...`."}
@@ -86,7 +86,10 @@ def test_files_and_batches_operations_are_described():
                         "$ref": "#/components/schemas/Error"}, (path, method, status)
     assert sorted(operation_ids) == sorted([
         "batches_create", "batches_list", "batches_retrieve", "batches_cancel",
-        "files_create", "files_list", "files_retrieve", "files_delete", "files_content"])
+        "files_create", "files_list", "files_retrieve", "files_delete", "files_content",
+        "webhook_endpoints_create", "webhook_endpoints_list", "webhook_endpoints_retrieve", "webhook_endpoints_update",
+        "webhook_endpoints_delete", "webhook_endpoints_rotate_secret", "webhook_endpoints_test",
+        "webhook_event_types_list"])
     create = schema["paths"]["/v1/batches"]["post"]
     assert "429" in create["responses"] and "413" in create["responses"]
 

@@ -1,0 +1,172 @@
+"""Webhook endpoints and deliveries: every write that spans steps lives here.
+
+Events are born in the transaction of the batch's terminal transition
+(batches.lifecycle calls batch_finished), one delivery row per subscribed
+endpoint, so an event exists exactly when the batch's status does. After
+the commit a task sends each; a failed attempt waits for the retry sweep
+(tasks.deliver_due, every minute) on a growing back-off.
+"""
+
+import asyncio
+import logging
+import time
+from datetime import timedelta
+
+import orjson
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from openrelay.errors import ApiError
+from openrelay.outbound import OutboundClient, OutboundError
+from openrelay.webhooks import signing
+from openrelay.webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
+
+logger = logging.getLogger("openrelay.webhooks")
+
+# Seconds to wait after attempt N fails (the retry sweep runs every minute):
+# 9 attempts over ~2.5 days, like OpenAI's 72 hours of retries.
+RETRY_AFTER_S = (60, 300, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 24 * 3600)
+KEEP_OLD_SECRET = timedelta(hours=24)
+USER_AGENT = "OpenRelay-Webhooks/1"
+
+
+# ---------------------------------------------------------------------------
+# Endpoints
+
+
+def create_endpoint(organization, *, name, url, event_types):
+    """Create an endpoint; return it and its signing secret (shown this once)."""
+    secret = signing.new_secret()
+    endpoint = WebhookEndpoint.objects.create(
+        organization=organization, name=name, url=url, event_types=event_types, signing_secret=secret
+    )
+    return endpoint, secret
+
+
+def update_endpoint(endpoint, **changes):
+    changed = {field: value for field, value in changes.items() if getattr(endpoint, field) != value}
+    if changed:
+        for field, value in changed.items():
+            setattr(endpoint, field, value)
+        endpoint.updated_at = timezone.now()
+        endpoint.save(update_fields=[*changed, "updated_at"])
+    return endpoint
+
+
+def rotate_secret(endpoint, *, keep_old):
+    """A new signing secret; the old one still signs for 24 hours if `keep_old`. Returns the new secret."""
+    now = timezone.now()
+    secret = signing.new_secret()
+    endpoint.previous_secret = endpoint.signing_secret if keep_old else ""
+    endpoint.previous_secret_until = now + KEEP_OLD_SECRET if keep_old else None
+    endpoint.signing_secret = secret
+    endpoint.updated_at = now
+    endpoint.save(update_fields=["signing_secret", "previous_secret", "previous_secret_until", "updated_at"])
+    return secret
+
+
+def send_test(endpoint, event_type):
+    """POST a sample event of `event_type` now; return the status code the endpoint answered."""
+    event_id = new_event_id()
+    payload = _event_payload(event_id, event_type, int(time.time()), "batch_test")
+    try:
+        return _post(endpoint, payload.decode(), event_id)
+    except OutboundError as exc:
+        raise ApiError(f"The test delivery failed: {exc.message}", param=None, code="webhook_delivery_failed") from None
+
+
+# ---------------------------------------------------------------------------
+# Events
+
+
+def batch_finished(batch, status, now):
+    """Record the batch's terminal event for every endpoint that subscribes to it (in the caller's
+    transaction), and send them once it commits."""
+    event_type = BATCH_EVENTS.get(status)
+    if event_type is None:
+        return
+    endpoints = [e for e in WebhookEndpoint.objects.filter(organization_id=batch.organization_id)
+                 if event_type in e.event_types]
+    if not endpoints:
+        return
+    event_id = new_event_id()
+    payload = _event_payload(event_id, event_type, int(now.timestamp()), batch.public_id).decode()
+    # The task sent after the commit makes the first attempt; the retry sweep
+    # only steps in if that task was lost (a broker hiccup, a crash).
+    first_sweep = now + timedelta(seconds=RETRY_AFTER_S[0])
+    deliveries = WebhookDelivery.objects.bulk_create(
+        WebhookDelivery(endpoint=endpoint, event_id=event_id, event_type=event_type, payload=payload,
+                        next_attempt_at=first_sweep)
+        for endpoint in endpoints
+    )
+    pks = [d.pk for d in deliveries]
+    transaction.on_commit(lambda: _enqueue(pks), robust=True)
+
+
+def _event_payload(event_id, event_type, created_at, batch_id):
+    # OpenAI's event shape: {"id", "object": "event", "type", "created_at", "data": {"id"}}.
+    return orjson.dumps({"id": event_id, "object": "event", "type": event_type, "created_at": created_at,
+                         "data": {"id": batch_id}})
+
+
+def _enqueue(pks):
+    from django_q.tasks import async_task
+
+    for pk in pks:
+        async_task("openrelay.webhooks.tasks.deliver", pk, group="webhooks")
+
+
+# ---------------------------------------------------------------------------
+# Delivery
+
+
+def deliver(delivery, now=None):
+    """One attempt: a 2xx delivers; anything else schedules the next attempt or, out of attempts, fails."""
+    if delivery.status != DeliveryStatus.PENDING:
+        return delivery.status
+    endpoint = delivery.endpoint
+    status_code, error = None, ""
+    try:
+        status_code = _post(endpoint, delivery.payload, delivery.event_id)
+    except OutboundError as exc:
+        error = exc.message  # names the origin and the failure, never a header
+    now = now or timezone.now()
+    delivery.attempts += 1
+    delivery.last_status_code, delivery.last_error = status_code, error[:300]
+    if status_code is not None and 200 <= status_code < 300:
+        delivery.status, delivery.delivered_at = DeliveryStatus.DELIVERED, now
+    elif delivery.attempts > len(RETRY_AFTER_S):
+        delivery.status = DeliveryStatus.FAILED
+        logger.info("webhook %s to %s failed after %d attempts", delivery.event_id, endpoint.public_id,
+                    delivery.attempts)
+    else:
+        delivery.next_attempt_at = now + timedelta(seconds=RETRY_AFTER_S[delivery.attempts - 1])
+    # Conditional on still pending: two senders racing (a task and the sweep) write once.
+    WebhookDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING).update(
+        status=delivery.status, attempts=delivery.attempts, last_status_code=status_code, last_error=error[:300],
+        next_attempt_at=delivery.next_attempt_at, delivered_at=delivery.delivered_at,
+    )
+    return delivery.status
+
+
+def _post(endpoint, body, event_id):
+    """Sign and POST `body` (JSON text) to the endpoint; return the status code. Raises OutboundError."""
+    data = body.encode()
+    headers = {**signing.headers(_live_secrets(endpoint), event_id, int(time.time()), data),
+               "User-Agent": USER_AGENT}
+
+    async def send():
+        async with OutboundClient() as client:
+            response = await client.post_raw(endpoint.url, data, headers=headers,
+                                             timeout_s=settings.OPENRELAY_WEBHOOK_TIMEOUT_S)
+            return response.status
+
+    return asyncio.run(send())
+
+
+def _live_secrets(endpoint):
+    secrets_in_use = [endpoint.signing_secret]
+    if endpoint.previous_secret and endpoint.previous_secret_until and endpoint.previous_secret_until > timezone.now():
+        secrets_in_use.append(endpoint.previous_secret)
+    return secrets_in_use
