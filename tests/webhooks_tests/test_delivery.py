@@ -1,6 +1,7 @@
 """Batch events: born with the terminal transition, signed as the OpenAI SDK checks, retried on a back-off."""
 
 import logging
+import time
 from datetime import timedelta
 
 import orjson
@@ -12,6 +13,7 @@ from batches import lifecycle
 from batches.engine import finish
 from batches.engine.runner import run_batch
 from batches.models import Batch, BatchStatus
+from batches.tasks import enqueue_batch
 from openrelay.webhooks import services, tasks
 from openrelay.webhooks.models import DeliveryStatus, WebhookDelivery
 from tests.conftest import make_persona
@@ -192,3 +194,22 @@ def test_the_retry_sweep_is_scheduled_once(db):
         "openrelay.webhooks.tasks.deliver_due", Schedule.MINUTES, 1, -1)
     ensure_retry_schedule(sender=apps.get_app_config("webhooks"))
     assert Schedule.objects.filter(name="webhooks.deliver_due").count() == 1
+
+
+@pytest.mark.slow
+def test_a_real_cluster_runs_the_batch_and_delivers_its_event(alice, model, receiver, verifier, clusters):
+    _, secret = _endpoint(alice.org, receiver.url, "batch.completed")
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(20)])
+    clusters()
+    enqueue_batch(batch.pk)
+    deadline = time.monotonic() + 60
+    while not receiver.received:
+        assert time.monotonic() < deadline, "no webhook arrived"
+        time.sleep(0.05)
+    event = verifier.unwrap(receiver.received[0].body, receiver.received[0].headers, secret=secret)
+    assert (event.type, event.data.id) == ("batch.completed", batch.public_id)
+    assert Batch.objects.get(pk=batch.pk).status == BatchStatus.COMPLETED
+    deadline = time.monotonic() + 10
+    while WebhookDelivery.objects.get().status != DeliveryStatus.DELIVERED:  # the worker records it after the 200
+        assert time.monotonic() < deadline, "the delivery was not recorded"
+        time.sleep(0.05)
