@@ -222,8 +222,10 @@ app = typer.Typer(cls=_Group, no_args_is_help=True, pretty_exceptions_enable=Fal
 batches_app = typer.Typer(no_args_is_help=True, help="Create, inspect, wait for and cancel batches.")
 files_app = typer.Typer(no_args_is_help=True, help="Upload, list, inspect, delete and download files.")
 content_app = typer.Typer(no_args_is_help=True, help="A file's bytes.")
+webhooks_app = typer.Typer(no_args_is_help=True, help="Endpoints that receive batch events (signed POSTs).")
 app.add_typer(batches_app, name="batches")
 app.add_typer(files_app, name="files")
+app.add_typer(webhooks_app, name="webhooks")
 files_app.add_typer(content_app, name="content")
 
 
@@ -369,6 +371,30 @@ def show_file_list(state, files, has_more):
     state.out.print(table)
     if has_more:
         state.out.print(Text(f"More: orl files list --after {files[-1]['id']}"))
+
+
+def show_webhook(state, endpoint):
+    rows = [("id", endpoint["id"]), ("name", endpoint["name"]), ("url", endpoint["url"]),
+            ("events", ", ".join(endpoint["event_types"])), ("secret", endpoint.get("signing_secret_hint") or "-"),
+            ("created", _when(endpoint["created_at"]))]
+    state.out.print(_kv_table(rows))
+    if endpoint.get("signing_secret"):
+        # Shown by the server this once (create, rotate): the receiver needs it to check signatures.
+        state.out.print(Text(f"Signing secret (shown once, keep it): {endpoint['signing_secret']}", style="bold"),
+                        soft_wrap=True)  # never folded: it is copied whole
+
+
+def show_webhook_list(state, endpoints, has_more):
+    table = Table()
+    for column in ("id", "name", "url", "events", "created"):
+        table.add_column(column, no_wrap=column == "id")
+    for endpoint in endpoints:
+        table.add_row(*(Text(str(v)) for v in (
+            endpoint["id"], endpoint["name"], endpoint["url"], ", ".join(endpoint["event_types"]),
+            _when(endpoint["created_at"]))))
+    state.out.print(table)
+    if has_more:
+        state.out.print(Text(f"More: orl webhooks list --after {endpoints[-1]['id']}"))
 
 
 def emit(state, value, show):
@@ -757,6 +783,83 @@ def files_content_get(
         print_json({"id": file_id, "path": str(output), "bytes": written})
     else:
         state.out.print(Text(f"Saved {written:,} bytes of {file_id} to {output}."))
+
+
+# ---------------------------------------------------------------------------
+# webhooks
+
+BATCH_EVENTS = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+
+
+@webhooks_app.command("create")
+def webhooks_create(
+    ctx: typer.Context,
+    url: Annotated[str, typer.Argument(metavar="URL", help="Where the events are POSTed.")],
+    name: Annotated[Optional[str], typer.Option("--name", help="A name for it (default: the URL).")] = None,
+    events: Annotated[Optional[list[str]], typer.Option(
+        "--event", help="An event to send (repeatable; default: every batch event).")] = None,
+):
+    """Register an endpoint; prints its signing secret, once."""
+    state = ctx.obj
+    body = {"name": name or url[:200], "url": url, "event_types": events or BATCH_EVENTS}
+    emit(state, state.client().call("POST", "webhook_endpoints", json=body), show_webhook)
+
+
+@webhooks_app.command("list")
+def webhooks_list(
+    ctx: typer.Context,
+    limit: Annotated[Optional[int], typer.Option("--limit", min=1, max=100)] = None,
+    after: Annotated[Optional[str], typer.Option("--after", help="Start after this endpoint id.")] = None,
+):
+    """List endpoints, newest first."""
+    state = ctx.obj
+    params = {k: v for k, v in (("limit", limit), ("after", after)) if v is not None}
+    page = state.client().call("GET", "webhook_endpoints", params=params)
+    if state.json:
+        print_json(page)
+    else:
+        show_webhook_list(state, page["data"], page["has_more"])
+
+
+@webhooks_app.command("get")
+def webhooks_get(ctx: typer.Context, endpoint_id: Annotated[str, typer.Argument(metavar="ID")]):
+    """Show one endpoint."""
+    state = ctx.obj
+    emit(state, state.client().call("GET", f"webhook_endpoints/{_segment(endpoint_id)}"), show_webhook)
+
+
+@webhooks_app.command("delete")
+def webhooks_delete(ctx: typer.Context, endpoint_id: Annotated[str, typer.Argument(metavar="ID")]):
+    """Delete an endpoint (its undelivered events are dropped)."""
+    state = ctx.obj
+    deleted = state.client().call("DELETE", f"webhook_endpoints/{_segment(endpoint_id)}")
+    emit(state, deleted, lambda s, d: s.out.print(Text(f"Deleted {d['id']}.")))
+
+
+@webhooks_app.command("rotate")
+def webhooks_rotate(
+    ctx: typer.Context,
+    endpoint_id: Annotated[str, typer.Argument(metavar="ID")],
+    keep_old: Annotated[bool, typer.Option("--keep-old", help="The old secret keeps signing for 24 hours.")] = False,
+):
+    """Replace the signing secret; prints the new one, once."""
+    state = ctx.obj
+    endpoint = state.client().call("POST", f"webhook_endpoints/{_segment(endpoint_id)}/rotate_secret",
+                                   json={"keep_old_secret_active_for_24_hours": keep_old})
+    emit(state, endpoint, show_webhook)
+
+
+@webhooks_app.command("test")
+def webhooks_test(
+    ctx: typer.Context,
+    endpoint_id: Annotated[str, typer.Argument(metavar="ID")],
+    event: Annotated[str, typer.Option("--event", help="The sample event's type.")] = "batch.completed",
+):
+    """Send a signed sample event now and show what the endpoint answered."""
+    state = ctx.obj
+    result = state.client().call("POST", f"webhook_endpoints/{_segment(endpoint_id)}/test", json={"event_type": event})
+    emit(state, result, lambda s, r: s.out.print(Text(
+        f"Sent a sample {r['event_type']} to {r['webhook_endpoint_id']}: it answered HTTP {r['status_code']}.")))
 
 
 if __name__ == "__main__":
