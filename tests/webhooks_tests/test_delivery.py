@@ -213,3 +213,37 @@ def test_a_real_cluster_runs_the_batch_and_delivers_its_event(alice, model, rece
     while WebhookDelivery.objects.get().status != DeliveryStatus.DELIVERED:  # the worker records it after the 200
         assert time.monotonic() < deadline, "the delivery was not recorded"
         time.sleep(0.05)
+
+
+def test_a_sweep_skips_a_delivery_another_sweep_took(alice, receiver, db):
+    _endpoint(alice.org, receiver.url, "batch.cancelled")
+    batch = make_persona_batch(alice)
+    lifecycle.transition(batch, BatchStatus.CANCELLING)
+    finish.complete_cancellation(batch)
+    later = timezone.now() + timedelta(minutes=2)
+    stale = list(WebhookDelivery.objects.select_related("endpoint").filter(next_attempt_at__lte=later))
+    assert tasks.deliver_due(now=later) == 1  # this sweep took it and sent it
+    # Another sweep that read the same row before: its conditional take (the one
+    # deliver_due makes) changes nothing, so nothing is sent twice.
+    assert WebhookDelivery.objects.filter(pk=stale[0].pk, status=DeliveryStatus.PENDING,
+                                          next_attempt_at=stale[0].next_attempt_at).update(next_attempt_at=later) == 0
+    assert tasks.deliver_due(now=later) == 0 and len(receiver.received) == 1
+
+
+def test_a_delivery_being_sent_is_not_due_for_another_sweep(alice, receiver, db, monkeypatch):
+    _endpoint(alice.org, receiver.url, "batch.cancelled")
+    batch = make_persona_batch(alice)
+    lifecycle.transition(batch, BatchStatus.CANCELLING)
+    finish.complete_cancellation(batch)
+    later = timezone.now() + timedelta(minutes=2)
+    receiver.statuses = [500]
+    taken = []
+    real_deliver = services.deliver
+
+    def deliver_while_another_sweep_runs(delivery, now=None):
+        taken.append(tasks.deliver_due(now=later))  # a second sweep starts mid-send
+        return real_deliver(delivery, now=now)
+
+    monkeypatch.setattr(services, "deliver", deliver_while_another_sweep_runs)
+    assert tasks.deliver_due(now=later) == 1
+    assert taken == [0] and len(receiver.received) == 1
