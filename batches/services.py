@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from batches import events, lifecycle
-from batches.models import Batch, BatchStatus, Priority, Record
+from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
 from batches.tasks import enqueue_batch
 from batches.validation import MAX_RECORDS, FileRejected, RecordChecker, scan, too_many_message
 from billing.models import Price
@@ -238,6 +238,55 @@ def _copy_records(batch, rows):
         with cursor.connection.cursor().copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row((batch.pk, *row, *constants))
+
+
+# ---------------------------------------------------------------------------
+# Retry
+
+
+RETRYABLE_RECORD_STATUSES = (RecordStatus.FAILED, RecordStatus.EXPIRED, RecordStatus.CANCELLED)
+
+
+def retry_failed(batch):
+    """A new batch of the finished batch's error-file records, their input lines copied as they were.
+
+    Same endpoint, priority and metadata; the new input file is named
+    `<batch id>_retry.jsonl`. Lines rejected at create are not records and
+    are not retried (they would be rejected again). 409 while the batch
+    runs; 400 when nothing failed or the input file is gone.
+    """
+    if batch.status not in (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED):
+        raise Conflict(f"Only a completed, expired or cancelled batch can be retried; this one is '{batch.status}'.",
+                       code="batch_not_finished")
+    spans = list(batch.records.filter(status__in=RETRYABLE_RECORD_STATUSES).order_by("line")
+                 .values_list("offset", "length"))
+    if not spans:
+        raise ApiError(f"Batch {batch.public_id} has no failed, expired or cancelled records to retry.",
+                       code="nothing_to_retry")
+    source = batch.input_file
+    if source is None:
+        raise ApiError(f"The input file of batch {batch.public_id} has been deleted or has expired, so its lines "
+                       "can no longer be read.", param="input_file_id", code="input_file_gone")
+    now = timezone.now()
+    with files.open_content(source) as stream:
+        retry_file = files.create_file_from_chunks(
+            organization=batch.organization, filename=f"{batch.public_id}_retry.jsonl", purpose=Purpose.BATCH,
+            chunks=_lines_at(stream, spans), expires_at=files.default_expiry(Purpose.BATCH, now),
+        )
+    try:
+        return create_batch(organization=batch.organization, endpoint=batch.endpoint,
+                            input_file_id=retry_file.public_id, metadata=batch.metadata, priority=batch.priority)
+    except BaseException:
+        files.delete_file(retry_file)
+        raise
+
+
+def _lines_at(stream, spans):
+    # Spans come in line order, so the reads walk the file forward.
+    for offset, length in spans:
+        stream.seek(offset)
+        line = stream.read(length)
+        yield line if line.endswith(b"\n") else line + b"\n"
 
 
 # ---------------------------------------------------------------------------

@@ -7,4 +7,6 @@ urlpatterns = [
     path("batches", views.BatchListView.as_view(), name="batch-list"),
     path("batches/<str:batch_id>", views.BatchDetailView.as_view(), name="batch-detail"),
     path("batches/<str:batch_id>/cancel", views.BatchCancelView.as_view(), name="batch-cancel"),
+    # OpenRelay's own: a new batch of a finished batch's failed records.
+    path("batches/<str:batch_id>/retry", views.BatchRetryView.as_view(), name="batch-retry"),
 ]

@@ -83,3 +83,20 @@ class BatchCancelView(APIView):
     def post(self, request, batch_id):
         batch = services.cancel_batch(_get_batch(request, batch_id))
         return Response(batch_object(batch))
+
+
+class BatchRetryView(APIView):
+    parser_classes = [OrjsonParser]
+
+    @extend_schema(operation_id="batches_retry", summary="Retry a finished batch's failed records as a new batch",
+                   request=None, parameters=[openapi.BATCH_ID],
+                   responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 409, 429)})
+    def post(self, request, batch_id):
+        batch = services.retry_failed(_get_batch(request, batch_id))
+        return Response(batch_object(batch))
+
+    def get_throttles(self):
+        return [BatchCreateThrottle()]  # it creates a batch
+
+    def throttled(self, request, wait):
+        raise BatchCreateThrottle.exceeded(wait)

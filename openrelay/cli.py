@@ -709,6 +709,27 @@ def batches_cancel(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(m
     emit(state, state.client().call("POST", f"batches/{_segment(batch_id)}/cancel"), show_batch)
 
 
+@batches_app.command("retry")
+def batches_retry(
+    ctx: typer.Context,
+    batch_id: Annotated[str, typer.Argument(metavar="ID")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the new batch to finish, with a progress bar.")] = False,
+    poll_interval: PollInterval = 1.0,
+    download_dir: DownloadDir = None,
+):
+    """Run a finished batch's failed, expired and cancelled records again, as a new batch."""
+    state = ctx.obj
+    batch = state.client().call("POST", f"batches/{_segment(batch_id)}/retry")
+    if not state.json:
+        state.out.print(Text(f"Retrying {batch['request_counts']['total']:,} record(s) of {batch_id} as {batch['id']}."))
+        show_batch(state, batch)
+    if wait or download_dir:
+        _waiting(state, batch["id"],
+                 lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False))
+    elif state.json:
+        print_json(batch)
+
+
 @batches_app.command("wait")
 def batches_wait(
     ctx: typer.Context,

@@ -103,3 +103,20 @@ def test_it_shows_the_first_rejections_and_points_at_the_rest(orl, alice, model,
     assert "25 rejected record(s)" in result.stdout
     assert result.stdout.count("model_not_found") == 20
     assert f"... and 5 more: orl --json batches get {batch_id}" in result.stdout
+
+
+def test_it_retries_the_failed_records_of_a_finished_batch(orl, alice, model, tmp_path):
+    from batches.engine.runner import run_batch
+
+    path = write_jsonl(tmp_path / "in.jsonl", chat("a"), chat("b", "refused [[status:400]]"), chat("c"))
+    batch = json.loads(_create(orl, path).stdout)
+    run_batch(Batch.objects.get(public_id=batch["id"]).pk)
+
+    result = orl("batches", "retry", batch["id"])
+
+    assert result.exit_code == 0, result.output
+    retry = Batch.objects.exclude(public_id=batch["id"]).get()
+    assert f"Retrying 1 record(s) of {batch['id']} as {retry.public_id}." in result.stdout
+    assert retry.total_count == 1 and retry.records.get().custom_id == "b"
+    again = orl("batches", "retry", retry.public_id)  # not finished yet
+    assert again.exit_code == 1 and "batch_not_finished" in again.stderr

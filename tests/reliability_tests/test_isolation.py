@@ -45,6 +45,7 @@ API_ROUTES = [
     ("output delete", "delete", "/v1/files/{output}", None),
     ("batch retrieve", "get", "/v1/batches/{batch}", None),
     ("batch cancel", "post", "/v1/batches/{batch}/cancel", None),
+    ("batch retry", "post", "/v1/batches/{batch}/retry", None),
 ]
 # Routes that take the id as a parameter: refused with a coded 400.
 PARAM_ROUTES = [

@@ -1,0 +1,82 @@
+"""POST /v1/batches/{id}/retry: a new batch of a finished batch's error-file records."""
+
+import orjson
+
+from batches.engine.runner import run_batch
+from batches.models import Batch, BatchStatus
+from files import services as file_services
+from tests.engine_tests.conftest import chat, make_batch
+
+
+def _input_lines(batch):
+    with file_services.open_content(batch.input_file) as stream:
+        return stream.read().splitlines(keepends=True)
+
+
+def test_it_reruns_exactly_the_failed_lines_as_they_were(alice, model):
+    bodies = [chat("fine"), chat("bad [[status:400]]"), chat("fine too"), chat("broken [[status:500]]")]
+    batch = make_batch(alice.org, bodies)
+    Batch.objects.filter(pk=batch.pk).update(metadata={"team": "ml"}, priority="expedited")
+    run_batch(batch.pk)
+    batch.refresh_from_db()
+    assert (batch.status, batch.completed_count, batch.failed_count) == ("completed", 2, 2)
+
+    response = alice.client.post(f"/v1/batches/{batch.public_id}/retry")
+
+    assert response.status_code == 200, response.content
+    retry = response.json()
+    assert retry["id"] != batch.public_id and retry["status"] == "validating"
+    assert (retry["endpoint"], retry["metadata"], retry["priority"]) == (batch.endpoint, {"team": "ml"}, "expedited")
+    assert retry["request_counts"]["total"] == 2
+    new = Batch.objects.get(public_id=retry["id"])
+    original_lines = _input_lines(batch)
+    assert _input_lines(new) == [original_lines[1], original_lines[3]]  # byte for byte
+    assert new.input_file.filename == f"{batch.public_id}_retry.jsonl"
+    run_batch(new.pk)
+    new.refresh_from_db()
+    assert (new.status, new.failed_count) == ("completed", 2)  # the same answers again, from a deterministic server
+
+
+def test_it_refuses_a_running_batch_one_with_nothing_failed_and_a_lost_input(alice, model):
+    batch = make_batch(alice.org, [chat("a")])
+    running = alice.client.post(f"/v1/batches/{batch.public_id}/retry")
+    assert running.status_code == 409 and running.json()["error"]["code"] == "batch_not_finished"
+
+    run_batch(batch.pk)
+    nothing = alice.client.post(f"/v1/batches/{batch.public_id}/retry")
+    assert nothing.status_code == 400 and nothing.json()["error"]["code"] == "nothing_to_retry"
+
+    failing = make_batch(alice.org, [chat("no [[status:400]]")])
+    run_batch(failing.pk)
+    failing.refresh_from_db()
+    file_services.delete_file(failing.input_file)
+    gone = alice.client.post(f"/v1/batches/{failing.public_id}/retry")
+    assert gone.status_code == 400 and gone.json()["error"]["code"] == "input_file_gone"
+    assert Batch.objects.count() == 2  # no batch was made by the refusals
+
+
+def test_a_cancelled_batch_retries_its_cancelled_records(alice, model):
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(3)])
+    assert alice.client.post(f"/v1/batches/{batch.public_id}/cancel").status_code == 200
+    run_batch(batch.pk)  # the worker completes the cancellation
+    batch.refresh_from_db()
+    assert (batch.status, batch.failed_count) == (BatchStatus.CANCELLED, 3)
+
+    retry = alice.client.post(f"/v1/batches/{batch.public_id}/retry").json()
+
+    assert retry["request_counts"]["total"] == 3
+    custom_ids = [orjson.loads(line)["custom_id"] for line in _input_lines(Batch.objects.get(public_id=retry["id"]))]
+    assert custom_ids == ["req-1", "req-2", "req-3"]
+
+
+def test_the_openai_sdk_reaches_the_route_as_the_readme_shows(alice, model, live_server):
+    import openai
+
+    batch = make_batch(alice.org, [chat("no [[status:422]]")])
+    run_batch(batch.pk)
+    client = openai.OpenAI(api_key=alice.key, base_url=f"{live_server.url}/v1", max_retries=0)
+
+    retry = client.post(f"/batches/{batch.public_id}/retry", cast_to=openai.types.Batch)
+
+    assert isinstance(retry, openai.types.Batch) and retry.request_counts.total == 1
+    assert client.batches.retrieve(retry.id).input_file_id == retry.input_file_id
