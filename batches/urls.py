@@ -9,4 +9,6 @@ urlpatterns = [
     path("batches/<str:batch_id>/cancel", views.BatchCancelView.as_view(), name="batch-cancel"),
     # OpenRelay's own: a new batch of a finished batch's failed records.
     path("batches/<str:batch_id>/retry", views.BatchRetryView.as_view(), name="batch-retry"),
+    # OpenRelay's own: the output or error lines of the records finished so far.
+    path("batches/<str:batch_id>/results", views.BatchResultsView.as_view(), name="batch-results"),
 ]

@@ -1,16 +1,19 @@
 """The Batches API: thin views over batches.services and batches.presenters."""
 
 from django.db.models import Q
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from batches import services
+from batches.engine import results
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import parse_create_params
+from files.responses import stream_response, stream_size
 from openrelay import openapi
-from openrelay.api import OrjsonParser, json_body, parse_limit
+from openrelay.api import IgnoreAcceptNegotiation, OrjsonParser, json_body, parse_limit
 from openrelay.errors import ApiError, NotFound
 from openrelay.lists import list_object
 from openrelay.throttles import BatchCreateThrottle
@@ -100,3 +103,27 @@ class BatchRetryView(APIView):
 
     def throttled(self, request, wait):
         raise BatchCreateThrottle.exceeded(wait)
+
+
+RESULT_KINDS = ("output", "error")
+
+
+class BatchResultsView(APIView):
+    content_negotiation_class = IgnoreAcceptNegotiation
+
+    @extend_schema(operation_id="batches_results", summary="Download the results finished so far",
+                   parameters=[openapi.BATCH_ID, openapi.RESULT_KIND],
+                   responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
+                              **openapi.errors(400, 401, 404)})
+    def get(self, request, batch_id):
+        kind = request.query_params.get("kind") or "output"
+        if kind not in RESULT_KINDS:
+            raise ApiError(f"Invalid 'kind': {kind[:50]!r}; expected 'output' or 'error'.", param="kind",
+                           code="invalid_value")
+        batch = _get_batch(request, batch_id)
+        stream, lines = results.render_one(batch, kind)
+        response = stream_response(request._request, stream, stream_size(stream),
+                                   f"{batch.public_id}_{kind}_so_far.jsonl")
+        response["OpenRelay-Lines"] = str(lines)
+        response["OpenRelay-Batch-Status"] = batch.status
+        return response

@@ -12,13 +12,17 @@ DOWNLOAD_CHUNK = 1024 * 1024
 
 def download_response(request, file):
     """A streaming attachment response for `file` (a Django HttpRequest, not DRF's wrapper)."""
-    stream = services.open_content(file)
+    return stream_response(request, services.open_content(file), file.bytes, file.filename)
+
+
+def stream_response(request, stream, size, filename):
+    """A streaming attachment response for an open binary `stream` of `size` bytes; it is closed when sent."""
     # Under ASGI a sync iterator would be read whole into memory first, so
     # each server gets the iterator it can stream.
     chunks = _async_chunks(stream) if isinstance(request, ASGIRequest) else _chunks(stream)
     response = StreamingHttpResponse(chunks, content_type="application/octet-stream")
-    response["Content-Length"] = str(file.bytes)
-    response["Content-Disposition"] = content_disposition_header(True, file.filename)
+    response["Content-Length"] = str(size)
+    response["Content-Disposition"] = content_disposition_header(True, filename)
     return response
 
 
@@ -35,3 +39,10 @@ async def _async_chunks(stream):
             yield chunk
     finally:
         await sync_to_async(stream.close, thread_sensitive=False)()
+
+
+def stream_size(stream):
+    """The size of a seekable stream, left at its start."""
+    size = stream.seek(0, 2)
+    stream.seek(0)
+    return size

@@ -2,7 +2,6 @@
 
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -11,6 +10,7 @@ from files.responses import download_response
 from files.presenters import present_deleted, present_file, present_file_list
 from files.uploads import receive_upload
 from openrelay import openapi
+from openrelay.api import IgnoreAcceptNegotiation
 from openrelay.errors import ApiError
 
 
@@ -62,13 +62,6 @@ class FileView(APIView):
         file = selectors.get_file(request.user.organization, file_id)
         services.delete_unpinned_file(file)
         return Response(present_deleted(file.public_id))
-
-
-class IgnoreAcceptNegotiation(DefaultContentNegotiation):
-    """The SDK asks for `Accept: application/binary`; bytes are what it gets, errors stay JSON."""
-
-    def select_renderer(self, request, renderers, format_suffix=None):
-        return renderers[0], renderers[0].media_type
 
 
 class FileContentView(APIView):

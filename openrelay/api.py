@@ -1,7 +1,9 @@
-"""What the JSON routes of the API share: the body parser, reading the body, the list `limit`."""
+"""What the routes of the API share: the JSON body parser, reading the body, the list `limit`,
+and content negotiation for downloads."""
 
 import orjson
 from rest_framework.exceptions import ParseError
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.parsers import JSONParser
 
 from openrelay.errors import ApiError
@@ -39,3 +41,10 @@ def parse_limit(raw):
         raise ApiError(f"Invalid 'limit': expected an integer between 1 and {LIST_LIMIT_MAX}, but got {raw!r} "
                        "instead.", param="limit", code="invalid_value")
     return limit
+
+
+class IgnoreAcceptNegotiation(DefaultContentNegotiation):
+    """The SDK asks for `Accept: application/binary`; bytes are what it gets, errors stay JSON."""
+
+    def select_renderer(self, request, renderers, format_suffix=None):
+        return renderers[0], renderers[0].media_type

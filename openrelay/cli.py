@@ -511,8 +511,13 @@ def wait_for_batch(state, batch, poll_interval):
 
 def download(client, file_id, path):
     """Stream a file's content to `path` ("-" for stdout); return the bytes written."""
+    return download_route(client, f"files/{_segment(file_id)}/content", path)
+
+
+def download_route(client, route, path):
+    """Stream a GET's body to `path` ("-" for stdout); return the bytes written."""
     if str(path) == "-":
-        with client.stream(f"files/{_segment(file_id)}/content") as response:
+        with client.stream(route) as response:
             return _copy(response, sys.stdout.buffer)
     path = Path(path)
     if path.is_dir() or not path.parent.is_dir():
@@ -521,7 +526,7 @@ def download(client, file_id, path):
     partial = path.with_name(path.name + ".part")
     # A dropped connection must not leave a truncated file under the final name.
     try:
-        with client.stream(f"files/{_segment(file_id)}/content") as response, partial.open("wb") as sink:
+        with client.stream(route) as response, partial.open("wb") as sink:
             written = _copy(response, sink)
         partial.replace(path)
     except OSError as exc:
@@ -728,6 +733,25 @@ def batches_retry(
                  lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False))
     elif state.json:
         print_json(batch)
+
+
+@batches_app.command("results")
+def batches_results(
+    ctx: typer.Context,
+    batch_id: Annotated[str, typer.Argument(metavar="ID")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write; - for stdout.")],
+    errors: Annotated[bool, typer.Option("--errors", help="The error lines instead of the output lines.")] = False,
+):
+    """Download the result lines of the records finished so far (the batch may still be running)."""
+    state = ctx.obj
+    kind = "error" if errors else "output"
+    written = download_route(state.client(), f"batches/{_segment(batch_id)}/results?kind={kind}", output)
+    if output == "-":
+        return
+    if state.json:
+        print_json({"id": batch_id, "kind": kind, "path": str(output), "bytes": written})
+    else:
+        state.out.print(Text(f"Saved {written:,} bytes of {batch_id}'s {kind} lines so far to {output}."))
 
 
 @batches_app.command("wait")

@@ -279,6 +279,8 @@ ORDER = OpenApiParameter("order", str, OpenApiParameter.QUERY, enum=["asc", "des
 PURPOSE = OpenApiParameter("purpose", str, OpenApiParameter.QUERY, description="Only files with this purpose.")
 BATCH_ID = OpenApiParameter("batch_id", str, OpenApiParameter.PATH)
 FILE_ID = OpenApiParameter("file_id", str, OpenApiParameter.PATH)
+RESULT_KIND = OpenApiParameter("kind", str, OpenApiParameter.QUERY, enum=["output", "error"],
+                               description="Which lines: the output file's (default) or the error file's.")
 WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParameter.PATH)
 
 

@@ -81,6 +81,20 @@ def render(batch):
     return RenderedResults(output if counts[0] else _closed(output), counts[0], error if counts[1] else _closed(error), counts[1])
 
 
+def render_one(batch, kind):
+    """One of the two files ("output" or "error") of the records finished so far: (temp file at its start, lines).
+
+    Records still pending or running are left out, so on a finished batch
+    this is byte for byte the file finalize stored.
+    """
+    rendered = render(batch)
+    keep, lines = (rendered.output, rendered.output_lines) if kind == "output" else (rendered.error, rendered.error_lines)
+    for f in (rendered.output, rendered.error):
+        if f is not None and f is not keep:
+            f.close()
+    return (keep if keep is not None else tempfile.TemporaryFile()), lines
+
+
 def _closed(f):
     f.close()
     return None

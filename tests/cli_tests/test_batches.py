@@ -120,3 +120,19 @@ def test_it_retries_the_failed_records_of_a_finished_batch(orl, alice, model, tm
     assert retry.total_count == 1 and retry.records.get().custom_id == "b"
     again = orl("batches", "retry", retry.public_id)  # not finished yet
     assert again.exit_code == 1 and "batch_not_finished" in again.stderr
+
+
+def test_it_downloads_the_results_so_far(orl, alice, model, tmp_path):
+    from batches.engine.runner import run_batch
+
+    path = write_jsonl(tmp_path / "in.jsonl", chat("a"), chat("b", "refused [[status:400]]"))
+    batch = json.loads(_create(orl, path).stdout)
+    empty = orl("batches", "results", batch["id"], "-o", "-")
+    assert empty.exit_code == 0 and empty.stdout == ""  # nothing finished yet
+    run_batch(Batch.objects.get(public_id=batch["id"]).pk)
+
+    saved = orl("batches", "results", batch["id"], "-o", tmp_path / "so_far.jsonl")
+    assert saved.exit_code == 0 and "output lines so far" in saved.stdout
+    assert [json.loads(line)["custom_id"] for line in (tmp_path / "so_far.jsonl").read_text().splitlines()] == ["a"]
+    errors = orl("batches", "results", batch["id"], "--errors", "-o", "-")
+    assert [json.loads(line)["custom_id"] for line in errors.stdout.splitlines()] == ["b"]

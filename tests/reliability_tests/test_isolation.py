@@ -46,6 +46,7 @@ API_ROUTES = [
     ("batch retrieve", "get", "/v1/batches/{batch}", None),
     ("batch cancel", "post", "/v1/batches/{batch}/cancel", None),
     ("batch retry", "post", "/v1/batches/{batch}/retry", None),
+    ("batch results", "get", "/v1/batches/{batch}/results", None),
 ]
 # Routes that take the id as a parameter: refused with a coded 400.
 PARAM_ROUTES = [

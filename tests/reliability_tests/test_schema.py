@@ -85,7 +85,7 @@ def test_files_batches_and_webhook_operations_are_described():
                     assert response["content"]["application/json"]["schema"] == {
                         "$ref": "#/components/schemas/Error"}, (path, method, status)
     assert sorted(operation_ids) == sorted([
-        "batches_create", "batches_list", "batches_retrieve", "batches_cancel", "batches_retry",
+        "batches_create", "batches_list", "batches_retrieve", "batches_cancel", "batches_retry", "batches_results",
         "files_create", "files_list", "files_retrieve", "files_delete", "files_content",
         "webhook_endpoints_create", "webhook_endpoints_list", "webhook_endpoints_retrieve", "webhook_endpoints_update",
         "webhook_endpoints_delete", "webhook_endpoints_rotate_secret", "webhook_endpoints_test",

@@ -1,4 +1,4 @@
-"""POST /v1/batches/{id}/retry: a new batch of a finished batch's error-file records."""
+"""POST /v1/batches/{id}/retry (a new batch of the failed records) and GET /v1/batches/{id}/results (what finished so far)."""
 
 import orjson
 
@@ -80,3 +80,45 @@ def test_the_openai_sdk_reaches_the_route_as_the_readme_shows(alice, model, live
 
     assert isinstance(retry, openai.types.Batch) and retry.request_counts.total == 1
     assert client.batches.retrieve(retry.id).input_file_id == retry.input_file_id
+
+
+# --- GET /v1/batches/{id}/results: what has finished so far ------------------
+
+
+def _so_far(persona, batch, kind=None):
+    url = f"/v1/batches/{batch.public_id}/results" + (f"?kind={kind}" if kind else "")
+    response = persona.client.get(url)
+    assert response.status_code == 200, response.content
+    return response, b"".join(response.streaming_content)
+
+
+def test_results_so_far_are_the_finished_lines_in_order_and_equal_the_final_files(alice, model):
+    from batches.models import Record, RecordStatus
+
+    batch = make_batch(alice.org, [chat("one"), chat("no [[status:400]]"), chat("three"), chat("four")])
+    run_batch(batch.pk)
+    batch.refresh_from_db()
+    # Finished: byte for byte the stored files.
+    response, output = _so_far(alice, batch)
+    with file_services.open_content(batch.output_file) as stored:
+        assert output == stored.read()
+    assert (response["OpenRelay-Lines"], response["OpenRelay-Batch-Status"]) == ("3", "completed")
+    assert response["Content-Disposition"] == f'attachment; filename="{batch.public_id}_output_so_far.jsonl"'
+    _, error = _so_far(alice, batch, "error")
+    with file_services.open_content(batch.error_file) as stored:
+        assert error == stored.read()
+
+    # Mid-run: only the finished records, in line order.
+    Record.objects.filter(batch=batch, line__in=(1, 4)).update(status=RecordStatus.RUNNING)
+    _, partial = _so_far(alice, batch)
+    assert [orjson.loads(line)["custom_id"] for line in partial.splitlines()] == ["req-3"]
+
+
+def test_results_so_far_refusals(alice, bob, model):
+    batch = make_batch(alice.org, [chat("a")])
+    _, nothing_yet = _so_far(alice, batch)
+    assert nothing_yet == b""
+    bad = alice.client.get(f"/v1/batches/{batch.public_id}/results?kind=input")
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "kind"
+    foreign = bob.client.get(f"/v1/batches/{batch.public_id}/results")
+    assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "batch_not_found"
