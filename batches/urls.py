@@ -5,6 +5,10 @@ from batches import views
 # No trailing slashes: the OpenAI SDK requests /v1/batches/{id}/cancel exactly.
 urlpatterns = [
     path("batches", views.BatchListView.as_view(), name="batch-list"),
+    # What a batch may name and must keep, to be seen before submitting.
+    path("models", views.ModelListView.as_view(), name="model-list"),
+    path("models/<path:model_id>", views.ModelDetailView.as_view(), name="model-detail"),
+    path("limits", views.LimitsView.as_view(), name="limits"),
     path("batches/<str:batch_id>", views.BatchDetailView.as_view(), name="batch-detail"),
     path("batches/<str:batch_id>/cancel", views.BatchCancelView.as_view(), name="batch-cancel"),
     # OpenRelay's own: a new batch of a finished batch's failed records.

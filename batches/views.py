@@ -6,7 +6,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batches import services
+from batches import catalog, services
 from batches.engine import results
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
@@ -127,3 +127,29 @@ class BatchResultsView(APIView):
         response["OpenRelay-Lines"] = str(lines)
         response["OpenRelay-Batch-Status"] = batch.status
         return response
+
+
+class ModelListView(APIView):
+    @extend_schema(operation_id="models_list", summary="List the models a batch may use",
+                   responses={200: openapi.ref("ModelList"), **openapi.errors(401)})
+    def get(self, request):
+        data = [catalog.model_object(model) for model in catalog.enabled_models()]
+        return Response({"object": "list", "data": data})
+
+
+class ModelDetailView(APIView):
+    @extend_schema(operation_id="models_retrieve", summary="Retrieve a model", parameters=[openapi.MODEL_ID],
+                   responses={200: openapi.ref("Model"), **openapi.errors(401, 404)})
+    def get(self, request, model_id):
+        model = catalog.enabled_models().filter(name=model_id).first()
+        if model is None:
+            raise NotFound(f"The model '{model_id}' does not exist or is not enabled.", param="model",
+                           code="model_not_found")
+        return Response(catalog.model_object(model))
+
+
+class LimitsView(APIView):
+    @extend_schema(operation_id="limits_retrieve", summary="The limits a batch must keep, for this organization",
+                   responses={200: openapi.ref("Limits"), **openapi.errors(401)})
+    def get(self, request):
+        return Response(catalog.limits_object(request.user.organization))

@@ -259,6 +259,45 @@ COMPONENTS.update({
 })
 
 
+_BOUNDED = {"type": "object", "additionalProperties": {
+    "type": "object", "properties": {"default": {"type": "integer"}, "max": {"type": "integer"}}}}
+COMPONENTS.update({
+    "Model": {
+        "type": "object",
+        "required": ["id", "object", "created", "owned_by"],
+        "properties": {
+            "id": {"type": "string"},
+            "object": {"type": "string", "enum": ["model"]},
+            "created": {"type": "integer"},
+            "owned_by": {"type": "string"},
+            "openrelay": {"type": "object", "properties": {
+                "max_concurrency": {"type": "integer"},
+                "price_per_mtok": {"type": "object", "nullable": True, "properties": {
+                    "input": {"type": "string"}, "cached_input": {"type": "string"}, "output": {"type": "string"}}},
+                "priority_multiplier": {"type": "object", "additionalProperties": {"type": "string"}},
+            }},
+        },
+    },
+    "ModelList": {
+        "type": "object",
+        "required": ["object", "data"],
+        "properties": {"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": ref("Model")}},
+    },
+    "Limits": {
+        "type": "object",
+        "required": ["object", "batch", "tool_config", "workflow", "organization"],
+        "properties": {
+            "object": {"type": "string", "enum": ["openrelay.limits"]},
+            "batch": {"type": "object"},
+            "tool_config": _BOUNDED,
+            "workflow": {**_BOUNDED, "nullable": True},
+            "organization": {"type": "object", "properties": {
+                "workflows_enabled": {"type": "boolean"}, "max_concurrency": _NULLABLE_INT}},
+        },
+    },
+})
+
+
 def errors(*statuses):
     """Error responses in the envelope, one per status."""
     return {
@@ -279,6 +318,7 @@ ORDER = OpenApiParameter("order", str, OpenApiParameter.QUERY, enum=["asc", "des
 PURPOSE = OpenApiParameter("purpose", str, OpenApiParameter.QUERY, description="Only files with this purpose.")
 BATCH_ID = OpenApiParameter("batch_id", str, OpenApiParameter.PATH)
 FILE_ID = OpenApiParameter("file_id", str, OpenApiParameter.PATH)
+MODEL_ID = OpenApiParameter("model_id", str, OpenApiParameter.PATH, description="A model's name, e.g. openrelay/gemma-4-31b.")
 RESULT_KIND = OpenApiParameter("kind", str, OpenApiParameter.QUERY, enum=["output", "error"],
                                description="Which lines: the output file's (default) or the error file's.")
 WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParameter.PATH)

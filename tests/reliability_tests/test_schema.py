@@ -20,7 +20,8 @@ from tests.conftest import make_persona
 
 SCHEMA_URL = "/v1/openapi.json"
 # Routes whose shapes this project states (openrelay/openapi.py); other /v1/ routes must at least be listed.
-DESCRIBED_PREFIXES = ("/v1/files", "/v1/batches", "/v1/webhook_endpoints", "/v1/webhook_event_types")
+DESCRIBED_PREFIXES = ("/v1/files", "/v1/batches", "/v1/models", "/v1/limits", "/v1/webhook_endpoints",
+                      "/v1/webhook_event_types")
 
 
 def _schema():
@@ -86,6 +87,7 @@ def test_files_batches_and_webhook_operations_are_described():
                         "$ref": "#/components/schemas/Error"}, (path, method, status)
     assert sorted(operation_ids) == sorted([
         "batches_create", "batches_list", "batches_retrieve", "batches_cancel", "batches_retry", "batches_results",
+        "models_list", "models_retrieve", "limits_retrieve",
         "files_create", "files_list", "files_retrieve", "files_delete", "files_content",
         "webhook_endpoints_create", "webhook_endpoints_list", "webhook_endpoints_retrieve", "webhook_endpoints_update",
         "webhook_endpoints_delete", "webhook_endpoints_rotate_secret", "webhook_endpoints_test",

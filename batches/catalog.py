@@ -1,0 +1,69 @@
+"""What a user can know before submitting: the models to name and the limits a batch must keep.
+
+Both are built from the catalog and from the very constants and settings
+validation and the engine enforce, so what they say is what happens.
+"""
+
+from django.conf import settings
+from django.db.models import Q, Sum
+
+from batches import validation
+from batches.services import PRICE_MULTIPLIER
+from openrelay.models import Model
+
+
+def enabled_models():
+    # The models a record may name (validation refuses others with model_not_found).
+    return Model.objects.filter(enabled=True).select_related("price").annotate(
+        capacity=Sum("deployments__max_concurrency", filter=Q(deployments__enabled=True), default=0)
+    ).order_by("name")
+
+
+def model_object(model):
+    """OpenAI's Model object (`client.models.list()`), plus what OpenRelay knows of it."""
+    price = getattr(model, "price", None)
+    return {
+        "id": model.name,
+        "object": "model",
+        "created": int(model.created_at.timestamp()),
+        "owned_by": "openrelay",
+        "openrelay": {
+            # Calls in flight at once over every batch on the model (its deployments' max_concurrency).
+            "max_concurrency": model.capacity,
+            # USD per 1M tokens at the sync rate; a batch bills this times its priority's multiplier.
+            "price_per_mtok": None if price is None else {
+                "input": str(price.input_per_mtok), "cached_input": str(price.cached_input_per_mtok),
+                "output": str(price.output_per_mtok),
+            },
+            "priority_multiplier": {str(priority): str(multiplier) for priority, multiplier in PRICE_MULTIPLIER.items()},
+        },
+    }
+
+
+def limits_object(organization):
+    def bounded(limits):
+        return {name: {"default": default, "max": cap} for name, (default, cap) in limits.items()}
+
+    return {
+        "object": "openrelay.limits",
+        "batch": {
+            "max_requests": validation.MAX_RECORDS,
+            "max_file_bytes": settings.OPENRELAY_MAX_UPLOAD_BYTES,
+            "max_line_bytes": validation.MAX_LINE_BYTES,
+            "max_json_body_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
+            "endpoints": list(validation.ENDPOINTS),
+            "completion_windows": list(validation.COMPLETION_WINDOWS),
+            "priorities": list(validation.PRIORITIES),
+            "window_seconds": settings.OPENRELAY_BATCH_WINDOW_S,
+            "call_time_limit_seconds": settings.OPENRELAY_CALL_TIME_LIMIT_S,
+            "max_custom_id_length": validation.MAX_CUSTOM_ID,
+            "max_metadata_pairs": validation.MAX_METADATA_PAIRS,
+            "create_rate": settings.OPENRELAY_BATCH_CREATE_RATE,
+        },
+        "tool_config": bounded(validation.TOOL_CONFIG_LIMITS),
+        "workflow": bounded(validation.WORKFLOW_LIMITS) if organization.workflows_enabled else None,
+        "organization": {
+            "workflows_enabled": organization.workflows_enabled,
+            "max_concurrency": organization.max_concurrency or None,
+        },
+    }
