@@ -33,6 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from batches import services
+from batches.engine import results
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import ENDPOINTS, PRIORITIES, parse_create_params
@@ -40,7 +41,7 @@ from files import selectors as file_selectors
 from files import services as file_services
 from files.models import File, Purpose
 from files.presenters import present_file
-from files.responses import download_response
+from files.responses import download_response, stream_response, stream_size
 from files.uploads import receive_upload
 from openrelay.errors import ApiError
 from openrelay.models import Membership
@@ -59,6 +60,7 @@ TIMELINE = (
     ("cancelled_at", "Cancelled"),
 )
 CANCELLABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
+RETRYABLE = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
 
 
 # ---------------------------------------------------------------------------
@@ -233,6 +235,8 @@ def batch_detail(request, batch_id):
         "rejections_total": len(rejections),
         "accepted": obj["request_counts"]["total"],
         "just_created": request.GET.get("created") == "1",
+        # A finished batch with error-file records can run them again as a new batch.
+        "retryable": obj["status"] in RETRYABLE and obj["request_counts"]["failed"] > 0,
         "server_now": int(timezone.now().timestamp()),
         "nav": "batches",
     })
@@ -247,6 +251,31 @@ def batch_rejections(request, batch_id):
     response = HttpResponse(body, content_type="application/x-ndjson")
     response["Content-Disposition"] = content_disposition_header(True, f"{batch.public_id}_rejections.jsonl")
     return response
+
+
+@require_GET
+@member_required
+def batch_results_so_far(request, batch_id):
+    """The output (or, with ?kind=error, error) lines of the records finished so far, as JSONL."""
+    batch = _batch_or_404(request, batch_id)
+    kind = "error" if request.GET.get("kind") == "error" else "output"
+    stream, _ = results.render_one(batch, kind)
+    return stream_response(request, stream, stream_size(stream), f"{batch.public_id}_{kind}_so_far.jsonl")
+
+
+@require_POST
+@member_required
+def batch_retry(request, batch_id):
+    """A new batch of this finished batch's failed records; shows the new batch."""
+    batch = _batch_or_404(request, batch_id)
+    try:
+        retry = services.retry_failed(batch)
+    except ApiError as exc:
+        messages.error(request, exc.message)
+        return redirect("dashboard:batch", batch_id=batch.public_id)
+    messages.success(request, f"Retrying {retry.total_count} record{'s' if retry.total_count != 1 else ''} of "
+                              f"{batch.public_id} as this new batch.")
+    return redirect("dashboard:batch", batch_id=retry.public_id)
 
 
 @require_POST

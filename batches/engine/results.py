@@ -65,9 +65,11 @@ def render(batch):
                         f'"custom_id":{orjson.dumps(custom_id).decode()}')
                 if status == _SUCCEEDED:
                     out.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
+                elif status not in _ERROR_FILE_STATUSES:
+                    continue  # pending or running: not finished (yet), in no file
                 elif status_code is not None:
                     err.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
-                elif status in _ERROR_FILE_STATUSES:
+                else:
                     error_object = orjson.dumps({"code": code, "message": message}).decode()
                     err.append(f'{head},"response":null,"error":{error_object}}}\n')
             if out:

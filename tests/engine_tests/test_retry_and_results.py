@@ -112,6 +112,8 @@ def test_results_so_far_are_the_finished_lines_in_order_and_equal_the_final_file
     Record.objects.filter(batch=batch, line__in=(1, 4)).update(status=RecordStatus.RUNNING)
     _, partial = _so_far(alice, batch)
     assert [orjson.loads(line)["custom_id"] for line in partial.splitlines()] == ["req-3"]
+    _, partial_errors = _so_far(alice, batch, "error")
+    assert [orjson.loads(line)["custom_id"] for line in partial_errors.splitlines()] == ["req-2"]
 
 
 def test_results_so_far_refusals(alice, bob, model):
