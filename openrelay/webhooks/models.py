@@ -72,6 +72,8 @@ class WebhookDelivery(models.Model):
     status = models.CharField(max_length=16, choices=DeliveryStatus.choices, default=DeliveryStatus.PENDING)
     attempts = models.PositiveSmallIntegerField(default=0)
     next_attempt_at = models.DateTimeField(default=timezone.now)
+    # Set while one sender (the finalizing worker, a task, a retry sweep) makes an attempt, so no other sends too.
+    sending_until = models.DateTimeField(null=True, blank=True, editable=False)
     last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
     last_error = models.CharField(max_length=300, blank=True)
     created_at = models.DateTimeField(default=timezone.now)

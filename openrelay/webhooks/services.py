@@ -15,6 +15,7 @@ from datetime import timedelta
 import orjson
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from openrelay.errors import ApiError
@@ -25,7 +26,7 @@ from openrelay.webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDeliv
 logger = logging.getLogger("openrelay.webhooks")
 
 # Seconds to wait after attempt N fails (the retry sweep runs every minute):
-# 9 attempts over ~2.5 days, like OpenAI's 72 hours of retries.
+# 9 attempts over ~2 days (OpenAI retries for up to 72 hours).
 RETRY_AFTER_S = (60, 300, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 24 * 3600)
 KEEP_OLD_SECRET = timedelta(hours=24)
 USER_AGENT = "OpenRelay-Webhooks/1"
@@ -101,7 +102,7 @@ def batch_finished(batch, status, now):
         for endpoint in endpoints
     )
     pks = [d.pk for d in deliveries]
-    transaction.on_commit(lambda: _enqueue(pks), robust=True)
+    transaction.on_commit(lambda: _send_after_commit(pks), robust=True)
 
 
 def _event_payload(event_id, event_type, created_at, batch_id):
@@ -110,7 +111,14 @@ def _event_payload(event_id, event_type, created_at, batch_id):
                          "data": {"id": batch_id}})
 
 
-def _enqueue(pks):
+def _send_after_commit(pks):
+    if settings.WORKER_PROCESS:
+        # A worker just closed the batch: send now. A queued task would wait
+        # behind other batches' tasks, which hold workers for up to a slice.
+        for pk in pks:
+            deliver_pk(pk)
+        return
+    # A web process (a create whose every line was rejected) doesn't make its client wait.
     from django_q.tasks import async_task
 
     for pk in pks:
@@ -121,31 +129,48 @@ def _enqueue(pks):
 # Delivery
 
 
-def deliver(delivery, now=None):
-    """One attempt: a 2xx delivers; anything else schedules the next attempt or, out of attempts, fails."""
-    if delivery.status != DeliveryStatus.PENDING:
-        return delivery.status
-    endpoint = delivery.endpoint
+def deliver_pk(pk):
+    """The first attempt of a delivery (after the commit that made it), unless someone made it already."""
+    delivery = WebhookDelivery.objects.select_related("endpoint").filter(pk=pk).first()
+    if delivery is None:
+        return "gone"  # its endpoint was deleted
+    return deliver(delivery, first_only=True)
+
+
+def deliver(delivery, now=None, first_only=False):
+    """One attempt: a 2xx delivers; anything else schedules the next attempt or, out of attempts, fails.
+
+    The delivery is taken first (`sending_until`, conditional on nobody
+    sending it now), so of senders racing (the finalizing worker, a task,
+    overlapping retry sweeps) one sends. Returns the new status, or "taken".
+    """
+    now = now or timezone.now()
+    lease = now + timedelta(seconds=2 * settings.OPENRELAY_WEBHOOK_TIMEOUT_S + 60)
+    free = WebhookDelivery.objects.filter(Q(sending_until__isnull=True) | Q(sending_until__lt=now),
+                                          pk=delivery.pk, status=DeliveryStatus.PENDING)
+    if first_only:
+        free = free.filter(attempts=0)
+    if not free.update(sending_until=lease):
+        return "taken"
+    delivery.refresh_from_db(fields=["attempts", "status"])  # as the one sender now holding it
     status_code, error = None, ""
     try:
-        status_code = _post(endpoint, delivery.payload, delivery.event_id)
+        status_code = _post(delivery.endpoint, delivery.payload, delivery.event_id)
     except OutboundError as exc:
         error = exc.message  # names the origin and the failure, never a header
-    now = now or timezone.now()
+    done = timezone.now()
     delivery.attempts += 1
-    delivery.last_status_code, delivery.last_error = status_code, error[:300]
     if status_code is not None and 200 <= status_code < 300:
-        delivery.status, delivery.delivered_at = DeliveryStatus.DELIVERED, now
+        delivery.status, delivery.delivered_at = DeliveryStatus.DELIVERED, done
     elif delivery.attempts > len(RETRY_AFTER_S):
         delivery.status = DeliveryStatus.FAILED
-        logger.info("webhook %s to %s failed after %d attempts", delivery.event_id, endpoint.public_id,
+        logger.info("webhook %s to %s failed after %d attempts", delivery.event_id, delivery.endpoint.public_id,
                     delivery.attempts)
     else:
         delivery.next_attempt_at = now + timedelta(seconds=RETRY_AFTER_S[delivery.attempts - 1])
-    # Conditional on still pending: two senders racing (a task and the sweep) write once.
-    WebhookDelivery.objects.filter(pk=delivery.pk, status=DeliveryStatus.PENDING).update(
+    WebhookDelivery.objects.filter(pk=delivery.pk, sending_until=lease).update(
         status=delivery.status, attempts=delivery.attempts, last_status_code=status_code, last_error=error[:300],
-        next_attempt_at=delivery.next_attempt_at, delivered_at=delivery.delivered_at,
+        next_attempt_at=delivery.next_attempt_at, delivered_at=delivery.delivered_at, sending_until=None,
     )
     return delivery.status
 

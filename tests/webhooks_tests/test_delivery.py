@@ -47,7 +47,7 @@ def test_a_completed_batch_is_delivered_to_its_subscribers_only(alice, model, re
     assert received.headers["content-type"] == "application/json"
     delivery.refresh_from_db()
     assert (delivery.attempts, delivery.last_status_code, delivery.delivered_at is not None) == (1, 200, True)
-    assert tasks.deliver(delivery.pk) == DeliveryStatus.DELIVERED and len(receiver.received) == 1  # once
+    assert tasks.deliver(delivery.pk) == "taken" and len(receiver.received) == 1  # once
 
 
 def test_failed_attempts_back_off_and_keep_the_event_id(alice, receiver, verifier, db):
@@ -84,7 +84,7 @@ def test_a_delivery_out_of_attempts_fails(alice, receiver, db):
     delivery = WebhookDelivery.objects.get()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(attempts=len(services.RETRY_AFTER_S))
     receiver.statuses = [500]
-    assert tasks.deliver(delivery.pk) == DeliveryStatus.FAILED
+    assert services.deliver(delivery) == DeliveryStatus.FAILED  # the last retry
     assert tasks.deliver_due(now=timezone.now() + timedelta(days=30)) == 0  # never again
 
 
@@ -98,7 +98,7 @@ def test_an_unreachable_endpoint_is_retried_and_its_secret_stays_out_of_logs(ali
     delivery = WebhookDelivery.objects.get()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(attempts=len(services.RETRY_AFTER_S))
 
-    assert tasks.deliver(delivery.pk) == DeliveryStatus.FAILED
+    assert services.deliver(delivery) == DeliveryStatus.FAILED  # the last retry
     delivery.refresh_from_db()
     assert delivery.last_status_code is None and "could not connect" in delivery.last_error
     assert secret not in caplog.text and secret[6:] not in caplog.text
@@ -237,13 +237,16 @@ def test_a_delivery_being_sent_is_not_due_for_another_sweep(alice, receiver, db,
     finish.complete_cancellation(batch)
     later = timezone.now() + timedelta(minutes=2)
     receiver.statuses = [500]
-    taken = []
-    real_deliver = services.deliver
+    during = []
+    real_post = services._post
 
-    def deliver_while_another_sweep_runs(delivery, now=None):
-        taken.append(tasks.deliver_due(now=later))  # a second sweep starts mid-send
-        return real_deliver(delivery, now=now)
+    def post_while_another_sweep_runs(endpoint, body, event_id):
+        during.append(tasks.deliver_due(now=later))  # a second sweep starts mid-send
+        during.append(tasks.deliver(WebhookDelivery.objects.get().pk))  # and a task for the same delivery
+        return real_post(endpoint, body, event_id)
 
-    monkeypatch.setattr(services, "deliver", deliver_while_another_sweep_runs)
+    monkeypatch.setattr(services, "_post", post_while_another_sweep_runs)
     assert tasks.deliver_due(now=later) == 1
-    assert taken == [0] and len(receiver.received) == 1
+    assert during == [0, "taken"] and len(receiver.received) == 1
+    delivery = WebhookDelivery.objects.get()
+    assert (delivery.attempts, delivery.last_status_code) == (1, 500)
