@@ -12,7 +12,7 @@ racing to move one batch cannot both win.
 from django.db import transaction
 from django.utils import timezone
 
-from batches.models import Batch, BatchStatus as S
+from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus as S
 from openrelay.webhooks import services as webhooks
 
 ALLOWED = {
@@ -37,9 +37,6 @@ TIMESTAMP_FIELD = {
 }
 
 
-TERMINAL = {target for target, nexts in ALLOWED.items() if not nexts}
-
-
 class IllegalTransition(Exception):
     pass
 
@@ -62,7 +59,7 @@ def transition(batch, target, *, now=None, **fields):
     values = {"status": target, TIMESTAMP_FIELD[target]: now, **fields}
     with transaction.atomic():
         won = Batch.objects.filter(pk=batch.pk, status=source).update(**values) == 1
-        if won and target in TERMINAL:
+        if won and target in TERMINAL_BATCH_STATUSES:
             # The event is born with the status, in its transaction: a batch
             # that ends has its webhook deliveries, one that rolls back has none.
             webhooks.batch_finished(batch, target, now)

@@ -16,7 +16,7 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from batches.models import Batch, Record, RecordStatus
+from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
 
 
 @dataclass(frozen=True)
@@ -165,8 +165,6 @@ def live_siblings(owner, *, batch_pk=None, model_id=None, organization_id=None, 
     the batch, so two batches on one model don't each take all of it; an
     organization's cap is split among every task working its batches.
     """
-    from batches.models import BatchStatus
-
     now = now or timezone.now()
     records = Record.objects.filter(status=RecordStatus.RUNNING, lease_expires_at__gt=now)
     if batch_pk is not None:
@@ -184,8 +182,6 @@ def live_siblings(owner, *, batch_pk=None, model_id=None, organization_id=None, 
 
 def expedited_waiting(now=None, quiet_s=5):
     """Is an expedited batch waiting for a worker (queued, or no worker seen lately)?"""
-    from batches.models import BatchStatus, Priority
-
     now = now or timezone.now()
     waiting = Batch.objects.filter(priority=Priority.EXPEDITED).filter(
         Q(status=BatchStatus.VALIDATING)
