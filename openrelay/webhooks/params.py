@@ -66,6 +66,9 @@ def _url(value):
         raise _invalid_type("url", "a string", value)
     if len(value) > MAX_URL:
         raise ApiError(f"Invalid 'url': longer than {MAX_URL} characters.", param="url", code="invalid_value")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        # Never a valid URL, and PostgreSQL can't even store a NUL.
+        raise ApiError("Invalid 'url': it contains a control character.", param="url", code="invalid_url")
     try:
         check_url(value, allow_private=settings.OPENRELAY_ALLOW_PRIVATE_URLS)
     except OutboundError as exc:  # BlockedURL: a private address, a bad scheme, credentials...
