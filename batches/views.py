@@ -1,6 +1,5 @@
 """The Batches API: thin views over batches.services and batches.presenters."""
 
-from django.db.models import Q
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
@@ -13,9 +12,8 @@ from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import parse_create_params
 from files.responses import stream_response, stream_size
 from openrelay import openapi
-from openrelay.api import IgnoreAcceptNegotiation, OrjsonParser, json_body, parse_limit
+from openrelay.api import IgnoreAcceptNegotiation, OrjsonParser, json_body, newest_first_page
 from openrelay.errors import ApiError, NotFound
-from openrelay.lists import list_object
 from openrelay.throttles import BatchCreateThrottle
 
 
@@ -51,22 +49,7 @@ class BatchListView(APIView):
     @extend_schema(operation_id="batches_list", summary="List batches", parameters=[openapi.LIST_LIMIT, openapi.AFTER],
                    responses={200: openapi.ref("BatchList"), **openapi.errors(400, 401)})
     def get(self, request):
-        limit = parse_limit(request.query_params.get("limit"))
-        batches = _batches(request).order_by("-created_at", "-pk")
-        after = request.query_params.get("after")
-        if after:
-            batches = batches.filter(_older_than(request, after))
-        page = list(batches[: limit + 1])
-        data = [batch_object(batch) for batch in page[:limit]]
-        return Response(list_object(data, has_more=len(page) > limit))
-
-
-def _older_than(request, after):
-    """Rows strictly after the cursor batch in (-created_at, -pk) order."""
-    cursor = Batch.objects.for_org(request.user.organization).filter(public_id=after).values("created_at", "pk").first()
-    if cursor is None:
-        raise ApiError(f"Invalid 'after': no batch found with id '{after}'.", param="after", code="invalid_value")
-    return Q(created_at__lt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__lt=cursor["pk"])
+        return Response(newest_first_page(request, _batches(request), batch_object, "batch"))
 
 
 class BatchDetailView(APIView):

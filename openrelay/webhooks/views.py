@@ -1,15 +1,13 @@
 """Webhook endpoints API (OpenAI's /v1/webhook_endpoints): thin views over services and presenters."""
 
 from django.db import transaction
-from django.db.models import Q
 from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from openrelay.api import OrjsonParser, json_body, parse_limit
 from openrelay import openapi
-from openrelay.errors import ApiError, NotFound
-from openrelay.lists import list_object
+from openrelay.api import OrjsonParser, json_body, newest_first_page
+from openrelay.errors import NotFound
 from openrelay.webhooks import params, services
 from openrelay.webhooks.models import EVENT_TYPES, WebhookEndpoint
 from openrelay.webhooks.presenters import endpoint_object
@@ -44,21 +42,7 @@ class WebhookEndpointListView(APIView):
                    parameters=[openapi.LIST_LIMIT, openapi.AFTER],
                    responses={200: openapi.ref("WebhookEndpointList"), **openapi.errors(400, 401)})
     def get(self, request):
-        limit = parse_limit(request.query_params.get("limit"))
-        endpoints = _endpoints(request).order_by("-created_at", "-pk")
-        after = request.query_params.get("after")
-        if after:
-            endpoints = endpoints.filter(_older_than(request, after))
-        page = list(endpoints[: limit + 1])
-        return Response(list_object([endpoint_object(e) for e in page[:limit]], has_more=len(page) > limit))
-
-
-def _older_than(request, after):
-    cursor = _endpoints(request).filter(public_id=after).values("created_at", "pk").first()
-    if cursor is None:
-        raise ApiError(f"Invalid 'after': no webhook endpoint found with id '{after}'.", param="after",
-                       code="invalid_value")
-    return Q(created_at__lt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__lt=cursor["pk"])
+        return Response(newest_first_page(request, _endpoints(request), endpoint_object, "webhook endpoint"))
 
 
 class WebhookEndpointDetailView(APIView):
