@@ -107,14 +107,14 @@ def type_name(value):
     return "an object"
 
 
-def _invalid_type(param, expected, value):
+def invalid_type(param, expected, value):
     return ApiError(
         f"Invalid type for '{param}': expected {expected}, but got {type_name(value)} instead.",
         param=param, code="invalid_type",
     )
 
 
-def _missing(param):
+def missing_parameter(param):
     return ApiError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
 
 
@@ -157,15 +157,21 @@ class CreateParams:
     priority: str = "standard"
 
 
-def parse_create_params(data):
-    """Check the JSON body of `POST /v1/batches`; raise ApiError (400) on the first problem."""
+def request_object(data, known):
+    """A JSON request body that must be an object of only the `known` keys; returns it."""
     if not isinstance(data, dict):
         raise ApiError(
             f"The request body must be a JSON object, but got {type_name(data)} instead.", code="invalid_type"
         )
     for key in data:
-        if key not in CREATE_PARAMS:
+        if key not in known:
             raise ApiError(f"Unrecognized request argument supplied: {key}", param=key, code="unknown_parameter")
+    return data
+
+
+def parse_create_params(data):
+    """Check the JSON body of `POST /v1/batches`; raise ApiError (400) on the first problem."""
+    request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
     return CreateParams(
         endpoint=_parse_choice(data, "endpoint", ENDPOINTS),
@@ -182,7 +188,7 @@ def _parse_choice(data, param, allowed, default=None):
     value = data.get(param)
     if value is None:
         if default is None:
-            raise _missing(param)
+            raise missing_parameter(param)
         return default
     if value not in allowed:
         raise _invalid_choice(param, value, allowed)
@@ -196,11 +202,11 @@ def _parse_input(data):
             "Provide either 'input_file_id' or inline 'requests', not both.", param="requests", code="invalid_value"
         )
     if input_file_id is None and requests is None:
-        raise _missing("input_file_id")
+        raise missing_parameter("input_file_id")
     if input_file_id is not None and not isinstance(input_file_id, str):
-        raise _invalid_type("input_file_id", "a string", input_file_id)
+        raise invalid_type("input_file_id", "a string", input_file_id)
     if requests is not None and not isinstance(requests, list):
-        raise _invalid_type("requests", "an array of request objects", requests)
+        raise invalid_type("requests", "an array of request objects", requests)
     return input_file_id, requests
 
 
@@ -209,7 +215,7 @@ def parse_metadata(value):
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise _invalid_type("metadata", "an object", value)
+        raise invalid_type("metadata", "an object", value)
     if len(value) > MAX_METADATA_PAIRS:
         raise ApiError(
             f"Invalid 'metadata': too many properties. Expected an object with at most {MAX_METADATA_PAIRS} "
@@ -228,7 +234,7 @@ def parse_metadata(value):
                 param="metadata", code="invalid_value",
             )
         if not isinstance(item, str):
-            raise _invalid_type(f"metadata.{key}", "a string", item)
+            raise invalid_type(f"metadata.{key}", "a string", item)
         if len(item) > MAX_METADATA_VALUE:
             raise ApiError(
                 f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
@@ -244,20 +250,20 @@ def _parse_output_expiry(value):
         return None
     param = "output_expires_after"
     if not isinstance(value, dict):
-        raise _invalid_type(param, "an object", value)
+        raise invalid_type(param, "an object", value)
     for key in value:
         if key not in ("anchor", "seconds"):
             raise ApiError(f"Unrecognized request argument supplied: {param}.{key}", param=f"{param}.{key}",
                            code="unknown_parameter")
     anchor, seconds = value.get("anchor"), value.get("seconds")
     if anchor is None:
-        raise _missing(f"{param}.anchor")
+        raise missing_parameter(f"{param}.anchor")
     if anchor != "created_at":
         raise _invalid_choice(f"{param}.anchor", anchor, ("created_at",))
     if seconds is None:
-        raise _missing(f"{param}.seconds")
+        raise missing_parameter(f"{param}.seconds")
     if isinstance(seconds, bool) or not isinstance(seconds, int):
-        raise _invalid_type(f"{param}.seconds", "an integer", seconds)
+        raise invalid_type(f"{param}.seconds", "an integer", seconds)
     low, high = OUTPUT_EXPIRY_RANGE
     if not low <= seconds <= high:
         raise ApiError(

@@ -2,7 +2,7 @@
 
 from django.conf import settings
 
-from batches.validation import shown, type_name
+from batches.validation import invalid_type, missing_parameter, request_object, shown
 from openrelay.errors import ApiError
 from openrelay.outbound import OutboundError, check_url
 from openrelay.webhooks.models import EVENT_TYPES
@@ -13,49 +13,37 @@ MAX_NAME, MAX_URL = 200, 2048
 
 def parse_endpoint(data, *, partial=False):
     """{name, url, event_types} for create (all required) or update (any of them)."""
-    data = _object(data, ENDPOINT_FIELDS)
+    data = request_object(data, ENDPOINT_FIELDS)
     parsed = {}
     for field in ENDPOINT_FIELDS:
         if field not in data or (partial and data[field] is None):
             if not partial:
-                raise ApiError(f"Missing required parameter: '{field}'.", param=field,
-                               code="missing_required_parameter")
+                raise missing_parameter(field)
             continue
         parsed[field] = _PARSERS[field](data[field])
     return parsed
 
 
 def parse_rotate(data):
-    data = _object(data or {}, ("keep_old_secret_active_for_24_hours",))
+    data = request_object(data or {}, ("keep_old_secret_active_for_24_hours",))
     keep = data.get("keep_old_secret_active_for_24_hours", False)
     if keep is None:
         return False
     if not isinstance(keep, bool):
-        raise _invalid_type("keep_old_secret_active_for_24_hours", "a boolean", keep)
+        raise invalid_type("keep_old_secret_active_for_24_hours", "a boolean", keep)
     return keep
 
 
 def parse_test(data):
-    data = _object(data, ("event_type",))
+    data = request_object(data, ("event_type",))
     if "event_type" not in data:
-        raise ApiError("Missing required parameter: 'event_type'.", param="event_type",
-                       code="missing_required_parameter")
+        raise missing_parameter("event_type")
     return _event_type(data["event_type"], "event_type")
-
-
-def _object(data, known):
-    if not isinstance(data, dict):
-        raise ApiError(f"The request body must be a JSON object, but got {type_name(data)} instead.",
-                       code="invalid_type")
-    for key in data:
-        if key not in known:
-            raise ApiError(f"Unrecognized request argument supplied: {key}", param=key, code="unknown_parameter")
-    return data
 
 
 def _name(value):
     if not isinstance(value, str):
-        raise _invalid_type("name", "a string", value)
+        raise invalid_type("name", "a string", value)
     if not value.strip() or len(value) > MAX_NAME or "\x00" in value:
         raise ApiError(f"Invalid 'name': expected 1 to {MAX_NAME} characters.", param="name", code="invalid_value")
     return value
@@ -63,7 +51,7 @@ def _name(value):
 
 def _url(value):
     if not isinstance(value, str):
-        raise _invalid_type("url", "a string", value)
+        raise invalid_type("url", "a string", value)
     if len(value) > MAX_URL:
         raise ApiError(f"Invalid 'url': longer than {MAX_URL} characters.", param="url", code="invalid_value")
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
@@ -78,7 +66,7 @@ def _url(value):
 
 def _event_types(value):
     if not isinstance(value, list):
-        raise _invalid_type("event_types", "an array", value)
+        raise invalid_type("event_types", "an array", value)
     if not value:
         raise ApiError("Invalid 'event_types': list at least one event type.", param="event_types",
                        code="invalid_value")
@@ -92,11 +80,6 @@ def _event_type(value, param):
         raise ApiError(f"Invalid value for '{param}': {shown(value)}. This gateway sends batch events only; "
                        f"supported values are: {supported}.", param=param, code="invalid_value")
     return value
-
-
-def _invalid_type(param, expected, value):
-    return ApiError(f"Invalid type for '{param}': expected {expected}, but got {type_name(value)} instead.",
-                    param=param, code="invalid_type")
 
 
 _PARSERS = {"name": _name, "url": _url, "event_types": _event_types}
