@@ -324,6 +324,11 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
 
 
+def valid_header(name: str, value: str) -> bool:
+    """A header HTTP allows: a token name, and a value that can't break the header line."""
+    return bool(_TOKEN.fullmatch(name)) and not _BAD_VALUE.search(value)
+
+
 def _request_headers(
     headers: Mapping[str, str] | None, accept: str, *, has_body: bool = True
 ) -> CIMultiDict[str]:
@@ -333,7 +338,7 @@ def _request_headers(
     for name, value in (headers or {}).items():
         # Checked here so the error names the header but never its value
         # (aiohttp's own ValueError would quote the value).
-        if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(str(value)):
+        if not valid_header(name, str(value)):
             raise OutboundError(f"request header {name!r} is not valid", kind="invalid")
         merged[name] = str(value)
     return merged

@@ -23,12 +23,13 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from openrelay.outbound import valid_header
+
 # Idle connections older than this are closed instead of reused: uvicorn
 # (vLLM's server) drops idle keep-alive connections after 5 s, and a request
 # written into a connection the server is closing fails for nothing.
 KEEPALIVE_S = 4.0
 DEFAULT_PORTS = {"http": 80, "https": 443}
-_FORBIDDEN_IN_HEADERS = ("\r", "\n", "\x00")
 
 
 class TransportError(Exception):
@@ -74,7 +75,7 @@ class Origin:
         """The request head up to the body's length, for POSTs to `path` (below the base URL's path)."""
         lines = [f"POST {self.prefix}{path} HTTP/1.1", f"Host: {self.authority}"]
         for name, value in headers.items():
-            if ":" in name or any(c in name or c in value for c in _FORBIDDEN_IN_HEADERS):
+            if not valid_header(name, value):
                 raise ValueError(f"header {name!r} has a character HTTP forbids")
             lines.append(f"{name}: {value}")
         lines.append("Content-Length: ")
