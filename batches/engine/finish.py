@@ -18,6 +18,7 @@ from batches.engine import results, store
 from batches.models import Batch, BatchStatus, RecordStatus
 from billing import ledger
 from files import services as file_services
+from files.responses import stream_size
 from files.models import Purpose
 
 logger = logging.getLogger("openrelay.engine")
@@ -89,9 +90,7 @@ def _store(batch, stream, kind, stored):
         return None
     now = timezone.now()
     ttl = timedelta(seconds=batch.output_expires_after_s) if batch.output_expires_after_s else file_services.DEFAULT_OUTPUT_TTL
-    stream.seek(0, 2)
-    size = stream.tell()
-    stream.seek(0)
+    size = stream_size(stream)
     file = file_services.create_file_from_stream(
         organization=batch.organization,
         filename=f"{batch.public_id}_{kind}.jsonl",

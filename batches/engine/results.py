@@ -43,19 +43,25 @@ _ERROR_FILE_STATUSES = frozenset(s.value for s in (RecordStatus.FAILED, RecordSt
 _CHUNK = 2000
 
 
-def render(batch):
-    """Stream the batch's finished records into two temp files.
+_FILE_STATUSES = {"output": (_SUCCEEDED,), "error": tuple(sorted(_ERROR_FILE_STATUSES))}
+
+
+def render(batch, kinds=("output", "error")):
+    """Stream the batch's finished records into two temp files (or only the lines of `kinds`).
 
     Rows come straight off a (server-side, on PostgreSQL) cursor in chunks,
-    and each chunk's lines go to the files in one write.
+    and each chunk's lines go to the files in one write. Records still
+    pending or running are in no file; they are not even read.
     """
     output, error = tempfile.TemporaryFile(), tempfile.TemporaryFile()
     counts = [0, 0]
     prefix = f"{batch.pk}:".encode()
+    statuses = [status for kind in kinds for status in _FILE_STATUSES[kind]]
     columns = ", ".join(connection.ops.quote_name(Record._meta.get_field(name).column) for name in _FIELDS)
-    sql = f"SELECT {columns} FROM {connection.ops.quote_name(Record._meta.db_table)} WHERE batch_id = %s ORDER BY line"
+    sql = (f"SELECT {columns} FROM {connection.ops.quote_name(Record._meta.db_table)} "
+           f"WHERE batch_id = %s AND status IN ({', '.join(['%s'] * len(statuses))}) ORDER BY line")
     with connection.chunked_cursor() as cursor:
-        cursor.execute(sql, [batch.pk])
+        cursor.execute(sql, [batch.pk, *statuses])
         while rows := cursor.fetchmany(_CHUNK):
             out, err = [], []
             for line, custom_id, status, status_code, request_id, body, code, message in rows:
@@ -65,8 +71,6 @@ def render(batch):
                         f'"custom_id":{orjson.dumps(custom_id).decode()}')
                 if status == _SUCCEEDED:
                     out.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
-                elif status not in _ERROR_FILE_STATUSES:
-                    continue  # pending or running: not finished (yet), in no file
                 elif status_code is not None:
                     err.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
                 else:
@@ -89,7 +93,7 @@ def render_one(batch, kind):
     Records still pending or running are left out, so on a finished batch
     this is byte for byte the file finalize stored.
     """
-    rendered = render(batch)
+    rendered = render(batch, kinds=(kind,))
     keep, lines = (rendered.output, rendered.output_lines) if kind == "output" else (rendered.error, rendered.error_lines)
     for f in (rendered.output, rendered.error):
         if f is not None and f is not keep:
