@@ -59,19 +59,11 @@ def test_two_batches_on_one_model_share_its_concurrency(alice, model, settings):
         model.deployments.update(base_url=sim.base_url, max_concurrency=16)
         first = make_batch(alice.org, [chat(f"a{i}") for i in range(400)])
         second = make_batch(alice.org, [chat(f"b{i}") for i in range(200)])
-        with ThreadPoolExecutor(2) as pool:
-            running = pool.submit(_in_thread, first.pk)
-            _wait_for(lambda: Batch.objects.get(pk=first.pk).completed_count >= 16)
-            assert sim.peak == 16  # alone on the model, the first batch's task took all of it
-            joined = pool.submit(_in_thread, second.pk)
-            # The second task counts the first and starts at half; the first
-            # re-counts within STATUS_CHECK_EVERY_S and shrinks as its calls
-            # end: settled well before the second has done 8 rounds of 8 calls.
-            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 64)
-            sim.peak = 0
-            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 160)
-            shared_peak = sim.peak
-            running.result(timeout=60), joined.result(timeout=60)
+        # The second task counts the first and starts at half; the first
+        # re-counts within STATUS_CHECK_EVERY_S and shrinks as its calls
+        # end: settled well before the second has done 8 rounds of 8 calls.
+        alone_peak, shared_peak = _peaks_of_two(sim, first, second, first_done=16, settled=64, until=160)
+    assert alone_peak == 16  # alone on the model, the first batch's task took all of it
     assert shared_peak == 16
     assert {Batch.objects.get(pk=pk).status for pk in (first.pk, second.pk)} == {"completed"}
 
@@ -88,17 +80,29 @@ def test_an_organization_cap_bounds_all_its_batches_together(alice, model, setti
         sim.peak = 0
         first = make_batch(alice.org, [chat(f"a{i}") for i in range(200)])
         second = make_batch(alice.org, [chat(f"b{i}") for i in range(90)])
-        with ThreadPoolExecutor(2) as pool:
-            running = pool.submit(_in_thread, first.pk)
-            _wait_for(lambda: Batch.objects.get(pk=first.pk).completed_count >= 6)
-            joined = pool.submit(_in_thread, second.pk)
-            # Settled well before the second has done 8 rounds of its 3 calls.
-            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 24)
-            sim.peak = 0
-            _wait_for(lambda: Batch.objects.get(pk=second.pk).completed_count >= 75)
-            shared_peak = sim.peak
-            running.result(timeout=60), joined.result(timeout=60)
+        # Settled well before the second has done 8 rounds of its 3 calls.
+        _, shared_peak = _peaks_of_two(sim, first, second, first_done=6, settled=24, until=75)
     assert shared_peak == 6  # 3 + 3, the model had room for 64
+
+
+def _peaks_of_two(sim, first, second, *, first_done, settled, until):
+    """Run `first`, then `second` beside it; return the model's peak calls with `first` alone
+    (once it has done `first_done` records) and with both running (from when `second` has done
+    `settled` records to when it has done `until`)."""
+    def done(batch):
+        return Batch.objects.get(pk=batch.pk).completed_count
+
+    with ThreadPoolExecutor(2) as pool:
+        running = pool.submit(_in_thread, first.pk)
+        _wait_for(lambda: done(first) >= first_done)
+        alone_peak = sim.peak
+        joined = pool.submit(_in_thread, second.pk)
+        _wait_for(lambda: done(second) >= settled)
+        sim.peak = 0
+        _wait_for(lambda: done(second) >= until)
+        shared_peak = sim.peak
+        running.result(timeout=60), joined.result(timeout=60)
+    return alone_peak, shared_peak
 
 
 def _in_thread(batch_pk):

@@ -13,6 +13,7 @@ from .conftest import (
     AUTHORIZATION,
     SESSION,
     config,
+    execute_rounds,
     handshake_ok,
     rpc_response,
     run_rounds,
@@ -63,7 +64,7 @@ def test_no_session_no_delete_when_the_record_never_called_a_tool(official_serve
 def test_any_answer_to_the_delete_leaves_the_results_alone(delete_status):
     async def scenario():
         async with scripted_server(answer_ok, delete_status=delete_status) as server:
-            results = await _rounds(config(server.url, authorization=AUTHORIZATION), [tool_call()])
+            results = await execute_rounds(config(server.url, authorization=AUTHORIZATION), [tool_call()])
             return results, server.deleted
 
     [results], deleted = asyncio.run(scenario())
@@ -84,12 +85,3 @@ def test_a_server_gone_by_the_end_does_not_fail_the_close():
 
     results, session = asyncio.run(scenario())
     assert results == [ToolResult("call_0_0", "ok")] and session is None
-
-
-async def _rounds(tool_config, *rounds):
-    async with OutboundClient(allow_private=True) as outbound:
-        executor = McpExecutor(outbound, "req-1", tool_config)
-        try:
-            return [await executor.execute(calls) for calls in rounds]
-        finally:
-            await executor.close()
