@@ -405,6 +405,25 @@ def emit(state, value, show):
         show(state, value)
 
 
+def emit_page(state, page, show_list):
+    """A list envelope: as JSON with --json, else `show_list(state, data, has_more)`."""
+    emit(state, page, lambda s, p: show_list(s, p["data"], p["has_more"]))
+
+
+def show_deleted(state, deleted):
+    state.out.print(Text(f"Deleted {deleted['id']}."))
+
+
+def report_saved(state, output, written, record, what):
+    """After a download to `output`: nothing for stdout (it carries the content), else JSON or a line."""
+    if output == "-":
+        return
+    if state.json:
+        print_json({**record, "path": str(output), "bytes": written})
+    else:
+        state.out.print(Text(f"Saved {written:,} bytes of {what} to {output}."))
+
+
 # ---------------------------------------------------------------------------
 # Waiting
 
@@ -688,10 +707,7 @@ def batches_list(
     """List batches, newest first."""
     state = ctx.obj
     page = _list_batches(state.client(), limit, after, all_pages)
-    if state.json:
-        print_json(page)
-    else:
-        show_batch_list(state, page["data"], page["has_more"])
+    emit_page(state, page, show_batch_list)
 
 
 def _list_batches(client, limit, after, all_pages):
@@ -746,12 +762,7 @@ def batches_results(
     state = ctx.obj
     kind = "error" if errors else "output"
     written = download_route(state.client(), f"batches/{_segment(batch_id)}/results?kind={kind}", output)
-    if output == "-":
-        return
-    if state.json:
-        print_json({"id": batch_id, "kind": kind, "path": str(output), "bytes": written})
-    else:
-        state.out.print(Text(f"Saved {written:,} bytes of {batch_id}'s {kind} lines so far to {output}."))
+    report_saved(state, output, written, {"id": batch_id, "kind": kind}, f"{batch_id}'s {kind} lines so far")
 
 
 @batches_app.command("wait")
@@ -792,10 +803,7 @@ def files_list(
     state = ctx.obj
     params = {k: v for k, v in (("purpose", purpose), ("limit", limit), ("after", after)) if v is not None}
     page = state.client().call("GET", "files", params=params)
-    if state.json:
-        print_json(page)
-    else:
-        show_file_list(state, page["data"], page["has_more"])
+    emit_page(state, page, show_file_list)
 
 
 @files_app.command("get")
@@ -810,7 +818,7 @@ def files_delete(ctx: typer.Context, file_id: Annotated[str, typer.Argument(meta
     """Delete a file."""
     state = ctx.obj
     deleted = state.client().call("DELETE", f"files/{_segment(file_id)}")
-    emit(state, deleted, lambda s, d: s.out.print(Text(f"Deleted {d['id']}.")))
+    emit(state, deleted, show_deleted)
 
 
 @content_app.command("get")
@@ -822,12 +830,7 @@ def files_content_get(
     """Download a file's content, streamed to disk."""
     state = ctx.obj
     written = download(state.client(), file_id, output)
-    if output == "-":
-        return  # stdout carries the content itself
-    if state.json:
-        print_json({"id": file_id, "path": str(output), "bytes": written})
-    else:
-        state.out.print(Text(f"Saved {written:,} bytes of {file_id} to {output}."))
+    report_saved(state, output, written, {"id": file_id}, file_id)
 
 
 # ---------------------------------------------------------------------------
@@ -905,10 +908,7 @@ def webhooks_list(
     state = ctx.obj
     params = {k: v for k, v in (("limit", limit), ("after", after)) if v is not None}
     page = state.client().call("GET", "webhook_endpoints", params=params)
-    if state.json:
-        print_json(page)
-    else:
-        show_webhook_list(state, page["data"], page["has_more"])
+    emit_page(state, page, show_webhook_list)
 
 
 @webhooks_app.command("get")
@@ -923,7 +923,7 @@ def webhooks_delete(ctx: typer.Context, endpoint_id: Annotated[str, typer.Argume
     """Delete an endpoint (its undelivered events are dropped)."""
     state = ctx.obj
     deleted = state.client().call("DELETE", f"webhook_endpoints/{_segment(endpoint_id)}")
-    emit(state, deleted, lambda s, d: s.out.print(Text(f"Deleted {d['id']}.")))
+    emit(state, deleted, show_deleted)
 
 
 @webhooks_app.command("rotate")
