@@ -3,16 +3,14 @@
 The request body is parsed by Django's multipart parser with one upload
 handler, BatchInputUploadHandler, which writes the `file` part to a temporary
 file in FILE_UPLOAD_TEMP_DIR chunk by chunk, counts its bytes and stops
-storing as soon as the limit is passed. While the bytes go by it does the
-cheap checks that catch obviously wrong input (binary, not UTF-8, empty, a
-first line that is not a JSON object); checking every line belongs to batch
-create.
+storing as soon as the limit is passed. While the bytes go by it checks the
+file as a whole (UTF-8 text, no NUL byte, not empty); every line, the first
+included, is checked by batch create, where a bad one rejects only its record.
 """
 
 import codecs
 from dataclasses import dataclass
 
-import orjson
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig, SuspiciousOperation
 from django.core.files.uploadedfile import TemporaryUploadedFile
@@ -20,18 +18,11 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 
+from openrelay.asgi_handler import MULTIPART_OVERHEAD_BYTES
 from openrelay.errors import ApiError
 
-# Multipart framing and the small text fields (purpose, expires_after) that
-# ride along with the file; a body longer than limit + this can't hold an
-# acceptable file, so it is refused before anything is parsed.
-MULTIPART_OVERHEAD_BYTES = 64 * 1024
 CHUNK_SIZE = 1024 * 1024
-# How much of the first non-blank line is parsed as JSON. A longer first line
-# (a record with base64 images) is only checked to start like an object.
-FIRST_LINE_LIMIT = 1024 * 1024
 _BLANK = b" \t\r\n"
-_BOM = codecs.BOM_UTF8
 _FORMAT_HINT = "Batch input must be JSONL: UTF-8 text with one JSON request object per line."
 
 
@@ -75,7 +66,7 @@ def receive_upload(request):
     """
     limit = settings.OPENRELAY_MAX_UPLOAD_BYTES
     if _require_multipart(request) > limit + MULTIPART_OVERHEAD_BYTES:
-        _drain(request)
+        # The ASGI handler read the body to its end and dropped what passed the cap.
         raise PayloadTooLarge(limit)
     handler = BatchInputUploadHandler(request, limit=limit)
     request.upload_handlers = [handler]
@@ -90,7 +81,7 @@ def receive_upload(request):
 
 
 def _require_multipart(request):
-    """The declared body length of a multipart request; 415 or 411 otherwise."""
+    """The body length of a multipart request (however it was framed); 415 for any other type."""
     content_type = request.META.get("CONTENT_TYPE", "")
     if not content_type.startswith("multipart/form-data"):
         raise ApiError(
@@ -99,15 +90,8 @@ def _require_multipart(request):
             status=415,
             code="unsupported_media_type",
         )
-    declared = _declared_length(request)
-    if declared <= 0:
-        # Django parses multipart only with a Content-Length; a chunked body would look empty.
-        raise ApiError(
-            "A Content-Length header is required: send the upload with a known length, not chunked.",
-            status=411,
-            code="length_required",
-        )
-    return declared
+    # Under ASGI this is the count of bytes that arrived (openrelay.asgi_handler), chunked or not.
+    return _declared_length(request)
 
 
 def _parse(request):
@@ -132,12 +116,6 @@ def _declared_length(request):
         return 0
 
 
-def _drain(request):
-    """Read and drop the unread body, so the client gets the answer instead of a reset connection."""
-    while request.read(CHUNK_SIZE):
-        pass
-
-
 class BatchInputUploadHandler(FileUploadHandler):
     """Stores the first `file` part in a temporary file; counts, checks and caps it while it streams."""
 
@@ -154,8 +132,7 @@ class BatchInputUploadHandler(FileUploadHandler):
         self._taking = False
         self._size = 0
         self._decoder = codecs.getincrementaldecoder("utf-8")()
-        self._head = bytearray()
-        self._first_line_done = False
+        self._has_text = False  # a byte other than blank space seen
 
     def new_file(self, field_name, file_name, content_type, content_length, charset=None, content_type_extra=None):
         super().new_file(field_name, file_name, content_type, content_length, charset, content_type_extra)
@@ -208,7 +185,7 @@ class BatchInputUploadHandler(FileUploadHandler):
         if self.upload is not None:
             self.upload.close()
 
-    # Content checks, cheap enough to run on every chunk.
+    # Whole-file checks, cheap enough to run on every chunk.
 
     def _check(self, chunk, start):
         if (nul := chunk.find(b"\x00")) != -1:
@@ -223,8 +200,8 @@ class BatchInputUploadHandler(FileUploadHandler):
             except UnicodeDecodeError as exc:
                 self._fail(f"the file is not UTF-8 text (an invalid byte sequence at byte {start - pending + exc.start:,}).")
                 return
-        if not self._first_line_done:
-            self._collect_first_line(chunk)
+        if not self._has_text:
+            self._has_text = bool(chunk.strip(_BLANK))
 
     def _finish_checks(self):
         if self.problem is not None:
@@ -234,57 +211,12 @@ class BatchInputUploadHandler(FileUploadHandler):
         except UnicodeDecodeError:
             self._fail("the file is not UTF-8 text (it ends inside a multi-byte character).")
             return
-        if not self._first_line_done:
-            self._check_first_line(final=True)
-
-    def _collect_first_line(self, chunk):
-        if not self._head:
-            chunk = chunk.lstrip(_BLANK)  # blank lines before the first request are fine
-        self._head += chunk[: FIRST_LINE_LIMIT + 1 - len(self._head)]
-        if self._head:
-            self._check_first_line(final=False)
-
-    def _check_first_line(self, *, final):
-        head = self._head
-        end = head.find(b"\n")
-        if end == -1 and not final and len(head) <= FIRST_LINE_LIMIT:
-            return  # the first line isn't complete yet
-        self._first_line_done = True
-        self._head = bytearray()
-        if not head:
+        if not self._has_text:
             self.problem = ApiError(
                 f"The file is empty: it holds no requests. {_FORMAT_HINT}", param="file", code="empty_file"
             )
-        elif head.startswith(_BOM):
-            self._fail("the file starts with a UTF-8 byte order mark (BOM); save it as UTF-8 without a BOM.")
-        elif end == -1 and len(head) > FIRST_LINE_LIMIT:
-            # Too long to parse here; batch create parses every line anyway.
-            if not head.startswith(b"{"):
-                self._fail("the first line is not a JSON object.")
-        else:
-            self._check_first_object(head if end == -1 else head[:end])
-
-    def _check_first_object(self, line):
-        try:
-            value = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            self._fail("the first line is not valid JSON.")
-            return
-        if not isinstance(value, dict):
-            self._fail(f"the first line is a JSON {_json_kind(value)}, not an object.")
 
     def _fail(self, reason):
-        self._first_line_done = True
         self.problem = ApiError(
             f"Invalid file format for Batch API: {reason} {_FORMAT_HINT}", param="file", code="invalid_file_format"
         )
-
-
-def _json_kind(value):
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bool) or value is None:
-        return "literal"
-    return "number"

@@ -25,7 +25,7 @@ class FilesView(APIView):
 
     @extend_schema(operation_id="files_create", summary="Upload a batch input file",
                    request={"multipart/form-data": openapi.ref("FileUpload")},
-                   responses={200: openapi.ref("File"), **openapi.errors(400, 401, 411, 413, 415)})
+                   responses={200: openapi.ref("File"), **openapi.errors(400, 401, 413, 415)})
     def post(self, request):
         # request._request: the multipart body is parsed by Django with the
         # streaming, size-capped handler of files.uploads, not by DRF's parsers.
