@@ -12,7 +12,7 @@ from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import parse_create_params
 from files.responses import stream_response, stream_size
 from openrelay import openapi
-from openrelay.api import IgnoreAcceptNegotiation, OrjsonParser, json_body, newest_first_page
+from openrelay.api import IgnoreAcceptNegotiation, json_body, newest_first_page
 from openrelay.errors import ApiError, NotFound
 from openrelay.throttles import BatchCreateThrottle
 
@@ -29,8 +29,6 @@ def _get_batch(request, batch_id):
 
 
 class BatchListView(APIView):
-    parser_classes = [OrjsonParser]
-
     def get_throttles(self):
         # Creating is rate limited per organization; listing is not.
         return [BatchCreateThrottle()] if self.request.method == "POST" else []
@@ -60,10 +58,6 @@ class BatchDetailView(APIView):
 
 
 class BatchCancelView(APIView):
-    # The OpenAI SDK sends an empty body with Content-Type: application/json;
-    # this view never reads the body, so nothing tries to parse it.
-    parser_classes = [OrjsonParser]
-
     @extend_schema(operation_id="batches_cancel", summary="Cancel a batch", request=None, parameters=[openapi.BATCH_ID],
                    responses={200: openapi.ref("Batch"), **openapi.errors(401, 404, 409)})
     def post(self, request, batch_id):
@@ -72,8 +66,6 @@ class BatchCancelView(APIView):
 
 
 class BatchRetryView(APIView):
-    parser_classes = [OrjsonParser]
-
     @extend_schema(operation_id="batches_retry", summary="Retry a finished batch's failed records as a new batch",
                    request=None, parameters=[openapi.BATCH_ID],
                    responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 409, 429)})

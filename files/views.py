@@ -13,9 +13,13 @@ from openrelay import openapi
 from openrelay.api import IgnoreAcceptNegotiation
 from openrelay.errors import ApiError
 
+UPLOAD_HINT = ("Upload a file with a multipart POST to /v1/files, with the fields 'purpose' and 'file' "
+               "(curl -F purpose=batch -F file=@requests.jsonl).")
 
 
 class FilesView(APIView):
+    method_hint = UPLOAD_HINT
+
     @extend_schema(operation_id="files_list", summary="List files",
                    parameters=[openapi.PURPOSE, openapi.FILE_LIMIT, openapi.ORDER, openapi.AFTER],
                    responses={200: openapi.ref("FileList"), **openapi.errors(400, 401)})
@@ -51,6 +55,8 @@ class FilesView(APIView):
 
 
 class FileView(APIView):
+    method_hint = UPLOAD_HINT
+
     @extend_schema(operation_id="files_retrieve", summary="Retrieve a file", parameters=[openapi.FILE_ID],
                    responses={200: openapi.ref("File"), **openapi.errors(401, 404)})
     def get(self, request, file_id):

@@ -67,6 +67,12 @@ def error_response(status, message, *, param=None, code=None, type=None, headers
     return response
 
 
+def method_not_allowed(method, path, allowed, hint=None):
+    """The 405 message: which methods the route does serve, and how to do what was likely meant."""
+    served = ", ".join(m for m in allowed if m not in ("HEAD", "OPTIONS"))
+    return f"Method {method} is not allowed on {path}; it serves {served}." + (f" {hint}" if hint else "")
+
+
 def _drf_message(detail):
     """Flatten DRF's nested validation detail into (message, param)."""
     if isinstance(detail, dict):
@@ -82,6 +88,10 @@ def _drf_message(detail):
 def api_exception_handler(exc, context):
     if isinstance(exc, ApiError):
         return Response(exc.envelope(), status=exc.status, headers=exc.headers)
+    if isinstance(exc, drf_exceptions.MethodNotAllowed):
+        view, request = context["view"], context["request"]
+        message = method_not_allowed(request.method, request.path, view.allowed_methods, getattr(view, "method_hint", None))
+        return Response(envelope(message, param=None, code="method_not_allowed"), status=405)
     if isinstance(exc, drf_exceptions.APIException):
         status = exc.status_code
         if isinstance(exc, (drf_exceptions.NotAuthenticated, drf_exceptions.AuthenticationFailed)):

@@ -4,7 +4,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 
 from openrelay import hosts
-from openrelay.errors import error_response
+from openrelay.errors import error_response, method_not_allowed
 from openrelay.ids import new_request_id
 
 logger = logging.getLogger("openrelay.api")
@@ -65,7 +65,9 @@ class ApiErrorMiddleware:
         if response.status_code == 404:
             return error_response(404, f"Unknown request URL: {request.method} {request.path}.", code="unknown_url")
         if response.status_code == 405:
-            return error_response(405, f"Method {request.method} is not allowed on {request.path}.", code="method_not_allowed")
+            allowed = [m.strip() for m in response.get("Allow", "").split(",") if m.strip()]
+            message = method_not_allowed(request.method, request.path, allowed)
+            return error_response(405, message, code="method_not_allowed", headers={"Allow": response.get("Allow", "")})
         if response.status_code >= 500:
             return error_response(500, "The server had an error while processing your request.", type="server_error")
         return response

@@ -6,7 +6,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from openrelay import openapi
-from openrelay.api import OrjsonParser, json_body, newest_first_page
+from openrelay.api import json_body, newest_first_page
 from openrelay.errors import NotFound
 from openrelay.webhooks import params, services
 from openrelay.webhooks.models import EVENT_TYPES, WebhookEndpoint
@@ -28,8 +28,6 @@ def _get_endpoint(request, endpoint_id, *, for_update=False):
 
 
 class WebhookEndpointListView(APIView):
-    parser_classes = [OrjsonParser]
-
     @extend_schema(operation_id="webhook_endpoints_create", summary="Create a webhook endpoint",
                    request={"application/json": openapi.ref("WebhookEndpointCreate")},
                    responses={200: openapi.ref("WebhookEndpointWithSecret"), **openapi.errors(400, 401, 413, 415)})
@@ -46,8 +44,6 @@ class WebhookEndpointListView(APIView):
 
 
 class WebhookEndpointDetailView(APIView):
-    parser_classes = [OrjsonParser]
-
     @extend_schema(operation_id="webhook_endpoints_retrieve", summary="Retrieve a webhook endpoint",
                    parameters=[openapi.WEBHOOK_ENDPOINT_ID],
                    responses={200: openapi.ref("WebhookEndpoint"), **openapi.errors(401, 404)})
@@ -74,8 +70,6 @@ class WebhookEndpointDetailView(APIView):
 
 
 class WebhookEndpointRotateView(APIView):
-    parser_classes = [OrjsonParser]
-
     @extend_schema(operation_id="webhook_endpoints_rotate_secret", summary="Rotate a webhook endpoint's secret",
                    parameters=[openapi.WEBHOOK_ENDPOINT_ID],
                    request={"application/json": openapi.ref("WebhookEndpointRotate")},
@@ -89,8 +83,6 @@ class WebhookEndpointRotateView(APIView):
 
 
 class WebhookEndpointTestView(APIView):
-    parser_classes = [OrjsonParser]
-
     @extend_schema(operation_id="webhook_endpoints_test", summary="Send a sample event to a webhook endpoint",
                    parameters=[openapi.WEBHOOK_ENDPOINT_ID],
                    request={"application/json": openapi.ref("WebhookEndpointTest")},

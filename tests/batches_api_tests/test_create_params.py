@@ -91,13 +91,13 @@ class TestCreateParams:
     def test_it_refuses_a_malformed_json_body(self, alice):
         response = alice.client.post("/v1/batches", data=b'{"endpoint": ', content_type="application/json")
         error = error_of(response)
-        assert error["type"] == "invalid_request_error"
-        assert "JSON parse error" in error["message"]
+        assert (error["type"], error["code"]) == ("invalid_request_error", "parse_error")
+        assert "could not parse the JSON body" in error["message"] and "line 1, column 14" in error["message"]
 
     def test_it_refuses_a_body_nested_too_deep(self, alice):
         payload = b'{"metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
         response = alice.client.post("/v1/batches", data=payload, content_type="application/json")
-        assert "JSON parse error" in error_of(response)["message"]
+        assert "depth limit exceeded" in error_of(response)["message"]
 
     @pytest.mark.parametrize("payload", [b"[1, 2]", b'"text"', b"null", b"3"])
     def test_it_refuses_a_body_that_is_not_an_object(self, alice, payload):
@@ -108,8 +108,9 @@ class TestCreateParams:
 
     def test_it_refuses_form_bodies(self, alice):
         response = alice.client.post("/v1/batches", data="endpoint=x", content_type="application/x-www-form-urlencoded")
-        assert response.status_code == 415
-        assert response.json()["error"]["type"] == "invalid_request_error"
+        error = error_of(response, 415)
+        assert (error["type"], error["code"]) == ("invalid_request_error", "unsupported_media_type")
+        assert "Content-Type: application/json" in error["message"]
 
 
 @pytest.mark.django_db

@@ -41,9 +41,12 @@ class TestEnvelope:
         error = _assert_envelope(alice.client.get("/v1/nope"), 404)
         assert error["type"] == "not_found_error"
 
-    def test_it_answers_405(self, alice):
-        error = _assert_envelope(alice.client.put("/v1/batches"), 405)
-        assert error["type"] == "invalid_request_error"
+    def test_it_answers_405_saying_which_methods_the_route_serves(self, alice):
+        response = alice.client.put("/v1/batches")
+        error = _assert_envelope(response, 405)
+        assert (error["type"], error["code"]) == ("invalid_request_error", "method_not_allowed")
+        assert error["message"] == "Method PUT is not allowed on /v1/batches; it serves GET, POST."
+        assert "POST" in response["Allow"]
 
     def test_it_answers_401(self):
         _assert_envelope(APIClient().get("/v1/files"), 401)

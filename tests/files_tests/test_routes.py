@@ -171,8 +171,15 @@ class TestRetrieveContentDelete:
 
     def test_it_answers_405_for_other_methods(self, alice):
         (file_id,) = _make(alice)
-        assert_envelope(alice.client.put(f"/v1/files/{file_id}"), 405)
-        assert_envelope(alice.client.post(f"/v1/files/{file_id}/content"), 405)
+        assert "it serves GET, DELETE" in assert_envelope(alice.client.put(f"/v1/files/{file_id}"), 405)["message"]
+        assert "it serves GET." in assert_envelope(alice.client.post(f"/v1/files/{file_id}/content"), 405)["message"]
+
+    def test_it_says_how_to_upload_to_a_put(self, alice):
+        # curl -T requests.jsonl $BASE/files sends a PUT.
+        error = assert_envelope(alice.client.put("/v1/files", CHAT_LINE, content_type="application/octet-stream"), 405)
+        assert error["code"] == "method_not_allowed"
+        assert error["message"].startswith("Method PUT is not allowed on /v1/files; it serves GET, POST.")
+        assert "multipart POST" in error["message"] and "-F file=@requests.jsonl" in error["message"]
 
     def test_it_requires_an_api_key(self, client):
         for path in ("/v1/files", "/v1/files/file-x", "/v1/files/file-x/content"):
