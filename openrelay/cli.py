@@ -205,8 +205,36 @@ def _report(state, error):
         state.err.print(Text(state.redact(f"  {line}")))
 
 
+# The root's options, which may also follow the command (`orl batches get ID --json`), as gh,
+# kubectl and aws allow: they are moved in front of it before parsing.
+_GLOBAL_FLAGS = ("--json",)
+_GLOBAL_WITH_VALUE = ("--api-key", "--base-url")
+
+
+def global_options_first(args):
+    """`args` with every global option (and its value) moved to the front; nothing after `--` moves."""
+    front, rest = [], []
+    tokens = iter(args)
+    for token in tokens:
+        if token == "--":
+            rest += [token, *tokens]
+        elif token in _GLOBAL_FLAGS or token.partition("=")[0] in _GLOBAL_WITH_VALUE and "=" in token:
+            front.append(token)
+        elif token in _GLOBAL_WITH_VALUE:
+            value = next(tokens, None)
+            if value is None:
+                raise typer.BadParameter("it needs a value.", param_hint=f"'{token}'")
+            front += [token, value]
+        else:
+            rest.append(token)
+    return front + rest
+
+
 class _Group(TyperGroup):
-    """The root group: turns CliError from any command into stderr text and an exit code."""
+    """The root group: global options anywhere; CliError from any command becomes stderr text and an exit code."""
+
+    def parse_args(self, ctx, args):
+        return super().parse_args(ctx, global_options_first(args))
 
     def invoke(self, ctx):
         try:
