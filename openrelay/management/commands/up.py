@@ -1,29 +1,41 @@
 """`python manage.py up`: the whole product on one machine, in one command.
 
-Migrates, makes sure a development organization exists and prints a fresh
-API key for it and a fresh password for its dashboard user `dev`, starts the
-simulated model server and registers a model on it, then runs the ASGI web
-server (uvicorn: HTTP + websockets) and a django-q2 cluster until Ctrl-C.
+Migrates, makes sure a development organization exists with an API key and
+a dashboard user `dev`, starts the simulated model server and registers a
+model on it, then runs the ASGI web server (uvicorn: HTTP + websockets) and a
+django-q2 cluster until Ctrl-C. Once the web server answers it prints where
+everything is, the API key last.
+
+The key and the password are kept in the data dir (dev-credentials.json,
+readable by its owner only), so a restart prints the same ones: the plaintext
+of a key is stored nowhere else. When one can't be kept (the file is gone,
+the key was revoked) the banner says what was made instead.
 """
 
+import json
 import os
 import secrets
+import socket
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
+from openrelay.auth import authenticate_key
 from openrelay.models import ApiKey, Membership, Organization
 
 DEV_ORG = "dev"
 DEV_KEY_NAME = "printed by manage.py up"
 DEV_USER = "dev"
 DEFAULT_MODEL = "openrelay/gemma-4-31b"
+CREDENTIALS_FILE = "dev-credentials.json"
+KEPT = "the same as last start"
 
 
 class Command(BaseCommand):
@@ -40,8 +52,9 @@ class Command(BaseCommand):
         # A plain `kill` must stop the children too, like Ctrl-C does.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         call_command("migrate", interactive=False, verbosity=0)
-        key = self._dev_key()
-        password = self._dev_user()
+        key, key_note, password, password_note = self._credentials()
+        # The children log warnings and errors only, so the banner stays the last thing printed.
+        os.environ.setdefault("OPENRELAY_LOG_LEVEL", "WARNING")
         children = []
         try:
             if not no_simulator:
@@ -50,42 +63,95 @@ class Command(BaseCommand):
                              input_price="0.20", cached_input_price="0.05", output_price="0.80", stdout=self.stdout)
             children.append(self._spawn([sys.executable, "manage.py", "qcluster"]))
             children.append(self._spawn([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
-                                          "--no-access-log", "openrelay.asgi:application"]))
-            self._banner(host, port, key, model, password)
+                                          "--no-access-log", "--log-level", "warning", "openrelay.asgi:application"]))
+            if self._wait_until_listening(children, host, port):
+                self._banner(host, port, model, key, key_note, password, password_note)
             self._supervise(children)
         except KeyboardInterrupt:
             pass
         finally:
             self._stop(children)
 
-    def _dev_key(self):
-        org, _ = Organization.objects.get_or_create(name=DEV_ORG, defaults={"workflows_enabled": True})
-        # The plaintext of old keys is stored nowhere, so every start prints a new one.
-        for old in ApiKey.objects.active().filter(organization=org, name=DEV_KEY_NAME):
-            old.revoke()
-        return ApiKey.issue(org, name=DEV_KEY_NAME)[1]
+    def _credentials(self):
+        """(API key, what the banner says of it, password or None, what it says of that), kept in the data dir."""
+        saved = self._saved_credentials()
+        key, key_note = self._dev_key(saved.get("api_key"))
+        password, password_note = self._dev_user(saved.get("password"))
+        self._save_credentials({"api_key": key, "password": password or saved.get("password")})
+        return key, key_note, password, password_note
 
-    def _dev_user(self):
-        """A dashboard (and admin) user `dev` in the dev organization, with a fresh password each start."""
+    def _credentials_path(self):
+        return Path(settings.DATA_DIR) / CREDENTIALS_FILE
+
+    def _saved_credentials(self):
+        try:
+            saved = json.loads(self._credentials_path().read_text())
+        except (OSError, ValueError):
+            saved = None
+        if not isinstance(saved, dict):
+            return {}
+        return {name: value for name, value in saved.items() if isinstance(value, str)}
+
+    def _save_credentials(self, credentials):
+        fd = os.open(self._credentials_path(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # also when an older file had wider permissions
+        with os.fdopen(fd, "w") as out:
+            json.dump(credentials, out)
+
+    def _dev_key(self, saved_key):
+        """(the dev organization's API key, what the banner says of it): the saved key while it works."""
+        org, _ = Organization.objects.get_or_create(name=DEV_ORG, defaults={"workflows_enabled": True})
+        found = authenticate_key(saved_key) if saved_key else None
+        if found is not None and found.organization_id == org.pk:
+            return saved_key, KEPT
+        key = ApiKey.issue(org, name=DEV_KEY_NAME)[1]
+        if not saved_key:
+            return key, "new"
+        return key, f"new: the saved one ({saved_key[:12]}...) no longer works (revoked, or another database)"
+
+    def _dev_user(self, saved_password):
+        """(the password of the dashboard and admin user `dev`, or None when it is the user's own; the note)."""
         org = Organization.objects.get(name=DEV_ORG)
-        user, _ = get_user_model().objects.get_or_create(username=DEV_USER, defaults={"is_staff": True, "is_superuser": True})
+        user, created = get_user_model().objects.get_or_create(
+            username=DEV_USER, defaults={"is_staff": True, "is_superuser": True})
+        Membership.objects.update_or_create(user=user, defaults={"organization": org})
+        if not created and saved_password:
+            if user.check_password(saved_password):
+                return saved_password, KEPT
+            # Changed since up saved it (in the admin, or manage.py changepassword): it stays.
+            return None, "the one you set (manage.py changepassword dev to change it)"
         password = secrets.token_urlsafe(12)
         user.set_password(password)
         user.save(update_fields=["password"])
-        Membership.objects.update_or_create(user=user, defaults={"organization": org})
-        return password
+        return password, "new" if created else "new: it replaces the old one, which up had not saved"
+
+    def _wait_until_listening(self, children, host, port, timeout=60):
+        """Wait for the web server to accept connections (the children's start-up output is then done);
+        False if a child stopped first or it took too long."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and all(child.poll() is None for child in children):
+            try:
+                socket.create_connection((host, port), timeout=0.5).close()
+                return True
+            except OSError:
+                time.sleep(0.1)
+        return False
 
     def _spawn(self, argv):
         return subprocess.Popen(argv, cwd=settings.BASE_DIR, env=os.environ.copy())
 
-    def _banner(self, host, port, key, model, password):
+    def _banner(self, host, port, model, key, key_note, password, password_note):
         url = f"http://{host}:{port}"
+        shown = f"password {password}  ({password_note})" if password else f"password: {password_note}"
         self.stdout.write(self.style.SUCCESS(f"\nOpenRelay Batch is running at {url}  (dashboard {url}/, API {url}/v1)"))
-        self.stdout.write(f"Dashboard sign-in: user {DEV_USER}, password {password}    Model: {model}    Data: {settings.DATA_DIR}")
+        self.stdout.write(f"Model: {model}    Data: {settings.DATA_DIR}")
+        self.stdout.write(f"Dashboard sign-in: user {DEV_USER}, {shown}")
         self.stdout.write(f"export OPENAI_BASE_URL={url}/v1 OPENRELAY_BASE_URL={url}/v1")
         self.stdout.write(f"export OPENAI_API_KEY={key} OPENRELAY_API_KEY={key}")
+        self.stdout.write(f"The API key is {key_note}; restarts keep it (saved in {self._credentials_path()}).")
         self.stdout.write("API key:")
         self.stdout.write(key)
+        self.stdout.flush()
 
     def _supervise(self, children):
         while all(child.poll() is None for child in children):
