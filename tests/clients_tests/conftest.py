@@ -84,7 +84,7 @@ class Process:
 def child_env(data_dir):
     env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
            "OPENRELAY_ALLOW_PRIVATE_URLS": "true", "OPENRELAY_LOG_LEVEL": "WARNING",
-           "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_TASKS_PER_BATCH": "2"}
+           "OPENRELAY_Q_WORKERS": "2"}
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return env
 
