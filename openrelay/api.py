@@ -1,5 +1,5 @@
-"""What the routes of the API share: reading a JSON body, the list `limit`, the 405 answer,
-and content negotiation for downloads."""
+"""What the routes of the API share: reading a JSON body, the list `limit`, and content
+negotiation for downloads."""
 
 import orjson
 from django.conf import settings
@@ -24,7 +24,7 @@ def json_body(request):
     """
     media_type = request.META.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
     if media_type not in ("", JSON_TYPE, FORM_TYPE):
-        raise ApiError(f"Unsupported Content-Type {media_type!r}: this route reads a JSON body. {SEND_JSON}.",
+        raise ApiError(f"Unsupported Content-Type {media_type[:100]!r}: this route reads a JSON body. {SEND_JSON}.",
                        status=415, code="unsupported_media_type")
     try:
         raw = request.body
