@@ -16,4 +16,10 @@ class BatchesConfig(AppConfig):
     name = "batches"
 
     def ready(self):
+        from django_q.signals import post_spawn
+
+        from batches.engine import process
+
         post_migrate.connect(ensure_sweeper_schedule, sender=self)
+        # Every q2 worker process runs an engine beside its tasks.
+        post_spawn.connect(process.on_spawn, dispatch_uid="openrelay-engine")

@@ -95,11 +95,6 @@ class Batch(models.Model):
     price_multiplier = models.DecimalField(max_digits=4, decimal_places=2, default=Decimal("0.5"))
     billed_at = models.DateTimeField(null=True, blank=True)
 
-    # Liveness for the sweeper: when a task was last handed this batch and
-    # when a worker last reported working on it.
-    enqueued_at = models.DateTimeField(null=True, blank=True)
-    worker_seen_at = models.DateTimeField(null=True, blank=True)
-
     objects = BatchQuerySet.as_manager()
 
     class Meta:
@@ -168,3 +163,28 @@ class Record(models.Model):
         """Stable `batch_req_` id, derived so finalizing twice writes the same id."""
         digest = hashlib.sha256(f"{self.batch_id}:{self.line}".encode()).hexdigest()
         return "batch_req_" + digest[:32]
+
+
+class Engine(models.Model):
+    """A live engine: one per worker process, on any machine.
+
+    Its heartbeat (`seen_at`, renewed with its records' leases) is how the
+    engines count each other: each takes its part of every deployment's
+    max_concurrency and every organization's cap by its rank among the
+    live ones (batches.engine.scheduler.split). A clean stop deletes the
+    row, so the others take its part at once. A joining engine takes its
+    part only as the others give theirs up (`holding`), so together they
+    never exceed a deployment's limit.
+    """
+
+    owner = models.CharField(max_length=64, unique=True)
+    # {deployment id: the calls it may have in flight there now, max(its share, its calls)}:
+    # an engine takes no more of a deployment than the others leave it.
+    holding = models.JSONField(default=dict)
+    host = models.CharField(max_length=100, blank=True)
+    pid = models.PositiveIntegerField(default=0)
+    started_at = models.DateTimeField(default=timezone.now)
+    seen_at = models.DateTimeField(default=timezone.now, db_index=True)
+
+    def __str__(self):
+        return self.owner

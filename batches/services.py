@@ -1,4 +1,4 @@
-"""Batch writes that span several steps: create (file -> records -> batch -> enqueue) and cancel."""
+"""Batch writes that span several steps: create (file -> records -> batch) and cancel."""
 
 from datetime import timedelta
 from decimal import Decimal
@@ -11,7 +11,6 @@ from django.utils import timezone
 
 from batches import events, lifecycle
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
-from batches.tasks import enqueue_batch
 from batches.validation import MAX_RECORDS, FileRejected, RecordChecker, scan, too_many_message
 from billing.models import Price
 from files import services as files
@@ -28,7 +27,7 @@ CANCELLED_OR_CANCELLING = (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
 
 def create_batch(*, organization, endpoint, completion_window="24h", input_file_id=None, requests=None,
                  metadata=None, output_expires_after_s=None, priority=Priority.STANDARD):
-    """Validate every record of the input and create the batch; enqueue it on commit.
+    """Validate every record of the input and create the batch (the engines pick it up).
 
     The input is either an uploaded purpose-`batch` file or inline `requests`,
     which are first stored as such a file so every batch has one. Raises
@@ -156,19 +155,14 @@ def _start_or_fail(batch, file, result):
     # Records point into the file by offset; the pin stops its deletion until
     # the engine unpins it at the end.
     files.pin(file)
-    _enqueue_on_commit(batch)
+    _announce_on_commit(batch)
 
 
-def _enqueue_on_commit(batch):
-    # robust: a broker hiccup after the commit must not turn a created batch
-    # into an error answer; the sweeper re-enqueues batches never handed out.
-    transaction.on_commit(lambda: _hand_out(batch.pk), robust=True)
-
-
-def _hand_out(batch_pk):
-    """After commit: give the batch to the workers, then show its new status live."""
-    enqueue_batch(batch_pk)
-    events.batch_changed_sync(batch_pk)
+def _announce_on_commit(batch):
+    # Nothing to enqueue: every engine reads the running batches every
+    # POLL_S. robust: a channel-layer hiccup must not turn a created (or
+    # cancelled) batch into an error answer.
+    transaction.on_commit(lambda: events.batch_changed_sync(batch.pk), robust=True)
 
 
 # ---------------------------------------------------------------------------
@@ -296,7 +290,7 @@ def _lines_at(stream, spans):
 def cancel_batch(batch):
     """Ask a running batch to stop; return it as it now stands.
 
-    validating / in_progress -> cancelling (a worker finishes the cancellation).
+    validating / in_progress -> cancelling (an engine stops its records and finishes the cancellation).
     Already cancelling or cancelled: unchanged. Anything else: 409.
     """
     # Each lost race means the status moved forward; there are only so many
@@ -308,7 +302,7 @@ def cancel_batch(batch):
             raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.", code="batch_not_cancellable")
         with transaction.atomic():
             if lifecycle.transition(batch, BatchStatus.CANCELLING):
-                _enqueue_on_commit(batch)
+                _announce_on_commit(batch)
                 return batch
         batch.refresh_from_db()
     raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.", code="batch_not_cancellable")

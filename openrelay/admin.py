@@ -70,6 +70,7 @@ class DeploymentInline(admin.TabularInline):
     model = Deployment
     form = DeploymentForm
     extra = 0
+    readonly_fields = ("health", "health_changed_at", "last_error")
 
 
 @admin.register(Model)
@@ -81,8 +82,12 @@ class ModelAdmin(admin.ModelAdmin):
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
     form = DeploymentForm
-    list_display = ("model", "base_url", "upstream_model", "max_concurrency", "enabled")
-    list_filter = ("model", "enabled")
+    list_display = ("model", "base_url", "upstream_model", "max_concurrency", "enabled", "health",
+                    "health_changed_at", "last_error")
+    list_filter = ("model", "enabled", "health")
+    # Written by the engines as they take a failing deployment out of the rotation and
+    # probe it back in (batches.engine.health); the error has the deployment's key removed.
+    readonly_fields = ("health", "health_changed_at", "last_error")
 
 
 class MembershipInline(admin.StackedInline):

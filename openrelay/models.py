@@ -99,6 +99,11 @@ class Model(models.Model):
         return self.name
 
 
+class DeploymentHealth(models.TextChoices):
+    HEALTHY = "healthy"
+    UNHEALTHY = "unhealthy"
+
+
 class Deployment(models.Model):
     """One OpenAI-compatible server that can run a Model."""
 
@@ -109,6 +114,13 @@ class Deployment(models.Model):
     max_concurrency = models.PositiveIntegerField(default=64)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+
+    # Written by the engines (batches.engine.health) as they take a failing
+    # deployment out of the rotation and probe it back in.
+    health = models.CharField(max_length=16, choices=DeploymentHealth.choices, default=DeploymentHealth.HEALTHY,
+                              editable=False)
+    health_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    last_error = models.TextField(blank=True, editable=False, help_text="The last failure, without secrets.")
 
     class Meta:
         ordering = ["id"]

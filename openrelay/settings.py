@@ -131,19 +131,18 @@ else:
 
 Q_CLUSTER = {
     "name": "openrelay",
+    # Each worker process runs one engine (a thread: batches.engine.process)
+    # beside the q2 tasks it executes; tasks are short (sweeps, webhook
+    # deliveries, file expiry), so none holds a worker for long.
     "workers": envint("OPENRELAY_Q_WORKERS", 2, minimum=1),
     "recycle": 500,
-    # A batch task runs until its batch has no claimable records; the sweeper
-    # hands out a fresh task well before this, so the timeout only bounds
-    # a stuck task.
-    "timeout": envint("OPENRELAY_Q_TIMEOUT_S", 7200, minimum=10),
-    "retry": envint("OPENRELAY_Q_TIMEOUT_S", 7200, minimum=10) + 60,
+    "timeout": envint("OPENRELAY_Q_TIMEOUT_S", 600, minimum=10),
+    "retry": envint("OPENRELAY_Q_TIMEOUT_S", 600, minimum=10) + 60,
     "max_attempts": 1,
     "ack_failures": True,
     "catch_up": False,
     "save_limit": 1000,
     "label": "Tasks",
-    # How often the ORM broker looks for new tasks: a batch waits at most this long to start.
     "poll": 0.1,
 }
 if REDIS_URL:
@@ -213,19 +212,20 @@ OPENRELAY_WEBHOOK_TIMEOUT_S = envfloat("OPENRELAY_WEBHOOK_TIMEOUT_S", 10.0, mini
 # Engine knobs.
 OPENRELAY_CALL_TIME_LIMIT_S = envfloat("OPENRELAY_CALL_TIME_LIMIT_S", 1800.0, minimum=0.01)
 OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum=1)
-OPENRELAY_LEASE_S = envint("OPENRELAY_LEASE_S", 120, minimum=1)
-# How long a worker waits for a lost database connection to come back before its task gives up.
+# A record is its engine's while the lease lives; engines renew theirs every
+# quarter of it, so a dead engine's records are claimable again within this.
+OPENRELAY_LEASE_S = envint("OPENRELAY_LEASE_S", 10, minimum=1)
+# How long a worker waits for a lost database connection to come back before its engine gives up.
 OPENRELAY_DB_OUTAGE_S = envint("OPENRELAY_DB_OUTAGE_S", 60, minimum=0)
 OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)
+# How often a 429 (the server asks to wait) is waited out before it is the record's answer.
 OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
-# A task stops claiming after this long and re-queues its batch, so it ends
-# well inside the q2 timeout even with 30-minute calls in flight.
-OPENRELAY_TASK_SLICE_S = envint("OPENRELAY_TASK_SLICE_S", 1800, minimum=1)
-# How many worker tasks are handed each batch; each works its own chunks.
-OPENRELAY_TASKS_PER_BATCH = envint("OPENRELAY_TASKS_PER_BATCH", 2, minimum=1)
-# Most model calls one worker task keeps in flight (0: no cap of its own, only
-# its share of the deployments' max_concurrency among the tasks on the batch).
-OPENRELAY_TASK_CONCURRENCY = envint("OPENRELAY_TASK_CONCURRENCY", 0, minimum=0)
+# A stopping engine (SIGTERM) lets calls in flight finish for this long, then hands the rest back.
+OPENRELAY_STOP_GRACE_S = envfloat("OPENRELAY_STOP_GRACE_S", 30.0, minimum=0)
+# A deployment out of the rotation is probed with backoff up to this interval.
+OPENRELAY_PROBE_MAX_S = envfloat("OPENRELAY_PROBE_MAX_S", 10.0, minimum=0.1)
+# Run an engine in each q2 worker process (off: the cluster runs only tasks).
+OPENRELAY_ENGINE = envbool("OPENRELAY_ENGINE", True)
 OPENRELAY_MAX_UPLOAD_BYTES = envint("OPENRELAY_MAX_UPLOAD_BYTES", 209_715_200, minimum=1)
 # Requests running views at once in one web process (each holds a database
 # connection); more wait their turn. Keep (web processes x this) + workers

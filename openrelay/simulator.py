@@ -81,7 +81,8 @@ Server-wide knobs (`SimulatorConfig`, or the command-line flags):
 `latency_ms` (added to every answer), `error_rates` ({status: probability}),
 `drop_rate`, `hang_rate`, `retry_after_s`, `seed`, `fail_all_status` (every
 request gets that status: a dead deployment), `drop_all` (every connection is
-dropped), `record`, `record_limit`, `models` (listed by `/v1/models`).
+dropped), `api_key` (when set, a request without `Authorization: Bearer <it>`
+gets 401, as vLLM's `--api-key` answers), `record`, `record_limit`, `models` (listed by `/v1/models`).
 The random draw for a request is seeded by (seed, body hash, how many times
 that body was seen), so a run is reproducible even when requests arrive
 concurrently in a different order, and a retried body gets a fresh draw.
@@ -151,6 +152,7 @@ class SimulatorConfig:
     seed: int = 0
     fail_all_status: int | None = None
     drop_all: bool = False
+    api_key: str = ""
     record: bool = True
     record_limit: int = 10_000
     models: tuple[str, ...] = DEFAULT_MODELS
@@ -804,6 +806,8 @@ class ModelServer:
         # An unparsable body is recorded as text: tests want to see what came.
         recorded = body if body is not None else raw.decode(errors="replace")
         self.state.record(request.path, request.headers, recorded)
+        if not self._authorized(request):
+            return json_response(error_envelope(401, "Invalid API key."), 401)
         if not isinstance(body, dict):
             return json_response(error_envelope(400, "The body must be a JSON object."), 400)
         directives = parse_fault_directives(endpoint.text_of(body))
@@ -863,7 +867,12 @@ class ModelServer:
         for task in list(self._parked):
             task.cancel()
 
+    def _authorized(self, request: web.Request) -> bool:
+        return not self.config.api_key or request.headers.get("Authorization") == f"Bearer {self.config.api_key}"
+
     async def list_models(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return json_response(error_envelope(401, "Invalid API key."), 401)
         if self.config.drop_all:
             return await self._drop(request)
         if self.config.fail_all_status:

@@ -11,23 +11,23 @@ openrelay.outbound) costs two to three times its CPU a call.
 """
 
 import asyncio
-import itertools
 import logging
 import random
-import time
 from dataclasses import dataclass, field
 
 import orjson
 
+from batches.engine.health import Health, server_failed
+from batches.engine.scheduler import CallGate, OrgCaps, Ticket
 from batches.engine.transport import Origin, TransportError
 
 
 logger = logging.getLogger("openrelay.engine")
 
-# Statuses that mean "the server failed under the call": rerun on new capacity.
-SERVER_FAILED_STATUSES = {502, 503, 504}
 MAX_RETRY_AFTER_S = 60.0
-COOLDOWN_S = 5.0
+# A request in flight at this many server failures fails alone: it may be
+# what takes the server down (a "poison" record).
+POISON_FAILURES = 3
 CONNECT_TIMEOUT_S = 30.0
 # How late the call limit may cut a call: the watchdog looks this often
 # (a twentieth of the limit, within these bounds).
@@ -112,65 +112,94 @@ class CallResult:
         return self.kind == "response" and self.status_code is not None and 200 <= self.status_code < 300
 
 
-@dataclass
 class Upstream:
-    """A deployment as the engine needs it (no ORM objects inside the loop)."""
+    """A deployment as the engine needs it (no ORM objects inside the loop).
 
-    base_url: str
-    upstream_model: str
-    api_key: str
-    concurrency: int
+    `share` is this engine's part of the deployment's max_concurrency (the
+    live engines split it, scheduler.split); `in_use` the calls in flight
+    on it; `healthy` whether it is in the rotation (health.Health decides).
+    """
 
-    def __post_init__(self):
-        self.semaphore = asyncio.Semaphore(max(1, self.concurrency))
-        # After a server fails under a call, new calls avoid it for a while.
-        self.cooling_until = 0.0
+    def __init__(self, base_url, upstream_model, api_key, concurrency, deployment_id=None):
+        self.base_url = base_url
+        self.upstream_model = upstream_model
+        self.api_key = api_key
+        self.concurrency = max(1, concurrency)
+        self.deployment_id = deployment_id
+        self.share = self.concurrency
+        self.part = 0  # the engine's split of max_concurrency, published before it becomes the share
+        self.published = False
+        self.in_use = 0
+        self.healthy = True
+        self.unhealthy_since = None
+        self.health_seen_at = None  # when this engine last changed or read the deployment's health
+        self.last_error = ""
         self.headers = {"Content-Type": "application/json"}
         if self.api_key:
             self.headers["Authorization"] = f"Bearer {self.api_key}"
         try:
             self.origin = Origin(self.base_url, connect_timeout_s=CONNECT_TIMEOUT_S)
         except ValueError as exc:
-            # A deployment the admin mistyped fails its calls; it must not crash the task.
+            # A deployment the admin mistyped fails its calls; it must not crash the engine.
             self.origin, self.problem = None, str(exc)
         self._heads = {}
 
-    def head(self, endpoint):
+    @property
+    def settings(self):
+        """What a change of in the admin makes a new Upstream for (max_concurrency only moves the share)."""
+        return (self.base_url, self.upstream_model, self.api_key)
+
+    def head(self, endpoint, method="POST"):
         """The prepared request head for an API endpoint ("/v1/chat/completions"). Raises ValueError."""
-        head = self._heads.get(endpoint)
+        head = self._heads.get((endpoint, method))
         if head is None:
             if self.origin is None:
                 raise ValueError(self.problem)
-            head = self._heads[endpoint] = self.origin.prepare(endpoint.removeprefix("/v1"), self.headers)
+            head = self._heads[(endpoint, method)] = self.origin.prepare(endpoint.removeprefix("/v1"), self.headers,
+                                                                         method)
         return head
 
     def close(self):
         if self.origin is not None:
             self.origin.close()
 
-    @property
-    def healthy(self):
-        return time.monotonic() >= self.cooling_until
-
 
 class ModelCaller:
-    """Calls one model through its deployments, over keep-alive connections to each."""
+    """Calls one model through its deployments, over keep-alive connections to each.
 
-    def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25):
-        if not upstreams:
+    Every call takes a slot at the model's CallGate (fair between
+    organizations and batches, within each deployment's share). A
+    deployment that fails under a call (health.server_failed) leaves the
+    rotation and is probed until it answers again; the call waits for a
+    healthy deployment and is sent again there. A request that was in
+    flight at POISON_FAILURES failures fails alone (it may be what takes
+    the server down). A 429 is the server saying "later": the call waits
+    Retry-After and tries again, up to `retries` times.
+    """
+
+    def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None):
+        if not upstreams and gate is None:
             raise ValueError("a model needs at least one deployment")
-        self.upstreams = upstreams
+        self.gate = gate or CallGate(OrgCaps())
+        if upstreams:
+            self.gate.upstreams = list(upstreams)
+        self.health = health or Health()
+        self._own_health = health is None
         self.time_limit_s = time_limit_s
         self.retries = retries
         self.backoff_base_s = backoff_base_s
-        self._rotation = itertools.count()
         self._deadlines = {}  # the task of each call in flight -> when its limit runs out (loop time)
         self._cut = set()  # tasks the watchdog cancelled at their limit
         self._watchdog = None
+        self._ticket = Ticket(0, 0)  # for calls made without one (tests, tools)
+
+    @property
+    def upstreams(self):
+        return self.gate.upstreams
 
     @property
     def capacity(self):
-        return sum(u.concurrency for u in self.upstreams)
+        return sum(u.share for u in self.upstreams)
 
     async def __aenter__(self):
         self._watchdog = asyncio.create_task(self._watch())
@@ -179,6 +208,8 @@ class ModelCaller:
     async def __aexit__(self, *exc):
         self._watchdog.cancel()
         await asyncio.gather(self._watchdog, return_exceptions=True)
+        if self._own_health:
+            await self.health.close()
         for upstream in self.upstreams:
             upstream.close()
 
@@ -200,42 +231,36 @@ class ModelCaller:
                     self._cut.add(task)
                     task.cancel()
 
-    async def call(self, endpoint, body):
+    async def call(self, endpoint, body, ticket=None):
         """Send `body` to `endpoint` (e.g. "/v1/chat/completions") and return a CallResult."""
-        attempt = 0
-        tried = set()
-        upstream = self._next_upstream(tried)
+        ticket = ticket or self._ticket
+        failures = 0
+        busy = 0
         while True:
-            result = await self._attempt(upstream, endpoint, body)
-            if not self._should_retry(result) or attempt >= self.retries:
-                return result
-            attempt += 1
-            if result.status_code != 429:
-                # The server failed under the call: rerun on new capacity.
-                upstream.cooling_until = time.monotonic() + COOLDOWN_S
-                tried.add(id(upstream))
-                upstream = self._next_upstream(tried)
-                if id(upstream) not in tried and upstream.healthy:
-                    continue  # another healthy deployment: no need to wait
-            await asyncio.sleep(self._delay(result, attempt))
-
-    def _next_upstream(self, tried):
-        """Round robin over healthy deployments this call has not tried yet."""
-        if len(self.upstreams) == 1:
-            return self.upstreams[0]
-        candidates = [u for u in self.upstreams if u.healthy and id(u) not in tried] or [
-            u for u in self.upstreams if id(u) not in tried
-        ] or self.upstreams
-        return candidates[next(self._rotation) % len(candidates)]
-
-    @staticmethod
-    def _should_retry(result):
-        if result.kind == "unavailable":
-            return True
-        return result.kind == "response" and (result.status_code in SERVER_FAILED_STATUSES or result.status_code == 429)
+            upstream = await self.gate.acquire(ticket)
+            try:
+                result = await self._attempt(upstream, endpoint, body)
+            finally:
+                self.gate.release(ticket, upstream)
+            failure = server_failed(result)
+            if failure:
+                failures += 1
+                self.health.failed(self.gate, upstream, failure)
+                if failures >= POISON_FAILURES:
+                    return CallResult(
+                        kind="unavailable",
+                        message=f"The model server failed {failures} times while this request was in flight "
+                                f"({failure}); it is not sent again.",
+                    )
+                continue  # the gate hands out only healthy deployments: this waits for one
+            if result.status_code == 429 and busy < self.retries:
+                busy += 1
+                await asyncio.sleep(self._delay(result, busy))
+                continue
+            return result
 
     def _delay(self, result, attempt):
-        if result.status_code == 429 and result.message:
+        if result.message:
             try:
                 return min(MAX_RETRY_AFTER_S, max(0.0, float(result.message)))
             except ValueError:
@@ -250,8 +275,6 @@ class ModelCaller:
             head = upstream.head(endpoint)
         except ValueError as exc:
             return CallResult(kind="unavailable", message=f"The model server's settings are not usable: {exc}.")
-        # acquire/release, not `async with`: two coroutine frames fewer a call.
-        await upstream.semaphore.acquire()
         # The limit starts here, when the request is sent: time spent queued
         # inside the model server counts, our own queue does not.
         task = asyncio.current_task()
@@ -269,7 +292,6 @@ class ModelCaller:
         except (TransportError, OSError) as exc:  # OSError covers TimeoutError, e.g. connecting timed out
             return self._failed(upstream, exc)
         finally:
-            upstream.semaphore.release()
             del self._deadlines[task]
             if task in self._cut:  # cut, but the call ended another way: take the cancel back
                 self._cut.discard(task)

@@ -1,8 +1,20 @@
-"""One worker task on one batch: claim, run concurrently, flush, repeat.
+"""The engine: one per worker process, working records of every running batch at once.
 
-A django-q2 task is synchronous, so the task runs an asyncio loop. All
-database work happens on one dedicated thread (Django's ORM is sync-only);
-the loop owns the HTTP clients and one coroutine per record.
+The unit of scheduling is the record. Every engine (batches.engine.process
+starts one in each django-q2 worker process) reads the running batches from
+the database every POLL_S, claims records of each with short leases, and
+runs them on one asyncio loop: one lane per model, whose slot coroutines
+pick the next record fairly (expedited first, then the organization with
+the fewest records running on the model, then its least-served batch) and
+whose CallGate hands out the model's call slots just as fairly. Results
+flush in bulk, several batches a trip, on one database thread; batches are
+closed (finalized, expired, cancelled) on a second one, so a close never
+holds up claims.
+
+The database is the ledger: a record is an engine's only while its lease
+lives (renewed with the engine's heartbeat every LEASE_S / 4), every write
+is conditional on still holding it, and a dead engine's records are
+claimable by any engine once their lease runs out.
 """
 
 import asyncio
@@ -12,7 +24,7 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
+from collections import defaultdict, deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,19 +37,28 @@ from django.utils import timezone
 from batches import events, lifecycle
 from batches.engine import dbretry, dispatch, finish, store
 from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.health import Health
 from batches.engine.outcomes import RecordOutcome
+from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch, BatchStatus, Priority
-from batches.tasks import enqueue_batch
+from files.models import File
 from files.services import open_content
+from openrelay.models import DeploymentHealth
 from openrelay.outbound import OutboundClient
 
 logger = logging.getLogger("openrelay.engine")
 
+POLL_S = 0.2  # how often the engine reads the running batches: a new batch starts within this
+HEARTBEAT_S = 0.5  # how often engines count each other and publish what they hold
 FLUSH_EVERY_S = 0.25
 FLUSH_SIZE = 500
-STATUS_CHECK_EVERY_S = 0.5
+DEPLOYMENTS_EVERY_S = 2.0
 PREFETCH_S = 0.25
 MIN_PREFETCH = 16
+RECHECK_S = 1.0  # a batch with nothing left to claim looks again this often (dead engines' leases run out)
+# Records a lane keeps running per call slot: a tool-calling or workflow
+# record spends part of its life waiting for the user's server, not the model.
+RECORDS_PER_SLOT = 4
 
 
 @dataclass
@@ -49,355 +70,608 @@ class RecordContext:
     organization_id: int
     endpoint: str
     model_name: str
-    caller: ModelCaller
+    caller: object
     workflows_enabled: bool = False
     outbound: object = None
 
 
-def run_batch(batch_pk):
-    """Entry point of the q2 task."""
-    batch = Batch.objects.select_related("organization").filter(pk=batch_pk).first()
-    if batch is None:
-        return "gone"
-    if batch.status == BatchStatus.VALIDATING:
-        # Losing this race to a sibling task is normal (several start at once).
-        # refresh_from_db drops the cached organization, so the worker below
-        # reads everything it needs before its event loop starts.
-        lifecycle.transition(batch, BatchStatus.IN_PROGRESS) or batch.refresh_from_db()
-    if batch.status == BatchStatus.CANCELLING:
-        finish.complete_cancellation(batch)
-        return "cancelled"
-    if batch.status != BatchStatus.IN_PROGRESS:
-        return batch.status
-    if finish.expire_if_due(batch):
-        return "expired"
-    upstreams = _load_upstreams(batch)
-    if not upstreams:
-        logger.warning("batch %s: model %s has no enabled deployment; waiting", batch.public_id, batch.model_name)
-        return "no deployment"
-    worker = BatchWorker(batch, upstreams)
-    worked = asyncio.run(worker.run())
-    if worker.yielded:
-        # Back of the queue: waiting expedited work (or the next slice) goes first.
-        enqueue_batch(batch.pk, copies=1)
-        return f"ran {worked} records, then re-queued the batch"
-    # This thread's connection sat idle through the loop: the database may have restarted since.
-    dbretry.call(finish.finalize_if_done, batch)
-    return f"ran {worked} records"
+class BatchCaller:
+    """A batch's calls through its model's caller, under the batch's ticket at the gate."""
+
+    def __init__(self, caller, ticket):
+        self.caller = caller
+        self.ticket = ticket
+
+    async def call(self, endpoint, body):
+        return await self.caller.call(endpoint, body, self.ticket)
 
 
-def _load_upstreams(batch):
-    if batch.model is None or not batch.model.enabled:
-        return []
-    # A task may use a whole deployment when it works the batch alone; how
-    # much of the model it takes next to its siblings is BatchWorker's share.
-    return [
-        Upstream(d.base_url, d.upstream_name, d.api_key, max(1, d.max_concurrency))
-        for d in batch.model.deployments.filter(enabled=True).select_related("model")
-    ]
+class BatchRun:
+    """One batch as this engine works it: claimed records waiting, counts, the input file."""
 
-
-def task_share(total, tasks, cap=None):
-    """Records one task keeps running: its part of the model's concurrency among
-    `tasks` live tasks on the batch, within the per-task cap (0 or None: no cap)."""
-    share = max(1, total // max(1, tasks))
-    return min(share, cap) if cap else share
-
-
-class BatchWorker:
-    def __init__(self, batch, upstreams):
-        self.batch = batch
-        self.upstreams = upstreams
-        # Read here, in sync code: inside the event loop a lazy relation load
-        # raises SynchronousOnlyOperation.
-        self.workflows_enabled = batch.organization.workflows_enabled
-        self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
-        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
-        self.running = 0  # records being worked now
-        self.slots = set()  # slot coroutines: each works queued records one after another
-        self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
-        self.worked = 0
-        self.completed = 0  # records finished in this task (flushed or not)
-        self.cursor = 0  # the last line claimed: claims continue past it
-        self.queue = deque()  # claimed (ClaimedRecord, line bytes) not started yet
-        self.stopping = False
-        self.yielded = False
-        self.slice_ends = time.monotonic() + settings.OPENRELAY_TASK_SLICE_S
-        self.task_cap = settings.OPENRELAY_TASK_CONCURRENCY
-        self.organization_cap = batch.organization.max_concurrency
+    def __init__(self, row, lane, outbound):
+        self.pk = row["pk"]
+        self.public_id = row["public_id"]
+        self.organization_id = row["organization_id"]
+        self.expedited = row["priority"] == Priority.EXPEDITED
+        self.expires_at = row["expires_at"]
+        self.input_file_id = row["input_file_id"]
+        self.status = row["status"]
+        self.lane = lane
+        self.ticket = Ticket(self.pk, self.organization_id, self.expedited)
+        self.ctx = RecordContext(
+            batch_pk=self.pk, batch_public_id=self.public_id, organization_id=self.organization_id,
+            endpoint=row["endpoint"], model_name=row["model_name"], caller=BatchCaller(lane.caller, self.ticket),
+            workflows_enabled=row["organization__workflows_enabled"], outbound=outbound,
+        )
         self.input = None
+        self.queue = deque()  # claimed (ClaimedRecord, line bytes), not started yet
+        self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
+        self.cursor = 0  # the last line claimed: claims continue past it
+        self.recheck_at = 0.0  # while > now, nothing is left to claim
+        self.active = 0
+        self.served = 0  # records started here: the tie-break between an organization's batches
+        self.started = 0
+        self.rate_mark = (time.monotonic(), 0)
+        self.target = min(MIN_PREFETCH, max(1, lane.gate.capacity))
+        self.closing = False
         self.last_event = 0.0
 
+    @property
+    def workable(self):
+        return self.status == BatchStatus.IN_PROGRESS and not self.closing
+
+    def adapt(self, now, hop_s):
+        """Size the claim-ahead from the batch's recent start rate and the database's round trip:
+        enough to start records through two trips, at least MIN_PREFETCH (or the lane's capacity)."""
+        since, started = self.rate_mark
+        if now - since < 0.05:
+            return
+        rate = (self.started - started) / (now - since)
+        floor = min(MIN_PREFETCH, max(1, self.lane.gate.capacity))
+        self.target = max(floor, min(settings.OPENRELAY_CLAIM_CHUNK, math.ceil(rate * (2 * hop_s + PREFETCH_S))))
+        self.rate_mark = (now, self.started)
+
+
+class Lane:
+    """One model in this engine: its caller (gate and deployments), its batches, its slots."""
+
+    def __init__(self, model_id, caller):
+        self.model_id = model_id
+        self.caller = caller
+        self.gate = caller.gate
+        self.batches = {}
+        self.slots = set()
+        self.active = 0
+        self.org_active = defaultdict(int)
+        self.upstreams = {}  # deployment pk -> Upstream
+        self.rows = []  # the catalog's rows they were made from
+        self.retired = []  # replaced Upstreams still carrying calls
+
+    def room_for(self, run, caps):
+        """May a record of `run` start now?
+
+        The model is kept busy with a short line of ready calls at its gate
+        (`margin`); records waiting for their user's server don't count
+        against it, up to RECORDS_PER_SLOT records a slot. An organization
+        below its fair part of that may always start one, so another
+        organization's slow tools or full line never hold it back.
+        """
+        gate = self.gate
+        capacity = gate.capacity
+        if capacity <= 0:
+            return False
+        org = run.organization_id
+        limit = caps.limits.get(org)
+        if limit is not None and self.org_active[org] >= limit * RECORDS_PER_SLOT:
+            return False
+        bound = capacity * RECORDS_PER_SLOT
+        margin = max(4, capacity // 4)
+        if gate.ready_waiting() < gate.free + margin and self.active < bound:
+            return True
+        organizations = {r.organization_id for r in self.batches.values() if r.queue or r.active}
+        return self.org_active[org] < bound / max(1, len(organizations))
+
+    def pick(self, caps):
+        """The batch whose queued record starts next, or None: expedited batches first, then the
+        organization with the fewest records running here, then its least-served batch."""
+        best, best_key = None, None
+        for run in self.batches.values():
+            if not run.queue or not run.workable:
+                continue
+            key = (not run.expedited, self.org_active[run.organization_id], run.active, run.served)
+            if best_key is None or key < best_key:
+                best, best_key = run, key
+        if best is None or not self.room_for(best, caps):
+            return None
+        return best
+
+
+class Engine:
+    """Works every running batch (or, driven in-process, the batches in `only`)."""
+
+    def __init__(self, only=None, until_closed=False):
+        self.only = set(only) if only is not None else None
+        self.until_closed = until_closed
+        # An in-process engine watches a few batches: it may look often (tests wait on it).
+        self.poll_s = POLL_S if only is None else POLL_S / 4
+        self.poll_now = False
+        self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
+        self.closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-close")
+        self.batches = {}
+        self.lanes = {}
+        self.caps = OrgCaps()
+        self.health = Health(on_change=self._health_changed, on_recovered=self._wake)
+        self.rank, self.engines = 0, 1
+        self.others_holding = {}  # deployment pk -> calls the other live engines hold there
+        self.running = {}  # slot task -> (BatchRun, ClaimedRecord) it runs now
+        self.handback = []  # records to give back unfinished (stopping)
+        self.closes = {}  # batch pk -> the close running on the closer thread
+        self.stopping = False
+        self.stop_deadline = None
+        self.hop_s = 0.0
+        self.pending = 0  # finished records waiting for a flush, over every batch
+        self.worked = 0
+        self.loop = None
+        self.wake = None
+
+    # ------------------------------------------------------------ life
+
+    def request_stop(self):
+        """Stop cleanly (callable from any thread): stop claiming, hand back what has not
+        started, let calls in flight finish within OPENRELAY_STOP_GRACE_S, hand back the rest."""
+        if self.loop is not None and not self.loop.is_closed():
+            self.loop.call_soon_threadsafe(self._begin_stop)
+
     async def db(self, fn, *args):
-        # dbretry: a database restart costs a pause, not the task.
+        # dbretry: a database restart costs a pause, not the engine.
         return await asyncio.get_running_loop().run_in_executor(self.db_thread, dbretry.call, fn, *args)
 
     async def run(self):
+        self.loop = asyncio.get_running_loop()
+        self.wake = asyncio.Event()
         try:
-            self.input = await self.db(self._open_input)
-            caller = ModelCaller(
-                self.upstreams, time_limit_s=settings.OPENRELAY_CALL_TIME_LIMIT_S, retries=settings.OPENRELAY_UPSTREAM_RETRIES
-            )
-            async with caller, OutboundClient() as outbound:
-                self.ctx = self._context(caller, outbound)
-                self.model_capacity = caller.capacity
-                # Until the next count, assume every task handed the batch
-                # runs now (they usually start together), besides the tasks
-                # already at work for other batches.
-                await self._loop(self._share(*await self.db(self._siblings), starting=True))
+            async with OutboundClient() as self.outbound:
+                try:
+                    await self._heartbeat()
+                    await self._poll()
+                    await self._main()
+                finally:
+                    await self._shutdown()
         finally:
-            await self.db(self._cleanup)
             self.db_thread.shutdown(wait=True)
+            self.closer.shutdown(wait=True)
         return self.worked
 
-    def _context(self, caller, outbound):
-        return RecordContext(
-            batch_pk=self.batch.pk,
-            batch_public_id=self.batch.public_id,
-            organization_id=self.batch.organization_id,
-            endpoint=self.batch.endpoint,
-            model_name=self.batch.model_name,
-            caller=caller,
-            workflows_enabled=self.workflows_enabled,
-            outbound=outbound,
-        )
-
-    def _open_input(self):
-        close_old_connections()
-        return open_content(self.batch.input_file)
-
-    def _cleanup(self):
-        if self.input is not None:
-            self.input.close()
-        connections.close_all()
-
-    async def _loop(self, capacity):
-        """Keep `capacity` records running, claiming ahead and flushing behind.
-
-        Slot coroutines (_slot) work claimed records one after another and
-        wake this loop when the claim-ahead runs low or a flush is full (no
-        asyncio.wait over every task in flight, which cost O(in flight) per
-        wake-up); otherwise it wakes every FLUSH_EVERY_S. A claim and a
-        flush share one transaction on the database thread (_Trip).
-        """
-        self.capacity = capacity
-        # Claimed-but-unstarted records: claim when fewer than `low` wait,
-        # up to low + batch (both follow the completion rate, _adapt_prefetch).
-        self.low = self.batch_size = min(capacity, MIN_PREFETCH)
-        self.hop_s = 0.0  # how long a flush-and-claim trip to the database takes (moving average)
-        self.wake = asyncio.Event()
-        self.exhausted = False
-        rate_mark = (time.monotonic(), 0)
-        last_flush = last_check = last_renew = time.monotonic()
+    async def _main(self):
+        now = time.monotonic()
+        last_poll = last_flush = last_beat = last_renew = last_deployments = now
         while True:
             now = time.monotonic()
-            want = 0
-            if self._room():
-                rate_mark = self._adapt_prefetch(rate_mark, now)
-                # self.capacity, not the starting share: _reshare moves it while the loop runs.
-                want = self.capacity + self.low + self.batch_size - self.running - len(self.queue)
-                want = max(0, min(want, max(settings.OPENRELAY_CLAIM_CHUNK, self.capacity)))
-            if want or (self.done and (len(self.done) >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)):
-                claimed = await self._flush_and_claim(want)
+            if self.stopping:
+                self._stop_step(now)
+                if not self.running:
+                    break
+            else:
+                self._start_slots()
+            claims = {} if self.stopping else self._claims(now)
+            if claims or self._flush_due(now, last_flush):
+                await self._trip(claims)
                 last_flush = now
-                if want and not claimed:
-                    self.exhausted = True
-            if self.stopping and self.queue:
-                # Claimed but never started: back to pending for whoever runs next.
-                await self.db(store.release, self.batch.pk, self.owner, [record.pk for record, _ in self.queue])
-                self.queue.clear()
-            if not self.running and not self.queue and (self.exhausted or self.stopping):
-                break
-            if now >= self.slice_ends and not self.stopping:
-                # Long batches are worked in slices: finish what is in flight,
-                # then hand the batch to a fresh task at the back of the queue.
-                self.stopping = self.yielded = True
-                continue
-            if now - last_check >= STATUS_CHECK_EVERY_S:
-                last_check = now
-                await self._check_status()
-                if self.stopping:
-                    continue
-            if now - last_renew >= settings.OPENRELAY_LEASE_S / 3:
+            if self.handback:
+                pks, self.handback = self.handback, []
+                await self.db(store.release, self.owner, pks)
+            if self.poll_now or now - last_poll >= self.poll_s:
+                last_poll, self.poll_now = now, False
+                await self._poll()
+                if self.until_closed and self._nothing_to_do():
+                    break
+            if now - last_beat >= HEARTBEAT_S:
+                last_beat = now
+                await self._heartbeat()
+            if now - last_renew >= settings.OPENRELAY_LEASE_S / 4:
                 last_renew = now
-                await self.db(store.renew, self.batch.pk, self.owner)
+                await self.db(store.renew, self.owner, list(self.batches))
+            if now - last_deployments >= DEPLOYMENTS_EVERY_S:
+                last_deployments = now
+                await self._refresh_deployments()
             await self._sleep(FLUSH_EVERY_S)
-        if self.slots:  # slots with nothing left to work end on their own
-            await asyncio.gather(*self.slots, return_exceptions=True)
-        await self._flush()
-        await self._announce(force=True)
 
-    def _room(self):
-        """Is it time to claim: a slot idle, or fewer than `low` claimed records waiting for one?"""
-        return (
-            not self.stopping
-            and not self.exhausted
-            and (self.running < self.capacity or len(self.queue) < self.low)
-        )
+    async def _shutdown(self):
+        tasks = list(self.running)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._flush_all()
+        self.handback += [record.pk for run in self.batches.values() for record, _ in run.queue]
+        if self.handback:
+            await self.db(store.release, self.owner, self.handback)
+        for lane in self.lanes.values():
+            await lane.caller.__aexit__(None, None, None)
+            lane.gate.close()
+        await self.health.close()
+        await asyncio.gather(*self.closes.values(), return_exceptions=True)
+        await self.db(self._cleanup)
 
-    def _adapt_prefetch(self, mark, now):
-        """Size the claim-ahead from the recent completion rate and the database's round trip.
+    def _cleanup(self):
+        for run in self.batches.values():
+            if run.input is not None:
+                run.input.close()
+        store.retire(self.owner)
+        connections.close_all()
 
-        `low` covers what the slots finish during two trips to the database
-        (so they never wait for a claim), `batch_size` about PREFETCH_S of
-        work (so claims stay few); both at least min(capacity, MIN_PREFETCH).
-        Small for a slow model, so at the end of a batch no task sits on
-        records another task could be running.
-        """
-        since, completed = mark
-        if now - since < 0.05:
-            return mark
-        rate = (self.completed - completed) / (now - since)
-        floor = min(self.capacity, MIN_PREFETCH)
-        chunk = settings.OPENRELAY_CLAIM_CHUNK
-        self.low = max(floor, min(chunk, math.ceil(rate * 2 * self.hop_s)))
-        self.batch_size = max(floor, min(chunk, int(rate * PREFETCH_S)))
-        return now, self.completed
+    def _begin_stop(self):
+        if self.stopping:
+            return
+        logger.info("engine %s stopping: %d records in flight", self.owner, len(self.running))
+        self.stopping = True
+        self.stop_deadline = time.monotonic() + settings.OPENRELAY_STOP_GRACE_S
+        for run in self.batches.values():
+            self.handback += [record.pk for record, _ in run.queue]
+            run.queue.clear()
+        self._wake()
+
+    def _stop_step(self, now):
+        """While stopping: records still waiting for a model that has no healthy deployment
+        are handed back at once; after the grace period, every record still running is."""
+        for task, (run, _) in list(self.running.items()):
+            if now >= self.stop_deadline or run.lane.gate.capacity <= 0:
+                task.cancel()
+
+    def _wake(self):
+        if self.wake is not None:
+            self.wake.set()
 
     async def _sleep(self, timeout):
         if not self.wake.is_set():
-            timer = asyncio.get_running_loop().call_later(timeout, self.wake.set)
+            timer = self.loop.call_later(timeout, self.wake.set)
             await self.wake.wait()
             timer.cancel()
         self.wake.clear()
 
-    async def _flush_and_claim(self, want):
-        outcomes, self.done = self.done, []
-        started = time.monotonic()
-        trip = _Trip(self, outcomes, want, self.cursor)
-        written, claimed = await self.db(trip)
-        self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
-        self.worked += written
-        if claimed:
-            self.queue.extend(claimed)
-            self.cursor = max(self.cursor, claimed[-1][0].line)
-            self._start_queued()
-        if outcomes:
-            await self._announce()
-        return claimed
+    # ------------------------------------------------------------ the running batches
 
-    def _start_queued(self):
-        """Enough slot coroutines for the queue, up to capacity.
+    async def _poll(self):
+        rows = await self.db(store.active_batches, self.only)
+        seen = set()
+        now = timezone.now()
+        for row in rows:
+            pk = row["pk"]
+            seen.add(pk)
+            run = self.batches.get(pk)
+            if row["status"] == BatchStatus.VALIDATING:
+                if not await self.db(self._start_batch, pk):
+                    continue
+                row["status"] = BatchStatus.IN_PROGRESS
+            if run is None and row["status"] == BatchStatus.IN_PROGRESS and row["model_id"] is not None:
+                run = await self._join(row)
+            if run is not None:
+                run.status = row["status"]
+            if pk in self.closes or not self._closes_batches():
+                if run is not None and (row["status"] != BatchStatus.IN_PROGRESS or row["expires_at"] <= now):
+                    self._stop_batch(run)
+                continue
+            close = None
+            if row["status"] == BatchStatus.CANCELLING:
+                close = finish.complete_cancellation
+            elif row["expires_at"] <= now:
+                close = finish.expire_if_due
+            elif row["completed_count"] + row["failed_count"] >= row["total_count"]:
+                close = finish.finalize_if_done
+            if close is not None:
+                if run is not None:
+                    self._stop_batch(run)
+                self._close(pk, close)
+        for pk in [pk for pk in self.batches if pk not in seen]:
+            self._drop(self.batches[pk])
+        self._set_caps(rows)
 
-        A slot works queued records one after another, like the workers of
-        a bare client: no Task and no done callback per record.
-        """
-        if self.stopping:
+    def _nothing_to_do(self):
+        """An in-process engine is done when its batches are closed, or can't run here at all
+        (their model has no enabled deployment)."""
+        if self.closes or self.running:
+            return False
+        return all(not run.lane.upstreams and not run.queue for run in self.batches.values())
+
+    def _closes_batches(self):
+        """Closing is left to one engine (the first by rank), so a batch's files are built once;
+        an in-process engine closes its own batches. The sweeper closes what a dead one left."""
+        return self.only is not None or self.rank == 0
+
+    @staticmethod
+    def _start_batch(pk):
+        batch = Batch.objects.filter(pk=pk, status=BatchStatus.VALIDATING).first()
+        # Losing this race to another engine is normal: the winner's status is read next poll.
+        return batch is not None and lifecycle.transition(batch, BatchStatus.IN_PROGRESS)
+
+    async def _join(self, row):
+        lane = self.lanes.get(row["model_id"])
+        if lane is None:
+            lane = await self._open_lane(row["model_id"])
+        run = BatchRun(row, lane, self.outbound)
+        lane.batches[run.pk] = run
+        self.batches[run.pk] = run
+        return run
+
+    def _stop_batch(self, run):
+        """Cancelled, expired or closing: stop its calls in flight and forget its queue
+        (whoever closes the batch marks those records; our flush skips them)."""
+        if run.closing:
             return
-        # Every live slot is busy with a record and takes the next one itself.
-        for _ in range(min(self.capacity - len(self.slots), len(self.queue))):
-            slot = asyncio.create_task(self._slot())
-            self.slots.add(slot)
-            slot.add_done_callback(self.slots.discard)
+        run.closing = True
+        run.queue.clear()
+        for task, (owner_run, _) in list(self.running.items()):
+            if owner_run is run:
+                task.cancel()
 
-    async def _slot(self):
-        # A slot leaves when the queue is empty, when the batch stops, or when
-        # a reshare left more slots than capacity (after its current record).
-        while self.queue and not self.stopping and len(self.slots) <= self.capacity:
-            record, raw = self.queue.popleft()
-            self.running += 1
+    def _drop(self, run):
+        self._stop_batch(run)
+        del self.batches[run.pk]
+        del run.lane.batches[run.pk]
+        if run.input is not None:
+            self.db_thread.submit(run.input.close)
+
+    def _close(self, pk, close):
+        async def closing():
             try:
-                outcome = await self._execute(record, raw)
+                await self.loop.run_in_executor(self.closer, self._close_batch, pk, close)
+            except Exception:
+                logger.exception("closing batch %s failed; the sweeper tries again", pk)
+            finally:
+                del self.closes[pk]
+                self.poll_now = True  # see the batch closed (and let an in-process engine end) at once
+                self._wake()
+
+        self.closes[pk] = self.loop.create_task(closing())
+
+    @staticmethod
+    def _close_batch(pk, close):
+        close_old_connections()
+        batch = Batch.objects.select_related("organization").filter(pk=pk).first()
+        if batch is not None:
+            dbretry.call(close, batch)
+
+    def _set_caps(self, rows):
+        caps = {}
+        for row in rows:
+            cap = row["organization__max_concurrency"]
+            if cap:
+                caps[row["organization_id"]] = split(cap, self.rank, self.engines)
+        if caps != self.caps.limits:
+            self.caps.set_limits(caps)
+
+    # ------------------------------------------------------------ models and deployments
+
+    async def _open_lane(self, model_id):
+        caller = ModelCaller([], time_limit_s=settings.OPENRELAY_CALL_TIME_LIMIT_S,
+                             retries=settings.OPENRELAY_UPSTREAM_RETRIES, gate=CallGate(self.caps), health=self.health)
+        await caller.__aenter__()
+        lane = self.lanes[model_id] = Lane(model_id, caller)
+        self._reconcile(lane, (await self.db(store.deployments, [model_id])).get(model_id, []))
+        await self._heartbeat()  # publish what it will hold of the new deployments, then take it
+        return lane
+
+    async def _refresh_deployments(self):
+        if not self.lanes:
+            return
+        rows = await self.db(store.deployments, list(self.lanes))
+        for model_id, lane in list(self.lanes.items()):
+            if not lane.batches and not lane.active:
+                await lane.caller.__aexit__(None, None, None)
+                lane.gate.close()
+                del self.lanes[model_id]
+                continue
+            self._reconcile(lane, rows.get(model_id, []))
+
+    def _reconcile(self, lane, rows):
+        """Bring the lane's deployments in line with the catalog: new ones join, changed ones are
+        replaced, removed or disabled ones retire once their calls end; every share is re-split."""
+        lane.rows = rows
+        current = {}
+        for index, row in enumerate(rows):
+            upstream = lane.upstreams.get(row["pk"])
+            settings_now = (row["base_url"], row["upstream_model"] or row["model__name"], row["api_key"])
+            if upstream is None or upstream.settings != settings_now:
+                if upstream is not None:
+                    self._retire(lane, upstream)
+                upstream = Upstream(*settings_now, row["max_concurrency"], deployment_id=row["pk"])
+            upstream.concurrency = max(1, row["max_concurrency"])
+            # Offset by the deployment's place, so the engines that take one slot more
+            # are not the same ones on every deployment; never more than the others
+            # leave (a joining engine waits for them to shrink to their new parts).
+            # An engine publishes its part (heartbeat's `holding`) before it takes it.
+            upstream.part = split(upstream.concurrency, self.rank + index, self.engines)
+            left = upstream.concurrency - self.others_holding.get(row["pk"], 0)
+            upstream.share = max(0, min(upstream.part, left)) if upstream.published else 0
+            self._adopt_health(lane, upstream, row)
+            current[row["pk"]] = upstream
+        for pk, upstream in lane.upstreams.items():
+            if pk not in current and upstream not in lane.retired:
+                self._retire(lane, upstream)
+        lane.upstreams = current
+        lane.gate.upstreams = list(current.values()) + [u for u in lane.retired if u.in_use]
+        for upstream in [u for u in lane.retired if not u.in_use]:
+            upstream.close()
+            lane.retired.remove(upstream)
+        lane.gate.dispatch()
+        self._wake()
+
+    def _retire(self, lane, upstream):
+        self.health.forget(upstream)
+        upstream.healthy = False  # no new calls; those in flight finish
+        upstream.share = 0
+        lane.retired.append(upstream)
+
+    def _adopt_health(self, lane, upstream, row):
+        """Another engine found the deployment failing after we last heard of it: take it out too
+        (and probe it ourselves) rather than send it calls that will fail."""
+        changed = row["health_changed_at"]
+        if (row["health"] == DeploymentHealth.UNHEALTHY and upstream.healthy and changed is not None
+                and (upstream.health_seen_at is None or changed > upstream.health_seen_at)):
+            self.health.eject(lane.gate, upstream, since=changed)
+        upstream.health_seen_at = max(filter(None, (changed, upstream.health_seen_at)), default=None)
+
+    def _health_changed(self, upstream):
+        upstream.health_seen_at = timezone.now()
+        if upstream.deployment_id is None:
+            return
+        state = DeploymentHealth.HEALTHY if upstream.healthy else DeploymentHealth.UNHEALTHY
+        self.loop.create_task(self.db(store.save_health, upstream.deployment_id, state, upstream.health_seen_at,
+                                      upstream.last_error))
+
+    async def _heartbeat(self):
+        upstreams = [u for lane in self.lanes.values() for u in lane.gate.upstreams if u.deployment_id is not None]
+        holding = {str(u.deployment_id): max(u.part, u.share, u.in_use) for u in upstreams}
+        live = await self.db(lambda: store.heartbeat(self.owner, holding, host=socket.gethostname(), pid=os.getpid()))
+        for upstream in upstreams:
+            upstream.published = True
+        owners = [owner for owner, _ in live]
+        self.rank = owners.index(self.owner) if self.owner in owners else 0
+        self.engines = max(1, len(owners))
+        others = defaultdict(int)
+        for owner, held in live:
+            if owner != self.owner:
+                for deployment, calls in held.items():
+                    others[int(deployment)] += calls
+        self.others_holding = others
+        for lane in self.lanes.values():
+            self._reconcile(lane, lane.rows)
+
+    # ------------------------------------------------------------ records
+
+    def _start_slots(self):
+        """Start records on each lane while it has room, each in a new slot coroutine.
+
+        A slot works records one after another (no Task per record), picking
+        the next one fairly itself; new slots are only needed when records
+        arrive faster than the running ones finish.
+        """
+        for lane in self.lanes.values():
+            while (run := lane.pick(self.caps)) is not None:
+                task = self.loop.create_task(self._slot(lane, self._begin(run)))
+                lane.slots.add(task)
+                task.add_done_callback(lane.slots.discard)
+
+    def _begin(self, run):
+        """Take `run`'s next queued record and count it running (before its slot even starts,
+        so the next pick sees it)."""
+        record, raw = run.queue.popleft()
+        lane = run.lane
+        run.active += 1
+        run.served += 1
+        run.started += 1
+        lane.active += 1
+        lane.org_active[run.organization_id] += 1
+        return run, record, raw
+
+    async def _slot(self, lane, first):
+        task = asyncio.current_task()
+        work = first
+        while work is not None:
+            run, record, raw = work
+            self.running[task] = (run, record)
+            try:
+                outcome = await self._execute(run, record, raw)
             except asyncio.CancelledError:
-                raise  # the batch was cancelled or expired: whoever closes it marks the record
+                if not run.closing:
+                    self.handback.append(record.pk)  # stopping: back to pending for any engine
+                raise
             except Exception as exc:
-                logger.error("record %s of %s crashed: %r", record.line, self.batch.public_id, exc)
+                logger.error("record %s of %s crashed: %r", record.line, run.public_id, exc)
                 outcome = RecordOutcome.error("internal_error", "The record failed inside the worker.")
             finally:
-                self.running -= 1
-            self.done.append((record, outcome))
-            self.completed += 1
-            if len(self.done) >= FLUSH_SIZE or not self.running or self._room():
-                self.wake.set()
-        self.slots.discard(asyncio.current_task())
-        self.wake.set()
+                del self.running[task]
+                self._end(run)
+            run.done.append((record, outcome))
+            self.pending += 1
+            if self.pending >= FLUSH_SIZE or len(run.queue) <= run.target // 2:
+                self._wake()
+            work = None
+            if not self.stopping and (next_run := lane.pick(self.caps)) is not None:
+                work = self._begin(next_run)
+        self._wake()
 
-    async def _execute(self, record, raw):
+    @staticmethod
+    def _end(run):
+        lane, org = run.lane, run.organization_id
+        run.active -= 1
+        lane.active -= 1
+        lane.org_active[org] -= 1
+        if not lane.org_active[org]:
+            del lane.org_active[org]
+
+    async def _execute(self, run, record, raw):
         try:
             body = orjson.loads(raw)["body"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return RecordOutcome.error("invalid_json_line", "The input line could no longer be read as JSON.")
-        return await dispatch.run_record(self.ctx, record, body)
+        return await dispatch.run_record(run.ctx, record, body)
 
-    async def _flush(self):
-        if not self.done:
-            return
-        batch, self.done = self.done, []
-        self.worked += await self.db(store.flush, self.batch.pk, self.owner, batch)
-        await self._announce()
+    def _claims(self, now):
+        """{batch pk: (how many, after which line)} for the batches whose claim-ahead ran low."""
+        claims = {}
+        for run in self.batches.values():
+            if not run.workable or run.recheck_at > now:
+                continue
+            lane = run.lane
+            limit = self.caps.limits.get(run.organization_id)
+            if lane.gate.capacity <= 0 or limit == 0:
+                continue  # nothing to call it with here: other engines may take it
+            run.adapt(now, self.hop_s)
+            if len(run.queue) <= run.target // 2:
+                claims[run.pk] = (run.target - len(run.queue), run.cursor)
+        return claims
 
-    async def _announce(self, force=False):
+    def _flush_due(self, now, last_flush):
+        return self.pending and (self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)
+
+    async def _trip(self, claims):
+        outcomes = self._take_outcomes()
+        started = time.monotonic()
+        trip = _Trip(self, outcomes, claims)
+        written, claimed = await self.db(trip)
+        self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
+        self.worked += sum(written.values())
         now = time.monotonic()
-        if not force and now - self.last_event < events.MIN_INTERVAL_S:
-            return
-        self.last_event = now
-        await events.send(await self.db(events.snapshot, self.batch.pk))
+        for pk, (limit, _) in claims.items():
+            run = self.batches.get(pk)
+            if run is None:
+                continue
+            records = claimed.get(pk, [])
+            if run.closing:
+                continue  # closed while the claim ran: the closer marks these records
+            run.queue.extend(records)
+            if records:
+                run.cursor = max(run.cursor, records[-1][0].line)
+            if len(records) < limit:
+                run.recheck_at = now + RECHECK_S
+        if claimed:
+            self._start_slots()
+        await self._announce(written)
 
-    def _siblings(self):
-        """Other live tasks: (calling this batch's model, working this organization's batches)."""
-        batch = self.batch
-        if batch.model_id is None:  # the model was deleted: only the batch's own tasks are known
-            on_model = store.live_siblings(self.owner, batch_pk=batch.pk)
-        else:
-            on_model = store.live_siblings(self.owner, model_id=batch.model_id)
-        in_organization = (
-            store.live_siblings(self.owner, organization_id=batch.organization_id) if self.organization_cap else 0
-        )
-        return on_model, in_organization
+    def _take_outcomes(self):
+        outcomes = {}
+        for run in self.batches.values():
+            if run.done:
+                outcomes[run.pk], run.done = run.done, []
+        self.pending = 0
+        return outcomes
 
-    def _status_and_siblings(self):
-        return store.batch_status(self.batch.pk), self._siblings()
+    async def _flush_all(self):
+        outcomes = self._take_outcomes()
+        if outcomes:
+            written, _ = await self.db(_Trip(self, outcomes, {}))
+            self.worked += sum(written.values())
 
-    def _share(self, on_model, in_organization, starting=False):
-        """Calls this task may keep in flight: its equal part of the model's concurrency
-        among the tasks calling the model, and of its organization's cap (if any) among
-        the organization's tasks, within OPENRELAY_TASK_CONCURRENCY."""
-        # At the start, the batch's sibling tasks may not hold leases yet.
-        floor = settings.OPENRELAY_TASKS_PER_BATCH if starting else 1
-        share = task_share(self.model_capacity, max(floor, on_model + 1), self.task_cap)
-        if self.organization_cap:
-            share = min(share, task_share(self.organization_cap, max(floor, in_organization + 1)))
-        return share
-
-    def _reshare(self, on_model, in_organization):
-        """Move this task's capacity to its share among the tasks at work now.
-
-        Each task re-counts its live siblings every STATUS_CHECK_EVERY_S, so
-        a lone task (fewer workers free than OPENRELAY_TASKS_PER_BATCH, or
-        the others done) grows to the whole deployment, and a task that
-        gains siblings (on its batch, on another batch of the model, or in
-        its capped organization) shrinks: it stops starting records until it
-        is under its new share; nothing in flight is cut.
-        """
-        capacity = self._share(on_model, in_organization)
-        if capacity != self.capacity:
-            self.capacity = capacity
-            self._start_queued()
-            self.wake.set()
-
-    async def _check_status(self):
-        status, siblings = await self.db(self._status_and_siblings)
-        self._reshare(*siblings)
-        # expires_at is fixed at create: no need to read it again.
-        if status == BatchStatus.IN_PROGRESS and self.batch.expires_at <= timezone.now():
-            status = "expired"
-        if (
-            status == BatchStatus.IN_PROGRESS
-            and self.batch.priority != Priority.EXPEDITED
-            and not self.stopping
-            and await self.db(store.expedited_waiting)
-        ):
-            # Expedited work goes first: stop claiming, finish what is in
-            # flight, then give this worker slot up.
-            self.stopping = self.yielded = True
-            return
-        if status != BatchStatus.IN_PROGRESS and not self.stopping:
-            # Cancelled or expired: stop in-flight calls. Whoever closes the
-            # batch marks their records; our flush skips them.
-            self.stopping = True
-            await self._flush()
-            for slot in list(self.slots):
-                slot.cancel()
+    async def _announce(self, written):
+        now = time.monotonic()
+        for pk in written:
+            run = self.batches.get(pk)
+            if run is None or now - run.last_event < events.MIN_INTERVAL_S:
+                continue
+            run.last_event = now
+            await events.send(await self.db(events.snapshot, pk))
 
 
 class _Trip:
@@ -407,22 +681,32 @@ class _Trip:
     what an attempt whose answer was lost had leased already.
     """
 
-    def __init__(self, worker, outcomes, want, cursor):
-        self.worker, self.outcomes, self.want, self.cursor = worker, outcomes, want, cursor
+    def __init__(self, engine, outcomes, claims):
+        self.engine, self.outcomes, self.claims = engine, outcomes, claims
         self.lease_until = timezone.now() + timedelta(seconds=settings.OPENRELAY_LEASE_S)
         self.attempts = 0
         self.__name__ = "flush_and_claim"  # dbretry names the call it retries
 
     def __call__(self):
         self.attempts += 1
-        worker = self.worker
-        written, records = store.flush_and_claim(
-            worker.batch.pk, worker.owner, self.outcomes, self.want, after_line=self.cursor,
-            lease_until=self.lease_until, recover=self.attempts > 1,
-        )
-        claimed = []
-        for record in records:
-            # In line order: the reads walk the file forward.
-            worker.input.seek(record.offset)
-            claimed.append((record, worker.input.read(record.length)))
+        written, records = store.trip(self.engine.owner, self.outcomes, self.claims, self.lease_until,
+                                      recover=self.attempts > 1)
+        claimed = {}
+        for pk, batch_records in records.items():
+            run = self.engine.batches.get(pk)
+            if run is None:
+                continue
+            if run.input is None:
+                run.input = open_content(File.objects.get(pk=run.input_file_id))
+            lines = claimed[pk] = []
+            for record in batch_records:
+                # In line order: the reads walk the file forward.
+                run.input.seek(record.offset)
+                lines.append((record, run.input.read(record.length)))
         return written, claimed
+
+
+def run_batch(batch_pk):
+    """Work one batch in this process until it is closed: the engine, driven in-process
+    (tests, tools). Returns how many records this engine wrote."""
+    return asyncio.run(Engine(only=[batch_pk], until_closed=True).run())

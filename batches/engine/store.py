@@ -16,7 +16,8 @@ from django.db import connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
+from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
+from openrelay.models import Deployment
 
 
 @dataclass(frozen=True)
@@ -56,42 +57,40 @@ def claimable(batch_pk, now):
     )
 
 
-def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
-    """Lease up to `limit` records of the batch to `owner`; return them in line order.
+def trip(owner, outcomes, claims, lease_until, recover=False):
+    """One trip to the database: flush finished records and claim more, in one transaction
+    (one commit, one WAL flush), for any number of batches.
 
-    Pending records come first, from past `after_line` (the caller's cursor:
-    the line of the last record it claimed, so a claim never walks the
-    batch's finished lines again), then records whose lease ran out. When
-    neither is left past the cursor, the whole batch is searched once more
-    (a record released by a stopping worker may sit behind it). One
-    UPDATE ... RETURNING per kind: no rows read back, no model instances.
-    """
-    if limit <= 0:
-        # LIMIT -1 is an error on PostgreSQL and "no limit" on SQLite (the whole batch).
-        return []
-    now = timezone.now()
-    with transaction.atomic():
-        return _claim(batch_pk, owner, limit, now + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S), after_line, now)
-
-
-def flush_and_claim(batch_pk, owner, outcomes, limit, after_line=0, lease_until=None, recover=False):
-    """flush(outcomes) and claim(limit) in one transaction: one commit (one WAL flush) a trip.
-
-    The claim goes first: it is what the worker's idle slots wait for.
-    `lease_until` is the caller's, fixed for this trip, so a retry after a
-    lost connection (`recover`: the first attempt may have committed, its
-    answer lost on the way back) takes back the records that attempt leased
-    instead of leaving them to wait out their lease. Returns (written, claimed).
+    `outcomes`: {batch pk: [(ClaimedRecord, RecordOutcome)]}; `claims`:
+    {batch pk: (limit, after_line)}. Claims go first: they are what idle
+    slots wait for. `lease_until` is the caller's, fixed for the trip, so
+    a retry after a lost connection (`recover`: the first attempt may have
+    committed, its answer lost on the way back) takes back the records
+    that attempt leased instead of leaving them to wait out their lease.
+    Returns ({batch pk: written}, {batch pk: [ClaimedRecord] in line order}).
     """
     now = timezone.now()
-    lease_until = lease_until or now + timedelta(seconds=settings.OPENRELAY_LEASE_S)
+    written, claimed = {}, {}
     with transaction.atomic():
-        claimed = _leased_until(batch_pk, owner, lease_until) if recover else []
-        if limit > len(claimed):
-            claimed += _claim(batch_pk, owner, limit - len(claimed), lease_until, after_line, now)
-        written = _flush(batch_pk, owner, outcomes) if outcomes else 0
-    claimed.sort(key=lambda record: record.line)
+        for batch_pk, (limit, after_line) in claims.items():
+            records = _leased_until(batch_pk, owner, lease_until) if recover else []
+            if limit > len(records):
+                records += _claim(batch_pk, owner, limit - len(records), lease_until, after_line, now)
+            if records:
+                records.sort(key=lambda record: record.line)
+                claimed[batch_pk] = records
+        for batch_pk, done in outcomes.items():
+            if done:
+                written[batch_pk] = _flush(batch_pk, owner, done)
     return written, claimed
+
+
+def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
+    """Lease up to `limit` records of one batch to `owner` (trip's claim alone)."""
+    if limit <= 0:
+        return []
+    lease_until = timezone.now() + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S)
+    return trip(owner, {}, {batch_pk: (limit, after_line)}, lease_until)[1].get(batch_pk, [])
 
 
 def _leased_until(batch_pk, owner, lease_until):
@@ -102,6 +101,16 @@ def _leased_until(batch_pk, owner, lease_until):
 
 
 def _claim(batch_pk, owner, limit, lease_until, after_line, now):
+    """Pending records come first, from past `after_line` (the caller's cursor:
+    the line of the last record it claimed, so a claim never walks the
+    batch's finished lines again), then records whose lease ran out (their
+    engine died). When neither is left past the cursor, the whole batch is
+    searched once more (a record handed back by a stopping engine may sit
+    behind it). One UPDATE ... RETURNING per kind: no rows read back, no
+    model instances."""
+    if limit <= 0:
+        # LIMIT -1 is an error on PostgreSQL and "no limit" on SQLite (the whole batch).
+        return []
     ops = connection.ops
     lease_until = ops.adapt_datetimefield_value(lease_until)
     rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND line > %s", [_PENDING, after_line])
@@ -135,60 +144,75 @@ def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
         return cursor.fetchall()
 
 
-def renew(batch_pk, owner, lease_s=None):
+def heartbeat(owner, holding, *, host="", pid=0, lease_s=None):
+    """Prove `owner` alive and publish what it holds of each deployment; return the live
+    engines as [(owner, holding)], sorted by owner (an engine's rank is its place).
+
+    An engine whose heartbeat is older than one lease is dead: its records
+    are claimable again, and what it held goes back to the others.
+    """
     now = timezone.now()
-    lease_until = now + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S)
-    Record.objects.filter(batch_id=batch_pk, lease_owner=owner, status=RecordStatus.RUNNING).update(
-        lease_expires_at=lease_until
-    )
-    Batch.objects.filter(pk=batch_pk).update(worker_seen_at=now)
+    lease_s = lease_s or settings.OPENRELAY_LEASE_S
+    Engine.objects.update_or_create(owner=owner, defaults={"seen_at": now, "holding": holding, "host": host[:100],
+                                                           "pid": pid})
+    # Rows of engines long dead (kill -9) are dropped by whoever looks.
+    Engine.objects.filter(seen_at__lt=now - timedelta(seconds=20 * lease_s)).delete()
+    live = Engine.objects.filter(seen_at__gte=now - timedelta(seconds=lease_s))
+    return sorted(live.values_list("owner", "holding"))
 
 
-def release(batch_pk, owner, pks):
-    """Give records back (this worker is stopping before running them)."""
-    Record.objects.filter(batch_id=batch_pk, lease_owner=owner, status=RecordStatus.RUNNING, pk__in=pks).update(
+def renew(owner, batch_pks, lease_s=None):
+    """Extend the leases of `owner`'s running records of `batch_pks`."""
+    if batch_pks:
+        Record.objects.filter(batch_id__in=batch_pks, status=RecordStatus.RUNNING, lease_owner=owner).update(
+            lease_expires_at=timezone.now() + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S)
+        )
+
+
+def retire(owner):
+    """A clean stop: the engine row goes, so the others take its shares at once."""
+    Engine.objects.filter(owner=owner).delete()
+
+
+def release(owner, pks):
+    """Give records back unfinished (this engine is stopping): pending again, for any engine."""
+    if not pks:
+        return 0
+    return Record.objects.filter(pk__in=pks, lease_owner=owner, status=RecordStatus.RUNNING).update(
         status=RecordStatus.PENDING, lease_owner="", lease_expires_at=None
     )
 
 
-def batch_status(batch_pk):
-    """Read the status and report this worker alive (the sweeper and priority use it)."""
-    Batch.objects.filter(pk=batch_pk).update(worker_seen_at=timezone.now())
-    return Batch.objects.filter(pk=batch_pk).values_list("status", flat=True).first()
-
-
-def live_siblings(owner, *, batch_pk=None, model_id=None, organization_id=None, now=None):
-    """How many other workers hold live leases now, on records of one batch
-    (`batch_pk`), or of the running batches of a model or an organization.
-
-    The model's concurrency is split among every task calling it, whatever
-    the batch, so two batches on one model don't each take all of it; an
-    organization's cap is split among every task working its batches.
-    """
-    now = now or timezone.now()
-    records = Record.objects.filter(status=RecordStatus.RUNNING, lease_expires_at__gt=now)
-    if batch_pk is not None:
-        records = records.filter(batch_id=batch_pk)
-    else:
-        # Cancelling batches count too: their calls are still in flight until their workers notice.
-        batches = Batch.objects.filter(status__in=(BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING))
-        if model_id is not None:
-            batches = batches.filter(model_id=model_id)
-        if organization_id is not None:
-            batches = batches.filter(organization_id=organization_id)
-        records = records.filter(batch_id__in=batches.values("pk"))
-    return records.exclude(lease_owner=owner).values("lease_owner").distinct().count()
-
-
-def expedited_waiting(now=None, quiet_s=5):
-    """Is an expedited batch waiting for a worker (queued, or no worker seen lately)?"""
-    now = now or timezone.now()
-    waiting = Batch.objects.filter(priority=Priority.EXPEDITED).filter(
-        Q(status=BatchStatus.VALIDATING)
-        | Q(status=BatchStatus.IN_PROGRESS)
-        & (Q(worker_seen_at__isnull=True) | Q(worker_seen_at__lt=now - timedelta(seconds=quiet_s)))
+def active_batches(only=None):
+    """The batches engines work or close: validating, in progress and cancelling, with what
+    the engine needs of each (one query; the engine reads it every poll)."""
+    batches = Batch.objects.filter(
+        status__in=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
     )
-    return any(claimable(pk, now).exists() for pk in waiting.values_list("pk", flat=True)[:5])
+    if only is not None:
+        batches = batches.filter(pk__in=only)
+    return list(batches.values(
+        "pk", "public_id", "status", "organization_id", "model_id", "model_name", "endpoint", "priority",
+        "expires_at", "input_file_id", "total_count", "completed_count", "failed_count",
+        "organization__workflows_enabled", "organization__max_concurrency",
+    ))
+
+
+def deployments(model_ids):
+    """Enabled deployments of enabled models, by model id."""
+    by_model = {}
+    rows = Deployment.objects.filter(model_id__in=model_ids, enabled=True, model__enabled=True).values(
+        "pk", "model_id", "base_url", "upstream_model", "api_key", "max_concurrency", "health",
+        "health_changed_at", "model__name",
+    )
+    for row in rows:
+        by_model.setdefault(row["model_id"], []).append(row)
+    return by_model
+
+
+def save_health(deployment_id, health, changed_at, last_error):
+    Deployment.objects.filter(pk=deployment_id).update(health=health, health_changed_at=changed_at,
+                                                       last_error=last_error)
 
 
 def flush(batch_pk, owner, outcomes):

@@ -71,9 +71,10 @@ class Origin:
         self.connect_timeout_s = connect_timeout_s
         self._idle = []  # _Connection, most recently used last
 
-    def prepare(self, path, headers):
-        """The request head up to the body's length, for POSTs to `path` (below the base URL's path)."""
-        lines = [f"POST {self.prefix}{path} HTTP/1.1", f"Host: {self.authority}"]
+    def prepare(self, path, headers, method="POST"):
+        """The request head up to the body's length, for `method` (POST; GET for health probes)
+        to `path` (below the base URL's path)."""
+        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.authority}"]
         for name, value in headers.items():
             if not valid_header(name, value):
                 raise ValueError(f"header {name!r} has a character HTTP forbids")
@@ -82,7 +83,7 @@ class Origin:
         return "\r\n".join(lines).encode("latin-1")
 
     async def post(self, head, body):
-        """Send a prepared head and `body`; return the Response. Raises TransportError or OSError."""
+        """Send a prepared head and `body` (b"" for a GET); return the Response. Raises TransportError or OSError."""
         connection = self._take_idle() or await self._connect()
         try:
             response = await connection.exchange(b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body)))

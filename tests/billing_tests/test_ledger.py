@@ -129,8 +129,7 @@ def test_a_crash_mid_finalize_bills_nothing_and_the_sweepers_reclose_bills_once(
         raise RuntimeError("worker died before the commit")
 
     monkeypatch.setattr(ledger, "bill_batch", bill_then_crash)
-    with pytest.raises(RuntimeError):
-        run_batch(batch.pk)
+    run_batch(batch.pk)  # the close fails; the engine lives on (it logs it; the sweeper closes again)
     batch.refresh_from_db()
     assert batch.status == "finalizing" and batch.output_file is None
     assert not LedgerEntry.objects.exists()  # rolled back with the transition

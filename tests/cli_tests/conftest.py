@@ -115,7 +115,7 @@ def worker(data_dir, model):
         # Tasks other tests enqueued without a worker would be run first.
         redis.Redis.from_url(django_settings.REDIS_URL).delete(f"django_q:{Conf.PREFIX}:q")
     env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
-           "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_TASKS_PER_BATCH": "2", "OPENRELAY_ALLOW_PRIVATE_URLS": "true"}
+           "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_ALLOW_PRIVATE_URLS": "true"}
     process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     yield process

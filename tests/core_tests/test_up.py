@@ -85,3 +85,61 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
     assert process.returncode is not None
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{sim_port}/v1/models", timeout=2)
+
+
+def _start_up(tmp_path, port, sim_port):
+    env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
+    env["OPENRELAY_DATA_DIR"] = str(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(sim_port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )
+    return process, _read_banner(process, time.monotonic() + 60)[-1]
+
+
+def _record_statuses(tmp_path):
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "openrelay.sqlite3") as db:
+        return dict(db.execute("SELECT status, COUNT(*) FROM batches_record GROUP BY status").fetchall())
+
+
+@pytest.mark.slow
+def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp_path):
+    """Ctrl-C reaches `up` (its children have sessions of their own): it stops the workers before
+    the simulator, so calls in flight finish or go back to pending; none fails."""
+    port, sim_port = _free_port(), _free_port()
+    process, key = _start_up(tmp_path, port, sim_port)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
+        lines = b"".join(
+            b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
+            b'"openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "q%d [[latency:700]]"}]}}\n' % (i, i)
+            for i in range(600)
+        )
+        file = client.files.create(file=("in.jsonl", lines), purpose="batch")
+        batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+        deadline = time.monotonic() + 60
+        while client.batches.retrieve(batch.id).request_counts.completed < 64:
+            assert time.monotonic() < deadline, "no progress"
+            time.sleep(0.1)
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to its foreground group
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    statuses = _record_statuses(tmp_path)
+    assert statuses.get("failed", 0) == 0 and statuses.get("running", 0) == 0, statuses
+    assert statuses.get("pending", 0) > 0, f"the batch finished before the stop; the test proves nothing: {statuses}"
+
+    process, key = _start_up(tmp_path, port, sim_port)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
+        deadline = time.monotonic() + 60
+        while (done := client.batches.retrieve(batch.id)).status != "completed":
+            assert time.monotonic() < deadline, done
+            time.sleep(0.2)
+        assert (done.request_counts.completed, done.request_counts.failed) == (600, 0)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)

@@ -70,7 +70,7 @@ class Processes:
 
     def __init__(self, data_dir):
         self.env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
-                    "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_TASKS_PER_BATCH": "2", "OPENRELAY_LOG_LEVEL": "WARNING"}
+                    "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_LOG_LEVEL": "WARNING"}
         self.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         self.started = []
         self.logs = data_dir / "logs"

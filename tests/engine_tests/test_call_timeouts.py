@@ -33,7 +33,7 @@ def test_the_call_limit_is_reported_as_the_limit():
     assert result.kind == "time_limit"
 
 
-def test_a_connect_timeout_is_a_failed_server_and_is_retried(monkeypatch):
+def test_a_connect_timeout_takes_the_deployment_out_and_the_call_waits_for_it(monkeypatch):
     attempts = []
 
     async def connect_times_out(self, upstream, head, payload):
@@ -45,10 +45,15 @@ def test_a_connect_timeout_is_a_failed_server_and_is_retried(monkeypatch):
     async def call():
         upstreams = [Upstream("http://127.0.0.1:9/v1", "m", "", 4)]
         async with ModelCaller(upstreams, time_limit_s=60, retries=1, backoff_base_s=0.01) as caller:
-            return await caller.call("/v1/chat/completions", {"messages": []})
+            waiting = asyncio.create_task(caller.call("/v1/chat/completions", {"messages": []}))
+            await asyncio.sleep(0.5)  # the probes (port 9 refuses) keep it out all along
+            state = waiting.done(), upstreams[0].healthy, upstreams[0].last_error
+            waiting.cancel()
+            return state
 
-    result = _run(call())
-    assert result.kind == "unavailable" and len(attempts) == 2
+    done, healthy, last_error = _run(call())
+    assert not done and not healthy and len(attempts) == 1
+    assert "did not answer a probe" in last_error
 
 
 def test_the_limit_cuts_a_call_soon_after_it_runs_out_and_leaves_the_task_usable():

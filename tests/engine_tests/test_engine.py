@@ -198,53 +198,6 @@ def test_embeddings_and_completions_endpoints(alice, model):
     assert read_lines(_finished(comp).output_file)[0]["response"]["body"]["object"] == "text_completion"
 
 
-def test_a_standard_worker_yields_to_waiting_expedited_work(alice, model):
-    from django_q.brokers import get_broker
-
-    broker = get_broker()
-    broker.purge_queue()
-    standard = make_batch(alice.org, [chat(f"slow {i} [[latency:400]]") for i in range(64)])
-    worker = threading.Thread(target=run_batch, args=(standard.pk,))
-    worker.start()
-    deadline = time.monotonic() + 10
-    while not Record.objects.filter(batch=standard, status=RecordStatus.SUCCEEDED).exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    expedited = make_batch(alice.org, [chat("urgent")])
-    Batch.objects.filter(pk=expedited.pk).update(priority="expedited")
-    worker.join(timeout=15)
-    assert not worker.is_alive()
-    standard.refresh_from_db()
-    assert standard.status == "in_progress"  # it gave its slot up before finishing
-    assert Record.objects.filter(batch=standard, status=RecordStatus.PENDING).exists()
-    assert not Record.objects.filter(batch=standard, status=RecordStatus.RUNNING).exists()
-    assert broker.queue_size() >= 1  # and went to the back of the queue
-    run_batch(expedited.pk)
-    expedited.refresh_from_db()
-    assert expedited.status == "completed"
-
-
-def test_a_long_batch_is_worked_in_slices(alice, model, settings):
-    from django_q.brokers import get_broker
-
-    broker = get_broker()
-    broker.purge_queue()
-    settings.OPENRELAY_TASK_SLICE_S = 1
-    # A lone task grows to the whole deployment (16) after its first status
-    # check, so the batch is long enough to outlast a one-second slice.
-    batch = make_batch(alice.org, [chat(f"q{i} [[latency:300]]") for i in range(80)])
-    run_batch(batch.pk)
-    batch.refresh_from_db()
-    assert batch.status == "in_progress"
-    assert 0 < Record.objects.filter(batch=batch, status=RecordStatus.SUCCEEDED).count() < 80
-    assert not Record.objects.filter(batch=batch, status=RecordStatus.RUNNING).exists()
-    assert broker.queue_size() >= 1
-    settings.OPENRELAY_TASK_SLICE_S = 600
-    run_batch(batch.pk)
-    batch.refresh_from_db()
-    assert batch.status == "completed" and batch.completed_count == 80
-
-
 def test_a_crash_while_closing_leaves_no_rows_and_no_bytes(alice, model, tmp_path, monkeypatch):
     from batches.engine import finish
     from billing import ledger

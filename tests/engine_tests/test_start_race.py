@@ -8,18 +8,18 @@ from batches.models import Batch
 from tests.engine_tests.conftest import chat, make_batch
 
 
-def test_a_task_that_loses_the_start_race_still_runs_records(alice, model, monkeypatch):
+def test_an_engine_that_loses_the_start_race_still_runs_records(alice, model, monkeypatch):
     batch = make_batch(alice.org, [chat("a"), chat("b"), chat("c")])
     assert batch.status == "validating"
     real_transition = lifecycle.transition
 
-    def a_sibling_task_won(target_batch, target, **fields):
+    def another_engine_won(target_batch, target, **fields):
         if target == "in_progress":
             Batch.objects.filter(pk=target_batch.pk).update(status="in_progress", in_progress_at=timezone.now())
             return False
         return real_transition(target_batch, target, **fields)
 
-    monkeypatch.setattr(lifecycle, "transition", a_sibling_task_won)
-    assert run_batch(batch.pk) == "ran 3 records"
+    monkeypatch.setattr(lifecycle, "transition", another_engine_won)
+    assert run_batch(batch.pk) == 3
     batch.refresh_from_db()
     assert batch.status == "completed" and batch.completed_count == 3

@@ -281,13 +281,20 @@ def test_header_injection_is_refused(headers):
 
 
 @pytest.mark.parametrize("base_url, api_key", [("ftp://127.0.0.1/v1", ""), ("http://127.0.0.1:9/v1", "sk\r\nX: y")])
-def test_an_unusable_deployment_fails_its_calls_without_sending(base_url, api_key):
+def test_an_unusable_deployment_sends_nothing_and_stays_out_of_the_rotation(base_url, api_key):
+    """The operator's mistake, never the record's: its calls wait (for a fixed deployment or the
+    batch's end) instead of failing, and the reason is on the deployment."""
     async def go():
-        async with ModelCaller([Upstream(base_url, "m", api_key, 4)], time_limit_s=5, retries=0) as caller:
-            return await caller.call("/v1/chat/completions", {"messages": []})
+        upstream = Upstream(base_url, "m", api_key, 4)
+        async with ModelCaller([upstream], time_limit_s=5, retries=0) as caller:
+            waiting = asyncio.create_task(caller.call("/v1/chat/completions", {"messages": []}))
+            await asyncio.sleep(0.3)
+            waiting.cancel()
+            return waiting, upstream
 
-    result = _run(go())
-    assert result.kind == "unavailable" and result.message.startswith("The model server's settings are not usable")
+    waiting, upstream = _run(go())
+    assert waiting.cancelled() and not upstream.healthy
+    assert upstream.last_error.startswith("The model server's settings are not usable")
 
 
 def test_the_caller_reads_status_request_id_and_retry_after_from_the_transport():

@@ -4,7 +4,7 @@ broker restarted mid-batch, the web process killed mid-upload.
 Every time the batch finishes, each record appears exactly once across the
 output and error files, and billed usage (the batch's input/output tokens)
 equals the sum over the output lines. Real processes throughout: qcluster
-workers (tests.engine_tests.test_workers.Cluster), the simulated model
+workers (tests.engine_tests.conftest.Cluster), the simulated model
 server, the ASGI web server `manage.py up` runs.
 """
 
@@ -21,63 +21,16 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection, connections
 
-from batches.engine.sweeper import sweep
-from batches.models import Batch, Record
-from batches.tasks import enqueue_batch
+from batches.models import Record
 from files.models import File
 from openrelay.simulator import SimulatorConfig, run_in_thread
-from tests.engine_tests.conftest import chat, make_batch, model, read_lines, sim  # noqa: F401 (fixtures)
-from tests.engine_tests.test_workers import _database_url, clusters  # noqa: F401 (clusters: a fixture)
+from tests.engine_tests.conftest import (  # noqa: F401 (model, sim, clusters: fixtures)
+    assert_exactly_once, chat, clusters, database_url, make_batch, model, read_lines, sim, status_of, succeeded,
+    wait_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = 3000
-
-
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if predicate():
-                return
-        except Exception:  # noqa: BLE001 - the database may be restarting under us
-            connections.close_all()
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def _status(batch):
-    return Batch.objects.filter(pk=batch.pk).values_list("status", flat=True).get()
-
-
-def _succeeded(batch):
-    return Record.objects.filter(batch=batch, status="succeeded").count()
-
-
-def _progress(batch, at_least):
-    """Has the batch done `at_least` records? Hands it out again while no worker holds it."""
-    if _succeeded(batch) >= at_least:
-        return True
-    sweep()  # what the periodic sweeper does: re-queue a batch whose workers died, once their leases ran out
-    return False
-
-
-def _finish(batch, timeout):
-    """Wait for the batch to complete, handing it out again whenever no worker holds it."""
-
-    _wait_for(lambda: _status(batch) == "completed" or _progress(batch, float("inf")), timeout,
-              "the batch to complete")
-
-
-def assert_exactly_once(batch, total):
-    batch.refresh_from_db()
-    out, err = read_lines(batch.output_file), read_lines(batch.error_file)
-    ids = [line["custom_id"] for line in out + err]
-    assert len(ids) == total and len(set(ids)) == total, (len(ids), len(set(ids)))
-    assert set(ids) == {f"req-{i}" for i in range(1, total + 1)}
-    assert (batch.completed_count, batch.failed_count) == (len(out), len(err))
-    assert batch.input_tokens == sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in out)
-    assert batch.output_tokens == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in out)
-    return out, err
 
 
 @pytest.fixture
@@ -92,13 +45,13 @@ def slow_model(model):  # noqa: F811
 def test_repeated_kill_9_of_the_workers(alice, slow_model, clusters):  # noqa: F811
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(RECORDS - 1)] + [chat("bad [[status:400]]")])
     cluster = clusters()
-    enqueue_batch(batch.pk)
     for kill_at in (RECORDS // 10, RECORDS * 4 // 10, RECORDS * 7 // 10):
-        _wait_for(lambda: _progress(batch, kill_at), 60, f"{kill_at} records done")
+        wait_for(lambda: succeeded(batch) >= kill_at, 60, f"{kill_at} records done")
         cluster.kill()
-        assert _status(batch) == "in_progress", "the batch finished before the kill; the test proves nothing"
+        assert status_of(batch) == "in_progress", "the batch finished before the kill; the test proves nothing"
         cluster = clusters()
-    _finish(batch, 90)
+    # No sweeper: the new engines claim the dead ones' records once their leases run out.
+    wait_for(lambda: status_of(batch) == "completed", 90, "the batch to complete")
     out, err = assert_exactly_once(batch, RECORDS)
     assert [line["custom_id"] for line in err] == [f"req-{RECORDS}"]
     # The kills really cut work short: some records ran more than once, none was written twice.
@@ -130,21 +83,20 @@ def _postgres_ready():
 def test_a_postgresql_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
     cluster = clusters()
-    enqueue_batch(batch.pk)
-    _wait_for(lambda: _succeeded(batch) >= 200, 60, "progress")
-    assert _succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
+    wait_for(lambda: succeeded(batch) >= 200, 60, "progress")
+    assert succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
     try:
         subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", _postgres_cluster(), "main", "restart"],
                        check=True, capture_output=True, timeout=60)
     finally:
         _wait_until(_postgres_ready, 60, "PostgreSQL to accept connections again")
     connections.close_all()  # this process's connection died with the server
-    # The running tasks live through it (batches/engine/dbretry.py): the batch completes
-    # without the sweeper handing it out again, and the cluster never restarts.
-    _wait_for(lambda: _status(batch) == "completed", 45, "the batch to complete in the same tasks")
+    # The engines live through it (batches/engine/dbretry.py): the batch completes
+    # without any record claimed twice, and the cluster never restarts.
+    wait_for(lambda: status_of(batch) == "completed", 45, "the batch to complete in the same engines")
     assert cluster.process.poll() is None, "the worker cluster died with the database"
     assert_exactly_once(batch, 1500)
-    # No task died: a dead task's records would have been claimed again once its leases ran out.
+    # No engine died: a dead engine's records would have been claimed again once its leases ran out.
     assert not Record.objects.filter(batch=batch, attempts__gt=1).exists()
 
 
@@ -167,9 +119,8 @@ def _start_redis():
 def test_a_redis_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
     cluster = clusters()
-    enqueue_batch(batch.pk)
-    _wait_for(lambda: _succeeded(batch) >= 200, 60, "progress")
-    assert _succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
+    wait_for(lambda: succeeded(batch) >= 200, 60, "progress")
+    assert succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
     try:
         subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave"], capture_output=True,
                        timeout=30)
@@ -179,14 +130,15 @@ def test_a_redis_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
         if not _redis_ready():
             _start_redis()
         _wait_until(_redis_ready, 30, "Redis to answer again")
-    _wait_for(lambda: _status(batch) == "completed", 45, "the batch to complete in the same tasks")
+    wait_for(lambda: status_of(batch) == "completed", 45, "the batch to complete in the same engines")
     assert cluster.process.poll() is None, "the worker cluster died with the broker"
     assert_exactly_once(batch, 1500)
     assert not Record.objects.filter(batch=batch, attempts__gt=1).exists()
-    # The broker works again: a new batch is picked up from the queue.
-    second = make_batch(alice.org, [chat("after the restart")])
-    enqueue_batch(second.pk)
-    _wait_for(lambda: _status(second) == "completed", 30, "a batch queued after the restart")
+    # The broker works again: a task queued now runs.
+    from django_q.tasks import async_task, result
+
+    task_id = async_task("batches.tasks.sweep")
+    wait_for(lambda: result(task_id) is not None, 30, "a task queued after the restart")
 
 
 # --- the web process killed mid-upload --------------------------------------------------------
@@ -203,7 +155,7 @@ class WebServer:
 
     def __init__(self, data_dir):
         self.port = _free_port()
-        env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(data_dir)}
+        env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
              "openrelay.asgi:application"], cwd=ROOT, env=env, start_new_session=True,

@@ -3,7 +3,7 @@
 The real restart is in test_crashes.py (PostgreSQL only); here the loss is
 simulated on every backend: engine operations fail with OperationalError,
 including after their transaction committed (the answer lost on the way
-back), and the batch still completes in the same task, every record once.
+back), and the batch still completes in the same engine, every record once.
 """
 
 import pytest
@@ -12,8 +12,7 @@ from django.db import OperationalError
 from batches.engine import dbretry, store
 from batches.engine.runner import run_batch
 from batches.models import Batch
-from tests.engine_tests.conftest import chat, make_batch, model, read_lines, sim  # noqa: F401 (fixtures)
-from tests.reliability_tests.test_crashes import assert_exactly_once
+from tests.engine_tests.conftest import assert_exactly_once, chat, make_batch, model, read_lines, sim  # noqa: F401
 
 
 def test_a_call_is_retried_until_the_database_answers(settings):
@@ -70,18 +69,20 @@ def _failing(monkeypatch, name, *, after_commit, times):
     return left
 
 
-def test_a_batch_survives_lost_connections_in_one_task(alice, model, monkeypatch):  # noqa: F811
+def test_a_batch_survives_lost_connections_in_one_engine(alice, model, monkeypatch):  # noqa: F811
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(300)])
-    # The worker flushes and claims in one transaction (store.flush_and_claim):
-    # it fails before its work, and after committing it (the answer lost on the
-    # way back: the retry takes back the records that attempt leased).
+    # The engine flushes and claims in one transaction (store.trip): it fails
+    # before its work, and after committing it (the answer lost on the way
+    # back: the retry takes back the records that attempt leased). Its polls
+    # and heartbeats fail too.
     left = [
-        _failing(monkeypatch, "flush_and_claim", after_commit=False, times=2),
-        _failing(monkeypatch, "flush_and_claim", after_commit=True, times=2),
-        _failing(monkeypatch, "batch_status", after_commit=False, times=1),
+        _failing(monkeypatch, "trip", after_commit=False, times=2),
+        _failing(monkeypatch, "trip", after_commit=True, times=2),
+        _failing(monkeypatch, "active_batches", after_commit=False, times=1),
+        _failing(monkeypatch, "heartbeat", after_commit=True, times=1),
     ]
-    run_batch(batch.pk)  # one task, no sweeper
-    assert [l[0] for l in left] == [0, 0, 0], "the failures were not all hit"
+    run_batch(batch.pk)  # one engine, no sweeper
+    assert [l[0] for l in left] == [0, 0, 0, 0], "the failures were not all hit"
     assert Batch.objects.get(pk=batch.pk).status == "completed"
     out, err = assert_exactly_once(batch, 300)
     assert err == []

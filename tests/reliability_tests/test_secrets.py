@@ -30,7 +30,6 @@ from django.urls import NoReverseMatch, reverse
 
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
-from batches.tasks import enqueue_batch
 from openrelay.models import Deployment, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.reliability_tests.conftest import MCP_TOKEN, MODEL, jsonl, upload
@@ -122,11 +121,11 @@ def _wait_for(predicate, timeout, what):
 
 
 def _worker(tmp_path, log_path):
-    from tests.engine_tests.test_workers import _database_url
+    from tests.engine_tests.conftest import database_url
 
-    env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(tmp_path),
+    env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(tmp_path),
            "OPENRELAY_ALLOW_PRIVATE_URLS": "true", "OPENRELAY_LOG_LEVEL": "DEBUG", "OPENRELAY_Q_WORKERS": "1",
-           "OPENRELAY_TASKS_PER_BATCH": "1", "OPENRELAY_CALL_TIME_LIMIT_S": "10"}
+           "OPENRELAY_CALL_TIME_LIMIT_S": "10"}
     log = open(log_path, "wb")
     process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True,
                                stdout=log, stderr=subprocess.STDOUT)
@@ -205,7 +204,6 @@ def test_no_secret_reaches_a_file_a_log_a_page_or_an_answer(alice, stage, tmp_pa
     process, log = _worker(tmp_path, log_path)
     try:
         there = _create(alice, lines)
-        enqueue_batch(there.pk, copies=1)
         _wait_for(lambda: Batch.objects.get(pk=there.pk).status == "completed", 60,
                   lambda: f"the worker to finish; its log:\n{log_path.read_text(errors='replace')[-3000:]}")
     finally:

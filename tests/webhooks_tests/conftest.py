@@ -8,7 +8,7 @@ from aiohttp import web
 
 from openrelay.simulator import AppThread
 from tests.engine_tests.conftest import _storage, model, sim  # noqa: F401  (fixtures for engine runs)
-from tests.engine_tests.test_workers import clusters  # noqa: F401  (real q2 clusters)
+from tests.engine_tests.conftest import clusters  # noqa: F401  (real q2 clusters)
 
 
 @dataclass

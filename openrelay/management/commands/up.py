@@ -138,7 +138,9 @@ class Command(BaseCommand):
         return False
 
     def _spawn(self, argv):
-        return subprocess.Popen(argv, cwd=settings.BASE_DIR, env=os.environ.copy())
+        # A session of its own: Ctrl-C in the terminal reaches this command alone, which then
+        # stops the children in order (a simulator that stopped first failed the calls in flight).
+        return subprocess.Popen(argv, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True)
 
     def _banner(self, host, port, model, key, key_note, password, password_note):
         url = f"http://{host}:{port}"
@@ -160,12 +162,15 @@ class Command(BaseCommand):
         self.stderr.write(f"A process stopped: {failed}; shutting down.")
 
     def _stop(self, children):
-        for child in children:
+        """Stop the children in the reverse of their start: the web server, then the workers (whose
+        engines finish or hand back their records within OPENRELAY_STOP_GRACE_S), and the simulator
+        last, so no record is ever sent to a model server that is already gone."""
+        for child in reversed(children):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for child in children:
+            patience = settings.OPENRELAY_STOP_GRACE_S + 15 if "qcluster" in child.args else 10
             try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+                child.wait(timeout=patience)
             except subprocess.TimeoutExpired:
                 child.kill()
+                child.wait()

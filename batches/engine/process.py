@@ -1,0 +1,86 @@
+"""The engine in every django-q2 worker process.
+
+django-q2 supervises the worker processes (starts them, brings back one
+that died, stops them in order) and carries the short tasks: sweeps,
+webhook deliveries, file expiry. Each worker process also runs one engine,
+on a thread of its own, started when q2 spawns the process (post_spawn).
+
+Why not a q2 task: a task holds its worker process until it returns, and
+q2 cuts it at its timeout. Engines held as tasks would take every worker
+from the sweeper and the deliveries, and a task's end or timeout would cut
+the records in flight; the first engine, a task per batch, queued a
+20-record batch for 94 s behind another organization's backlog. A thread
+beside the task loop costs nothing of the sort: the main thread sits idle
+in q2's queue most of the time.
+
+Stops are clean whichever way they come:
+- q2's own stop (SIGTERM or SIGINT to `qcluster`, what docker, Kubernetes
+  and Ctrl-C send): the sentinel hands each worker a STOP after its current
+  task; the worker's process exits, and before it does, a multiprocessing
+  finalizer stops the engine (Engine.request_stop: calls in flight finish
+  within OPENRELAY_STOP_GRACE_S, the rest is handed back). A recycled
+  worker leaves the same way.
+- SIGTERM to a worker process itself (systemd's default KillMode signals
+  every process of the service; q2's guard does it past a task's timeout):
+  the same clean stop, then the process exits.
+"""
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from multiprocessing.util import Finalize
+
+from django.conf import settings
+
+logger = logging.getLogger("openrelay.engine")
+
+RESTART_AFTER_S = 1.0
+_state = {"engine": None, "thread": None, "stopping": False}
+
+
+def on_spawn(sender=None, proc_name="", **kwargs):
+    """django-q2's post_spawn: a worker process starts; give it its engine."""
+    if settings.OPENRELAY_ENGINE:
+        start()
+
+
+def start():
+    thread = threading.Thread(target=_run, name="openrelay-engine", daemon=True)
+    _state["thread"] = thread
+    thread.start()
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    Finalize(None, stop, exitpriority=100)
+
+
+def _run():
+    from batches.engine.runner import Engine
+
+    while not _state["stopping"]:
+        engine = _state["engine"] = Engine()
+        try:
+            asyncio.run(engine.run())
+        except Exception:
+            # A bug must not leave the process without an engine for the rest of its life.
+            logger.exception("the engine stopped on an error; starting a new one")
+            time.sleep(RESTART_AFTER_S)
+        else:
+            if not _state["stopping"]:
+                logger.error("the engine returned without being asked to stop; starting a new one")
+
+
+def stop():
+    """Stop this process's engine cleanly and wait for it (at most the grace period and a margin)."""
+    _state["stopping"] = True
+    engine, thread = _state["engine"], _state["thread"]
+    if engine is not None:
+        engine.request_stop()
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=settings.OPENRELAY_STOP_GRACE_S + 15)
+
+
+def _on_sigterm(signum, frame):
+    stop()
+    os._exit(0)

@@ -1,0 +1,231 @@
+"""Fair shares of model capacity: between engines, organizations and batches.
+
+Three levels, each in one place here:
+
+- Between engines (worker processes on any machine): every live engine can
+  claim any record, so a deployment's max_concurrency (and an
+  organization's cap) is split evenly over the live engines by rank
+  (`split`). An engine that joins or leaves moves every share at the next
+  heartbeat.
+- Between organizations, inside an engine: the model's call slots
+  (`CallGate`) go to the waiting organization with the fewest calls in
+  flight on the model, within its cap (`OrgCaps`); expedited batches'
+  calls go first.
+- Between one organization's batches: the batch with the fewest calls in
+  flight goes next (round robin when they are even).
+
+Work-conserving: a slot nobody else waits for goes to whoever waits.
+"""
+
+import asyncio
+from collections import defaultdict, deque
+
+
+def split(total, rank, count):
+    """This engine's part of `total` when `count` live engines share it; `rank` is its place among them.
+
+    The parts add up to `total` exactly (the first total % count engines
+    take one more), so the engines together never exceed a limit. A part
+    may be 0 when there are more engines than slots.
+    """
+    count = max(1, count)
+    rank = rank % count
+    return total // count + (1 if rank < total % count else 0)
+
+
+class Ticket:
+    """One batch's standing at a gate: who it belongs to and how many calls it has in flight."""
+
+    __slots__ = ("batch_pk", "organization_id", "expedited", "calls")
+
+    def __init__(self, batch_pk, organization_id, expedited=False):
+        self.batch_pk = batch_pk
+        self.organization_id = organization_id
+        self.expedited = expedited
+        self.calls = 0
+
+
+class OrgCaps:
+    """Organizations' caps (Organization.max_concurrency, this engine's part), over every model."""
+
+    def __init__(self):
+        self.limits = {}  # organization id -> this engine's part of its cap (absent: no cap)
+        self.calls = defaultdict(int)
+        self.gates = []
+
+    def allows(self, organization_id):
+        limit = self.limits.get(organization_id)
+        return limit is None or self.calls[organization_id] < limit
+
+    def take(self, organization_id):
+        self.calls[organization_id] += 1
+
+    def give(self, organization_id):
+        calls = self.calls[organization_id] - 1
+        if calls:
+            self.calls[organization_id] = calls
+        else:
+            del self.calls[organization_id]
+        limit = self.limits.get(organization_id)
+        if limit is not None and calls == limit - 1:
+            # The organization was at its cap: its waiters on other models may go now.
+            self.poke()
+
+    def set_limits(self, limits):
+        self.limits = limits
+        self.poke()
+
+    def poke(self):
+        for gate in self.gates:
+            if gate.waiting:
+                gate.dispatch()
+
+
+class CallGate:
+    """One model's call slots in this engine, over its deployments, handed out fairly.
+
+    `acquire` returns the deployment (an Upstream with `share`, `in_use`
+    and `healthy`) the call is to use; `release` gives the slot back and
+    hands it to the fairest waiter. A deployment out of the rotation
+    (unhealthy) offers no slots; its calls in flight finish where they are.
+    """
+
+    def __init__(self, caps):
+        self.caps = caps
+        caps.gates.append(self)
+        self.upstreams = []
+        self.waiting = 0
+        # expedited? -> organization id -> batch pk -> deque of (future, ticket)
+        self._queues = {True: {}, False: {}}
+        self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
+
+    @property
+    def capacity(self):
+        return sum(u.share for u in self.upstreams if u.healthy)
+
+    @property
+    def in_use(self):
+        return sum(u.in_use for u in self.upstreams)
+
+    @property
+    def free(self):
+        return sum(max(0, u.share - u.in_use) for u in self.upstreams if u.healthy)
+
+    def close(self):
+        if self in self.caps.gates:
+            self.caps.gates.remove(self)
+
+    def ready_waiting(self):
+        """Calls waiting that could go now: those of organizations not at their cap."""
+        if not self.waiting:
+            return 0
+        ready = 0
+        for orgs in self._queues.values():
+            for org, by_batch in orgs.items():
+                if self.caps.allows(org):
+                    ready += sum(len(queue) for queue in by_batch.values())
+        return ready
+
+    def _free_upstream(self):
+        """The healthy deployment with the most of its share free (by fraction, so calls
+        spread over deployments in proportion to their concurrency)."""
+        if len(self.upstreams) == 1:
+            upstream = self.upstreams[0]
+            return upstream if upstream.healthy and upstream.in_use < upstream.share else None
+        best, room = None, 0.0
+        for upstream in self.upstreams:
+            if upstream.healthy and upstream.in_use < upstream.share:
+                free = 1.0 - upstream.in_use / upstream.share
+                if free > room:
+                    best, room = upstream, free
+        return best
+
+    async def acquire(self, ticket):
+        if not self.waiting and self.caps.allows(ticket.organization_id):
+            upstream = self._free_upstream()
+            if upstream is not None:
+                self._take(ticket, upstream)
+                return upstream
+        future = asyncio.get_running_loop().create_future()
+        entry = (future, ticket)
+        by_org = self._queues[ticket.expedited].setdefault(ticket.organization_id, {})
+        by_org.setdefault(ticket.batch_pk, deque()).append(entry)
+        self.waiting += 1
+        if self._free_upstream() is not None:
+            # Room, but others wait (capped organizations): this waiter may be next.
+            self.dispatch()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self.release(ticket, future.result())  # granted as we were cancelled: give it back
+            else:
+                self._forget(entry)
+            raise
+
+    def _forget(self, entry):
+        ticket = entry[1]
+        by_org = self._queues[ticket.expedited].get(ticket.organization_id, {})
+        queue = by_org.get(ticket.batch_pk)
+        if queue is not None and entry in queue:
+            queue.remove(entry)
+            self.waiting -= 1
+            if not queue:
+                del by_org[ticket.batch_pk]
+                if not by_org:
+                    del self._queues[ticket.expedited][ticket.organization_id]
+
+    def release(self, ticket, upstream):
+        upstream.in_use -= 1
+        ticket.calls -= 1
+        calls = self.org_calls[ticket.organization_id] - 1
+        if calls:
+            self.org_calls[ticket.organization_id] = calls
+        else:
+            del self.org_calls[ticket.organization_id]
+        self.caps.give(ticket.organization_id)
+        if self.waiting:
+            self.dispatch()
+
+    def _take(self, ticket, upstream):
+        upstream.in_use += 1
+        ticket.calls += 1
+        self.org_calls[ticket.organization_id] += 1
+        self.caps.take(ticket.organization_id)
+
+    def dispatch(self):
+        """Hand free slots to waiters: expedited first, then the organization with the fewest
+        calls on this model (within its cap), then that organization's least-served batch."""
+        while self.waiting:
+            upstream = self._free_upstream()
+            if upstream is None:
+                return
+            entry = self._next()
+            if entry is None:
+                return  # every waiter's organization is at its cap
+            future, ticket = entry
+            if future.done():
+                continue  # its task was cancelled; its own handler finds nothing left to forget
+            self._take(ticket, upstream)
+            future.set_result(upstream)
+
+    def _next(self):
+        for expedited in (True, False):
+            orgs = self._queues[expedited]
+            if not orgs:
+                continue
+            allowed = [org for org in orgs if self.caps.allows(org)]
+            if not allowed:
+                continue
+            org = min(allowed, key=lambda o: self.org_calls.get(o, 0))
+            by_batch = orgs[org]
+            batch_pk = min(by_batch, key=lambda pk: by_batch[pk][0][1].calls)
+            queue = by_batch[batch_pk]
+            entry = queue.popleft()
+            self.waiting -= 1
+            if not queue:
+                del by_batch[batch_pk]
+                if not by_batch:
+                    del orgs[org]
+            return entry
+        return None

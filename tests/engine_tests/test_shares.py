@@ -1,0 +1,232 @@
+"""Fair shares: between engines (split), organizations and batches (CallGate, the engine's picks),
+expedited before standard, organization caps, and tools that hang."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+from aiohttp import web
+from django.db import connections
+
+from batches.engine.runner import Engine
+from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
+from batches.models import Batch
+from openrelay.simulator import SimulatorConfig, run_in_thread
+from tests.conftest import make_persona
+from tests.engine_tests.conftest import MODEL, chat, make_batch, status_of, wait_for
+from tests.tool_tests.conftest import ExecutorServer, sleep
+
+
+def test_split_adds_up_to_the_whole_and_differs_by_at_most_one():
+    for total in (0, 1, 3, 16, 64, 65):
+        for count in (1, 2, 3, 7):
+            parts = [split(total, rank, count) for rank in range(count)]
+            assert sum(parts) == total
+            assert max(parts) - min(parts) <= 1
+    assert split(1, 1, 2) == 0  # more engines than slots: some engines get none
+
+
+class _Slot:
+    def __init__(self, share):
+        self.share, self.in_use, self.healthy = share, 0, True
+
+
+def test_the_gate_serves_organizations_evenly_expedited_first_and_within_caps():
+    async def scenario():
+        caps = OrgCaps()
+        gate = CallGate(caps)
+        gate.upstreams = [_Slot(2)]
+        a, b, urgent = Ticket(1, 100), Ticket(2, 200), Ticket(3, 300, expedited=True)
+        held = [await gate.acquire(a), await gate.acquire(a)]  # a took the whole model
+        order = []
+
+        async def wait(ticket, name):
+            upstream = await gate.acquire(ticket)
+            order.append(name)
+            return ticket, upstream
+
+        waiters = [asyncio.create_task(wait(a, f"a{i}")) for i in range(3)]
+        waiters += [asyncio.create_task(wait(b, f"b{i}")) for i in range(2)]
+        waiters.append(asyncio.create_task(wait(urgent, "urgent")))
+        await asyncio.sleep(0)
+        assert gate.waiting == 6
+        gate.release(a, held.pop())
+        await asyncio.sleep(0)
+        assert order == ["urgent"]  # expedited first, though a and b waited longer
+        granted = {name: task for name, task in zip(["a0", "a1", "a2", "b0", "b1", "urgent"], waiters)}
+        for name in ("urgent", "b0", "b1"):
+            # a keeps a call in flight and b has none: every slot that comes free goes to b.
+            gate.release(*granted[name].result())
+            await asyncio.sleep(0)
+        assert order == ["urgent", "b0", "b1", "a0"]  # b had nothing more waiting
+        gate.release(a, held.pop())
+        await asyncio.sleep(0)
+        assert order == ["urgent", "b0", "b1", "a0", "a1"]
+        for name in ("a0", "a1", "a2"):
+            gate.release(*(await granted[name]))
+        assert gate.in_use == 0 and gate.waiting == 0
+
+        # An organization at its cap waits even when the model has room.
+        caps.set_limits({100: 1})
+        first = await gate.acquire(a)
+        blocked = asyncio.create_task(gate.acquire(a))
+        await asyncio.sleep(0)
+        assert not blocked.done() and gate.free == 1 and gate.ready_waiting() == 0
+        other = await gate.acquire(b)  # another organization is not held up
+        gate.release(a, first)
+        await asyncio.sleep(0)
+        assert blocked.done()
+        gate.release(a, blocked.result())
+        gate.release(b, other)
+        assert gate.in_use == 0 and not caps.calls
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_waiter_gives_nothing_away():
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        gate.upstreams = [_Slot(1)]
+        a = Ticket(1, 1)
+        held = await gate.acquire(a)
+        waiter = asyncio.create_task(gate.acquire(a))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        gate.release(a, held)  # the cancelled waiter must not take the slot
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert gate.in_use == 0 and gate.waiting == 0
+
+    asyncio.run(scenario())
+
+
+# --- the engine, in this process -----------------------------------------------------------------
+
+
+def _peak_tracking_simulator(latency_ms):
+    sim = run_in_thread(SimulatorConfig(latency_ms=latency_ms, record=False))
+    sim.now = sim.peak = 0
+
+    @web.middleware
+    async def track(request, handler):
+        sim.now += 1
+        sim.peak = max(sim.peak, sim.now)
+        try:
+            return await handler(request)
+        finally:
+            sim.now -= 1
+
+    sim.app.middlewares.append(track)
+    return sim
+
+
+class Engines:
+    """Engines running in threads of this process (as worker processes would), until stopped."""
+
+    def __init__(self, count=1):
+        self.engines = [Engine() for _ in range(count)]
+        self.threads = [threading.Thread(target=self._run, args=(e,)) for e in self.engines]
+
+    @staticmethod
+    def _run(engine):
+        try:
+            asyncio.run(engine.run())
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        for engine in self.engines:
+            engine.request_stop()
+        for thread in self.threads:
+            thread.join(timeout=30)
+        assert not any(t.is_alive() for t in self.threads)
+
+
+def _completed(batch):
+    return Batch.objects.get(pk=batch.pk).completed_count
+
+
+def test_a_model_shared_by_two_batches_and_two_engines_stays_within_its_concurrency(alice, model):
+    with _peak_tracking_simulator(100) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=16)
+        first = make_batch(alice.org, [chat(f"a{i}") for i in range(300)])
+        second = make_batch(alice.org, [chat(f"b{i}") for i in range(300)])
+        with Engines(2):
+            wait_for(lambda: _completed(first) >= 64 and _completed(second) >= 64, 30, "both batches to run")
+            assert sim.peak <= 16
+            wait_for(lambda: {status_of(first), status_of(second)} == {"completed"}, 60, "both to complete")
+        assert sim.peak == 16  # and the model was used to the full
+
+
+def test_an_organization_cap_bounds_all_its_batches_together_across_engines(alice, model):
+    alice.org.max_concurrency = 6
+    alice.org.save(update_fields=["max_concurrency"])
+    with _peak_tracking_simulator(100) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=64)
+        batches = [make_batch(alice.org, [chat(f"{n}-{i}") for i in range(60)]) for n in range(2)]
+        with Engines(2):
+            wait_for(lambda: all(status_of(b) == "completed" for b in batches), 60, "the batches to complete")
+    assert sim.peak == 6  # 3 + 3 over two engines; the model had room for 64
+
+
+def test_another_organizations_small_batch_starts_at_once_behind_a_backlog(alice, model):
+    bob = make_persona("bob-org")
+    with run_in_thread(SimulatorConfig(latency_ms=200, record=False)) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=16)
+        backlog = [make_batch(alice.org, [chat(f"a{n}-{i}") for i in range(400)]) for n in range(3)]
+        with Engines(1):
+            wait_for(lambda: sum(_completed(b) for b in backlog) >= 32, 30, "the backlog to fill the model")
+            small = make_batch(bob.org, [chat(f"b{i}") for i in range(10)])
+            took = wait_for(lambda: status_of(small) == "completed", 20, "the small batch")
+            # Half the model is the small batch's at once: 10 records of 0.2 s are one round.
+            assert took < 2.5, took
+            assert all(status_of(b) == "in_progress" for b in backlog)
+            # Alice's three batches shared her half round robin: none waited for another.
+            counts = [_completed(b) for b in backlog]
+            assert min(counts) > 0 and max(counts) - min(counts) <= 40, counts
+
+
+def test_an_expedited_batch_goes_before_standard_ones(alice, model):
+    with run_in_thread(SimulatorConfig(latency_ms=300, record=False)) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=8)
+        standard = make_batch(alice.org, [chat(f"s{i}") for i in range(200)])
+        with Engines(1):
+            wait_for(lambda: _completed(standard) >= 8, 30, "the standard batch to fill the model")
+            urgent = make_batch(alice.org, [chat(f"u{i}") for i in range(16)])
+            Batch.objects.filter(pk=urgent.pk).update(priority="expedited")
+            took = wait_for(lambda: status_of(urgent) == "completed", 20, "the expedited batch")
+            # All 8 slots were the expedited batch's as they came free: two rounds of 0.3 s.
+            assert took < 3.0, took
+            assert status_of(standard) == "in_progress"
+
+
+@pytest.fixture
+def hanging_executor(settings):
+    settings.OPENRELAY_ALLOW_PRIVATE_URLS = True
+    server = ExecutorServer().start()
+    server.answer(sleep(8))
+    yield server
+    server.stop()
+
+
+def test_hanging_tools_of_one_organization_do_not_slow_another(alice, model, hanging_executor, settings):
+    settings.OPENRELAY_STOP_GRACE_S = 0.5  # the hanging records are handed back at the end
+    bob = make_persona("bob-org")
+    with run_in_thread(SimulatorConfig(latency_ms=20, record=False)) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=8)
+        tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+        hanging = make_batch(alice.org, [
+            {**chat(f"t{i}"), "tools": [tool], "openrelay": {"tool_config": {"url": hanging_executor.url}}}
+            for i in range(200)
+        ])
+        with Engines(1):
+            wait_for(lambda: len(hanging_executor.received) >= 16, 20, "alice's records to wait on her tools")
+            plain = make_batch(bob.org, [chat(f"b{i}") for i in range(40)])
+            took = wait_for(lambda: status_of(plain) == "completed", 20, "bob's batch")
+            assert took < 3, took
+            assert _completed(hanging) == 0  # alice's records are all still waiting on her executor
