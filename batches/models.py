@@ -147,6 +147,11 @@ class Record(models.Model):
     completion_tokens = models.BigIntegerField(default=0)
     reasoning_tokens = models.BigIntegerField(default=0)
 
+    # A multi-step record's loop state while it runs (batches.engine.checkpoints):
+    # what a resumed run continues from. Null for plain records and once the
+    # record is finished.
+    checkpoint = models.BinaryField(null=True, blank=True)
+
     class Meta:
         constraints = [models.UniqueConstraint(fields=["batch", "line"], name="record_batch_line_unique")]
         # Claims read "pending (or running) records of a batch past line N, in

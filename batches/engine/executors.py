@@ -26,8 +26,11 @@ class ToolResult:
 
 
 class Executor(Protocol):
-    async def execute(self, tool_calls: list[dict]) -> list[ToolResult]:
-        """Run one turn's tool calls (OpenAI `tool_calls` objects); one result per call, in order."""
+    async def execute(self, tool_calls: list[dict], key: str | None = None) -> list[ToolResult]:
+        """Run one turn's tool calls (OpenAI `tool_calls` objects); one result per call, in order.
+
+        `key` is the round's Idempotency-Key (the same whenever the round is sent again).
+        """
 
     async def close(self) -> None:
         """Release anything held across rounds (an MCP session)."""

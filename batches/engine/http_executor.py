@@ -36,10 +36,12 @@ class HttpExecutor:
         # Sent as given: the user chooses the scheme ("Bearer ...", "Basic ...").
         self.headers = {"Authorization": authorization} if authorization is not None else {}
 
-    async def execute(self, tool_calls):
+    async def execute(self, tool_calls, key=None):
         payload = {"custom_id": self.custom_id, "context": self.context, "tool_calls": tool_calls}
+        # The round's Idempotency-Key: the same when a resumed record sends this round again.
+        headers = {**self.headers, "Idempotency-Key": key} if key else self.headers
         try:
-            response = await self.outbound.post_json(self.url, payload, headers=self.headers, timeout_s=self.timeout_s)
+            response = await self.outbound.post_json(self.url, payload, headers=headers, timeout_s=self.timeout_s)
         except OutboundError as exc:
             raise ToolExecutionFailed(_describe(exc, self.timeout_s, self.outbound)) from None
         if not response.ok:

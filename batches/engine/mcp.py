@@ -47,12 +47,14 @@ import asyncio
 import codecs
 import itertools
 import re
+import secrets
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
 import orjson
 
+from batches.engine.checkpoints import idempotency_key
 from batches.engine.executors import ToolExecutionFailed, ToolResult
 from openrelay.outbound import OutboundError, OutboundResponse
 
@@ -97,12 +99,14 @@ class McpExecutor:
         self._lock = asyncio.Lock()
         self._ids = itertools.count(1)
 
-    async def execute(self, tool_calls: list[dict]) -> list[ToolResult]:
+    async def execute(self, tool_calls: list[dict], key: str | None = None) -> list[ToolResult]:
         calls = [self._prepare(tc) for tc in tool_calls]
         if not calls:
             return []
         await self._ensure_session()
-        tasks = [asyncio.create_task(self._call(*call)) for call in calls]
+        # Each tools/call's Idempotency-Key: the round's key and the call's place in the turn.
+        keys = [idempotency_key(f"{key}:call:{index}") if key else None for index in range(len(calls))]
+        tasks = [asyncio.create_task(self._call(*call, key=call_key)) for call, call_key in zip(calls, keys)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -149,14 +153,14 @@ class McpExecutor:
             arguments = {**arguments, "_context": self.context}
         return str(tool_call.get("id", "")), name, arguments
 
-    async def _call(self, call_id: str, name: str, arguments: dict) -> ToolResult:
+    async def _call(self, call_id: str, name: str, arguments: dict, key: str | None = None) -> ToolResult:
         step = f"tools/call {_quote(name)}"
         params = {"name": name, "arguments": arguments}
         session = self.session_id
-        rid, response = await self._send_request("tools/call", params, step)
+        rid, response = await self._send_request("tools/call", params, step, key)
         if response.status == 404 and session is not None:
             await self._renew_session(session)
-            rid, response = await self._send_request("tools/call", params, step)
+            rid, response = await self._send_request("tools/call", params, step, key)
         result = self._result_of(response, rid, step)
         return ToolResult(tool_call_id=call_id, content=self._tool_text(result, step))
 
@@ -210,15 +214,19 @@ class McpExecutor:
 
     # --- one exchange ----------------------------------------------------
 
-    async def _send_request(self, method: str, params: dict, step: str) -> tuple[int, OutboundResponse]:
+    async def _send_request(self, method: str, params: dict, step: str,
+                            key: str | None = None) -> tuple[int, OutboundResponse]:
         rid = next(self._ids)
         message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
-        return rid, await self._post(message, step)
+        return rid, await self._post(message, step, key)
 
-    async def _post(self, message: dict, step: str) -> OutboundResponse:
+    async def _post(self, message: dict, step: str, key: str | None = None) -> OutboundResponse:
+        # Every POST carries an Idempotency-Key: a tools/call's is stable across runs of its
+        # round; the handshake's is new each time (a resumed record starts a new session).
+        headers = {**self._headers(), "Idempotency-Key": key or secrets.token_hex(16)}
         try:
             return await self.outbound.post_json(
-                self.url, message, headers=self._headers(), timeout_s=self.timeout_s, accept=ACCEPT
+                self.url, message, headers=headers, timeout_s=self.timeout_s, accept=ACCEPT
             )
         except OutboundError as exc:
             # Outbound messages name only the origin, never a header.

@@ -35,7 +35,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from batches import events, lifecycle
-from batches.engine import dbretry, dispatch, finish, store
+from batches.engine import checkpoints, dbretry, dispatch, finish, store
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.health import Health
 from batches.engine.outcomes import RecordOutcome
@@ -73,6 +73,18 @@ class RecordContext:
     caller: object
     workflows_enabled: bool = False
     outbound: object = None
+    checkpoints: object = None  # the engine's CheckpointWriter; None (a loop driven alone): nothing is stored
+
+    async def checkpoint(self, record, state):
+        """Store `record`'s loop state durably (under its lease) before the loop goes on;
+        raises checkpoints.LeaseLost when the record is no longer ours."""
+        if self.checkpoints is not None:
+            await self.checkpoints.save(record.pk, checkpoints.encode(state))
+
+    def key(self, record, *parts):
+        """The Idempotency-Key of one round, tool call or step of `record`: the same on every
+        run of it, different for everything else."""
+        return checkpoints.idempotency_key(":".join(map(str, (self.batch_public_id, record.line, *parts))))
 
 
 class BatchCaller:
@@ -89,7 +101,7 @@ class BatchCaller:
 class BatchRun:
     """One batch as this engine works it: claimed records waiting, counts, the input file."""
 
-    def __init__(self, row, lane, outbound):
+    def __init__(self, row, lane, outbound, checkpoint_writer=None):
         self.pk = row["pk"]
         self.public_id = row["public_id"]
         self.organization_id = row["organization_id"]
@@ -103,6 +115,7 @@ class BatchRun:
             batch_pk=self.pk, batch_public_id=self.public_id, organization_id=self.organization_id,
             endpoint=row["endpoint"], model_name=row["model_name"], caller=BatchCaller(lane.caller, self.ticket),
             workflows_enabled=row["organization__workflows_enabled"], outbound=outbound,
+            checkpoints=checkpoint_writer,
         )
         self.input = None
         self.queue = deque()  # claimed (ClaimedRecord, line bytes), not started yet
@@ -215,6 +228,7 @@ class Engine:
         self.worked = 0
         self.loop = None
         self.wake = None
+        self.checkpoints = checkpoints.CheckpointWriter(self)
 
     # ------------------------------------------------------------ life
 
@@ -389,7 +403,7 @@ class Engine:
         lane = self.lanes.get(row["model_id"])
         if lane is None:
             lane = await self._open_lane(row["model_id"])
-        run = BatchRun(row, lane, self.outbound)
+        run = BatchRun(row, lane, self.outbound, self.checkpoints)
         lane.batches[run.pk] = run
         self.batches[run.pk] = run
         return run
@@ -606,7 +620,11 @@ class Engine:
             body = orjson.loads(raw)["body"]
         except (orjson.JSONDecodeError, KeyError, TypeError):
             return RecordOutcome.error("invalid_json_line", "The input line could no longer be read as JSON.")
-        return await dispatch.run_record(run.ctx, record, body)
+        try:
+            return await dispatch.run_record(run.ctx, record, body)
+        except checkpoints.LeaseLost:
+            # Not ours any more: the flush skips this outcome (conditional on the lease).
+            return RecordOutcome.error("lease_lost", "The record's lease was lost.")
 
     def _claims(self, now):
         """{batch pk: (how many, after which line)} for the batches whose claim-ahead ran low."""

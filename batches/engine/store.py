@@ -27,6 +27,7 @@ class ClaimedRecord:
     custom_id: str
     offset: int
     length: int
+    checkpoint: bytes | None = None  # the loop state a resumed multi-step record continues from
 
 
 # The outcome columns, in the order _result_row fills them (pk first).
@@ -96,7 +97,7 @@ def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
 def _leased_until(batch_pk, owner, lease_until):
     rows = Record.objects.filter(
         batch_id=batch_pk, status=RecordStatus.RUNNING, lease_owner=owner, lease_expires_at=lease_until
-    ).values_list("pk", "line", "custom_id", "offset", "length")
+    ).values_list("pk", "line", "custom_id", "offset", "length", "checkpoint")
     return [ClaimedRecord(*row) for row in rows]
 
 
@@ -125,7 +126,7 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now):
 
 def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
     table = _q(Record._meta.db_table)
-    returning = ", ".join(_q(c) for c in ("id", "line", "custom_id", "offset", "length"))
+    returning = ", ".join(_q(c) for c in ("id", "line", "custom_id", "offset", "length", "checkpoint"))
     pick = f"SELECT id FROM {table} WHERE batch_id = %s AND {condition} ORDER BY line LIMIT %s"
     sets = "status = %s, lease_owner = %s, lease_expires_at = %s, attempts = attempts + 1"
     if connection.vendor == "postgresql":
@@ -181,6 +182,30 @@ def release(owner, pks):
     return Record.objects.filter(pk__in=pks, lease_owner=owner, status=RecordStatus.RUNNING).update(
         status=RecordStatus.PENDING, lease_owner="", lease_expires_at=None
     )
+
+
+def save_checkpoints(owner, states):
+    """Store records' loop states ({pk: bytes}) while `owner` still holds them running; return
+    the pks written (one statement on PostgreSQL, one transaction of small UPDATEs otherwise)."""
+    if not states:
+        return set()
+    table = _q(Record._meta.db_table)
+    pks, data = list(states), list(states.values())
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {table} AS r SET checkpoint = v.data FROM unnest(%s::bigint[], %s::bytea[]) AS v(id, data) "
+                f"WHERE r.id = v.id AND r.lease_owner = %s AND r.status = %s RETURNING r.id",
+                [pks, data, owner, _RUNNING],
+            )
+            return {pk for (pk,) in cursor.fetchall()}
+        held = set()
+        for pk, blob in states.items():
+            cursor.execute(f"UPDATE {table} SET checkpoint = %s WHERE id = %s AND lease_owner = %s AND status = %s",
+                           [blob, pk, owner, _RUNNING])
+            if cursor.rowcount:
+                held.add(pk)
+        return held
 
 
 def active_batches(only=None):
@@ -266,7 +291,8 @@ def _flush_postgresql(batch_pk, owner, rows, finished_at):
                      for total, column in _ROLL_UP)
     sql = (
         f"WITH v AS (SELECT * FROM unnest({values}) AS v({names})), "
-        f"written AS (UPDATE {record} AS r SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL "
+        f"written AS (UPDATE {record} AS r SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
+        f"checkpoint = NULL "
         f"FROM v WHERE r.id = v.id AND r.id = ANY(%b::bigint[]) AND r.batch_id = %s AND r.lease_owner = %s "
         f"AND r.status = %s "
         f"RETURNING r.status, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens) "
@@ -310,8 +336,8 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
     """
     record = _q(Record._meta.db_table)
     sets = ", ".join(f"{_q(c)} = %s" for c in _RESULT_COLUMNS[1:])
-    update = (f"UPDATE {record} SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL "
-              f"WHERE id = %s AND lease_owner = %s AND status = %s")
+    update = (f"UPDATE {record} SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
+              f"checkpoint = NULL WHERE id = %s AND lease_owner = %s AND status = %s")
 
     def params(rows):
         return [(*row[1:], finished_at, row[0], owner, _RUNNING) for row in rows]
@@ -351,15 +377,56 @@ def unfinished_count(batch_pk):
 def close_unfinished(batch_pk, status, code, message):
     """Mark every pending/running record of the batch as `status` (expired/cancelled).
 
-    Counted as failed: they are error-file lines.
+    Counted as failed: they are error-file lines. A workflow record cut
+    mid-way is billed what its checkpoint says succeeded (workflows.md), and
+    its error message says how far it got; any other unfinished record bills
+    nothing.
     """
     now = timezone.now()
+    unfinished = Record.objects.filter(batch_id=batch_pk, status__in=(RecordStatus.PENDING, RecordStatus.RUNNING))
     with transaction.atomic():
-        closed = Record.objects.filter(
-            batch_id=batch_pk, status__in=(RecordStatus.PENDING, RecordStatus.RUNNING)
-        ).update(
-            status=status, error_code=code, error_message=message, finished_at=now, lease_owner="", lease_expires_at=None
+        billed = _bill_cut_workflows(batch_pk, unfinished, status, code, message, now)
+        closed = unfinished.update(
+            status=status, error_code=code, error_message=message, finished_at=now, lease_owner="",
+            lease_expires_at=None, checkpoint=None,
         )
+        closed += billed
         if closed:
             Batch.objects.filter(pk=batch_pk).update(failed_count=F("failed_count") + closed)
     return closed
+
+
+def _bill_cut_workflows(batch_pk, unfinished, status, code, message, now):
+    """Close the unfinished records that carry a workflow checkpoint, each with its usage, and
+    add that usage to the batch. Returns how many it closed.
+
+    The running records are locked first (SKIP LOCKED claims pass them by; a
+    checkpoint write waits, then finds the record no longer running), so no
+    checkpoint lands between reading it and closing the record.
+    """
+    from batches.engine.checkpoints import decode, usage_from
+
+    rows = list(unfinished.select_for_update().filter(Q(status=RecordStatus.RUNNING) | Q(checkpoint__isnull=False))
+                .values_list("pk", "checkpoint"))
+    totals = dict.fromkeys(("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens"), 0)
+    billed = 0
+    for pk, blob in rows:
+        state = decode(blob) if blob is not None else None
+        if not state or state.get("kind") != "workflow":
+            continue
+        usage = usage_from(state.get("usage"))
+        progress = (f" The workflow had reached step {state['steps']} and sent {state['requests']} requests; "
+                    f"{usage.total_tokens} tokens of the requests that succeeded are billed.")
+        Record.objects.filter(pk=pk).update(
+            status=status, error_code=code, error_message=message + progress, finished_at=now, lease_owner="",
+            lease_expires_at=None, checkpoint=None, prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+        )
+        for total, value in zip(totals, (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
+                                         usage.reasoning_tokens)):
+            totals[total] += value
+        billed += 1
+    if billed:
+        Batch.objects.filter(pk=batch_pk).update(**{total: F(total) + value for total, value in totals.items()})
+    return billed

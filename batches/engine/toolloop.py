@@ -10,7 +10,7 @@ error, a turn stopped at the limit, an executor failure) is billed nothing,
 not even the turns before the failure.
 """
 
-from batches.engine.calls import Usage
+from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.executors import ToolExecutionFailed, make_executor
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation import RecordRejected, normalize_tool_config
@@ -23,40 +23,64 @@ async def run(ctx, record, body):
         config = normalize_tool_config(body["openrelay"]["tool_config"])
     except RecordRejected as exc:
         return RecordOutcome.error(exc.code, exc.message)
+    # A new executor on every run: a resumed MCP record starts a new session.
     executor = make_executor(ctx, record.custom_id, config)
     try:
-        return await _loop(ctx, executor, strip_openrelay(body), config["max_rounds"])
+        return await ToolLoop(ctx, record, executor, decode(record.checkpoint)).run(
+            strip_openrelay(body), config["max_rounds"])
     finally:
         await executor.close()
 
 
-async def _loop(ctx, executor, body, max_rounds):
-    # The model never sees `openrelay`; `messages` grows by one assistant
-    # message and its tool messages per round.
-    messages = list(body.get("messages") or ())
-    usage, rounds = Usage(), 0
-    while True:
-        result = await ctx.caller.call(ctx.endpoint, {**body, "messages": messages})
-        if not result.ok:
-            # Non-2xx answer (response kept), time limit or upstream failure;
-            # from_call bills none of it, and earlier turns are dropped too.
-            return RecordOutcome.from_call(result)
-        usage += result.usage
-        message, tool_calls = requested_tool_calls(result.body)
-        if tool_calls is None or rounds >= max_rounds:
-            # Exhausted rounds end like OpenAI: the last answer, finish_reason "tool_calls".
-            return _final(result, usage, rounds)
-        try:
-            results = await executor.execute(tool_calls)
-        except ToolExecutionFailed as exc:
-            return RecordOutcome.error("tool_execution_failed", str(exc))
-        messages.append(message)
-        messages.extend({"role": "tool", "tool_call_id": r.tool_call_id, "content": r.content} for r in results)
-        rounds += 1
+class ToolLoop:
+    """One record's rounds. Its checkpoint holds what the input line doesn't: the messages
+    added so far (an assistant message and its tool messages per round), the rounds, the
+    usage, and the turn whose tool calls are being executed, if any."""
+
+    def __init__(self, ctx, record, executor, state):
+        self.ctx, self.record, self.executor = ctx, record, executor
+        state = state or {}
+        self.added = state.get("added", [])
+        self.rounds = state.get("rounds", 0)
+        self.usage = usage_from(state.get("usage"))
+        self.pending = state.get("pending")  # the assistant message whose tool calls run next
+
+    async def run(self, body, max_rounds):
+        # The model never sees `openrelay`.
+        messages = list(body.get("messages") or ())
+        while True:
+            if self.pending is None:
+                result = await self.ctx.caller.call(self.ctx.endpoint, {**body, "messages": messages + self.added})
+                if not result.ok:
+                    # Non-2xx answer (response kept), time limit or upstream failure;
+                    # from_call bills none of it, and earlier turns are dropped too.
+                    return RecordOutcome.from_call(result)
+                self.usage += result.usage
+                message, tool_calls = requested_tool_calls(result.body)
+                if tool_calls is None or self.rounds >= max_rounds:
+                    # Exhausted rounds end like OpenAI: the last answer, as the model gave it.
+                    return _final(result, self.usage, self.rounds)
+                self.pending = message
+                await self._checkpoint()
+            try:
+                results = await self.executor.execute(
+                    self.pending["tool_calls"], self.ctx.key(self.record, "round", self.rounds + 1))
+            except ToolExecutionFailed as exc:
+                return RecordOutcome.error("tool_execution_failed", str(exc))
+            self.added.append(self.pending)
+            self.added.extend({"role": "tool", "tool_call_id": r.tool_call_id, "content": r.content} for r in results)
+            self.pending = None
+            self.rounds += 1
+            await self._checkpoint()
+
+    async def _checkpoint(self):
+        await self.ctx.checkpoint(self.record, {"kind": "tools", "rounds": self.rounds,
+                                                "usage": usage_state(self.usage), "added": self.added,
+                                                "pending": self.pending})
 
 
 def requested_tool_calls(response_body):
-    """(assistant message, tool_calls) when the first choice asks for tools, else (None, None).
+    """(assistant message, tool_calls) when the first choice's message has tool calls, else (None, None).
 
     A turn whose tool calls can't be answered (no list, or a call without a
     string id) is treated as the model's final answer: there is nothing an
@@ -67,7 +91,9 @@ def requested_tool_calls(response_body):
         message = choice["message"]
     except (KeyError, IndexError, TypeError):
         return None, None
-    if choice.get("finish_reason") != "tool_calls" or not isinstance(message, dict):
+    # A turn is a tool round when its message carries tool calls, whatever its
+    # finish_reason: some servers (vLLM's parsers, llama.cpp) say "stop".
+    if not isinstance(message, dict):
         return None, None
     tool_calls = message.get("tool_calls")
     if not isinstance(tool_calls, list) or not tool_calls:

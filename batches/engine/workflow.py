@@ -8,11 +8,21 @@ stopped at the call limit is only a failed result, never the record's end.
 
 Every request that succeeded is billed, whatever the record comes to, so
 every outcome here carries the usage summed so far.
+
+Checkpoints: after every request of a step (while others of it still run)
+and after the step, the loop stores its counters, usage, used ids and the
+step's results; after a `continue`, the next step's requests. A resumed
+record (its worker died, or handed it back) runs only the requests of its
+step that had not finished, or sends the callback of the finished step
+again: the callback sees the step in flight at the crash again, never an
+earlier one. A record cut by expiry or cancel is billed its checkpoint's
+usage (store.close_unfinished).
 """
 
 import asyncio
 
 from batches.engine.calls import Usage
+from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation import RecordRejected, normalize_workflow
 from openrelay.ids import new_request_id
@@ -41,7 +51,7 @@ async def run(ctx, record, body):
         config = normalize_workflow(body["openrelay"]["workflow"])
     except RecordRejected as exc:
         return RecordOutcome.error(exc.code, exc.message)
-    return await WorkflowLoop(ctx, record.custom_id, config).run(strip_openrelay(body))
+    return await WorkflowLoop(ctx, record, config).run(strip_openrelay(body))
 
 
 def usage_block(usage):
@@ -52,41 +62,67 @@ def usage_block(usage):
 class WorkflowLoop:
     """One record's loop: step -> callback -> step ... until an answer ends it."""
 
-    def __init__(self, ctx, custom_id, config):
+    def __init__(self, ctx, record, config):
         self.ctx = ctx
-        self.custom_id = custom_id
+        self.record = record
+        self.custom_id = record.custom_id
         self.config = config
-        self.usage = Usage()  # every succeeded request so far: what is billed
-        self.steps = 0
-        self.requests = 0
-        self.ids = {ROOT_ID}
+        state = decode(record.checkpoint) or {}
+        self.usage = usage_from(state.get("usage"))  # every succeeded request so far: what is billed
+        self.steps = state.get("steps", 0)  # steps started
+        self.requests = state.get("requests", 0)  # requests of the steps started
+        self.ids = set(state.get("ids", [ROOT_ID]))
+        self.next = state.get("next")  # the step in flight's requests, [[id, body]], or None
+        self.done = state.get("done") or {}  # its finished requests: id -> result
+        self.results = state.get("results")  # the last step's results, while its callback is due
 
     async def run(self, root_body):
         try:
-            requests = [(ROOT_ID, root_body)]
+            if self.steps == 0:
+                self._start_step([(ROOT_ID, root_body)])
             while True:
-                results = await self._step(requests)
-                answer = await self._callback(results)
+                if self.results is None:
+                    await self._step()
+                answer = await self._callback(self.results)
                 if answer["status"] == "completed":
                     return self._completed(answer.get("output"))
                 if answer["status"] == "failed":
                     raise WorkflowEnded("workflow_failed", _failure_message(answer))
-                requests = self._next_requests(answer)
+                self._start_step(self._next_requests(answer))
+                await self._checkpoint()
         except WorkflowEnded as end:
             return RecordOutcome.error(end.code, self._redact(end.message), usage=self.usage)
 
     # --- steps ---------------------------------------------------------------
 
-    async def _step(self, requests):
+    def _start_step(self, requests):
         self.steps += 1
         self.requests += len(requests)
-        ran = await asyncio.gather(*(self._request(request_id, body) for request_id, body in requests))
-        for _, usage in ran:
-            self.usage += usage
+        self.next, self.done, self.results = [list(request) for request in requests], {}, None
+
+    async def _step(self):
+        todo = [(request_id, body) for request_id, body in self.next if request_id not in self.done]
+        await asyncio.gather(*(self._run_request(request_id, body) for request_id, body in todo))
+        self.results = [self.done[request_id] for request_id, _ in self.next]
+        self.next, self.done = None, {}
         if self.usage.total_tokens > self.config["max_tokens"]:
             raise WorkflowEnded("workflow_limit_exceeded", f"The workflow used {self.usage.total_tokens} tokens after "
                                 f"step {self.steps}, more than its max_tokens of {self.config['max_tokens']}.")
-        return [result for result, _ in ran]
+        await self._checkpoint()
+
+    async def _run_request(self, request_id, body):
+        result, usage = await self._request(request_id, body)
+        self.usage += usage
+        self.done[request_id] = result
+        if len(self.done) < len(self.next):
+            # Others of the step still run: keep this one's answer (and its billing) safe.
+            await self._checkpoint()
+
+    async def _checkpoint(self):
+        await self.ctx.checkpoint(self.record, {
+            "kind": "workflow", "steps": self.steps, "requests": self.requests, "usage": usage_state(self.usage),
+            "ids": sorted(self.ids), "next": self.next, "done": self.done or None, "results": self.results,
+        })
 
     async def _request(self, request_id, body):
         """One request of a step: (its result for the callback, its billable usage)."""
@@ -139,7 +175,10 @@ class WorkflowLoop:
         payload = {"custom_id": self.custom_id, "context": self.config.get("context"), "step": self.steps,
                    "results": results, "usage": usage_block(self.usage)}
         authorization = self.config.get("authorization")
-        headers = {"Authorization": authorization} if authorization else None
+        # The step's Idempotency-Key: the same when a resumed record calls back for this step again.
+        headers = {"Idempotency-Key": self.ctx.key(self.record, "step", self.steps)}
+        if authorization:
+            headers["Authorization"] = authorization
         try:
             response = await self.ctx.outbound.post_json(
                 self.config["url"], payload, headers=headers, timeout_s=self.config["timeout_ms"] / 1000
