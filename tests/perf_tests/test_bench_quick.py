@@ -17,7 +17,7 @@ from tests.perf.bench_engine import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW_NAMES = ("create", "upload", "end to end", "first model call", "latency-bound", "finalize", "scale-out",
-             "worker peak RSS")
+             "worker peak RSS", "fairness", "recovery", "many batches")
 
 
 @pytest.mark.slow
@@ -45,13 +45,13 @@ def test_bench_only_names_the_parts_it_knows():
     result = subprocess.run([sys.executable, "manage.py", "bench", "--only", "e2e", "everything"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "--only takes big, e2e, first_call, latency, scale; not everything." in result.stderr
+    assert "--only takes big, e2e, first_call, latency, scale, fairness, recovery, many; not everything." in result.stderr
 
 
 def test_bench_steps_follow_only():
     from tests.perf.bench_engine import Bench
 
     bench = Bench.__new__(Bench)
-    names = [step.__name__ for step in bench.steps(["scale", "e2e"])]
-    assert names == ["end_to_end", "scale_out"]
+    names = [step.__name__ for step in bench.steps(["many", "scale", "e2e", "fairness"])]
+    assert names == ["end_to_end", "scale_out", "fairness", "many_batches"]
     assert [step.__name__ for step in bench.steps()][:2] == ["upload_and_create", "big_run_and_rss"]

@@ -11,14 +11,15 @@ from django.core.management.base import BaseCommand, CommandError
 
 class Command(BaseCommand):
     help = (
-        "Benchmark the whole gateway (daphne web, qcluster workers, simulated model servers) in throwaway state and "
-        "print the eight measurements with their targets. SQLite + ORM broker by default; --database-url and "
+        "Benchmark the whole gateway (uvicorn web, qcluster workers with their engines, simulated model servers) in "
+        "throwaway state and print every measurement with its target. SQLite + ORM broker by default; --database-url and "
         "--redis-url run it on PostgreSQL + Redis (a database is created and dropped on that server)."
     )
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--quick", action="store_true", help="500 records and tiny files: proves it runs (< 60 s)")
+        parser.add_argument("--quick", action="store_true",
+                            help="500 records, tiny files, small runs of the rest: proves it runs (~1.5 min)")
         parser.add_argument("--records", type=int, default=None,
                             help="records of the large batch (default 50,000; the other runs scale with it)")
         parser.add_argument("--database-url", default=None,
@@ -31,7 +32,7 @@ class Command(BaseCommand):
                             help="the ASGI server of the web process (default uvicorn, as `manage.py up` and production run it)")
         parser.add_argument("--only", nargs="+", default=None, metavar="PART",
                             help="run only these parts: big (measurements 1, 2, 6, 8), e2e (3), first_call (4), "
-                                 "latency (5), scale (7)")
+                                 "latency (5), scale (7), fairness (9), recovery (10), many (11)")
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
