@@ -8,6 +8,14 @@ Billing follows batch-api.txt: a record that ends in an output line is billed
 the sum of all its turns; a record that fails anywhere in the loop (a model
 error, a turn stopped at the limit, an executor failure) is billed nothing,
 not even the turns before the failure.
+
+Checkpoints (checkpoints.py): after every turn that asks for tools and after
+every executor answer, the loop stores the messages it added, its rounds,
+its usage and the turn whose tool calls run next. A resumed record sends no
+finished turn again and executes no finished round again: at most the step
+in flight at the crash repeats, an executor round with the same
+Idempotency-Key. Its usage is the checkpoint's plus the turns it runs, so
+every turn of the run that produced the output is counted once.
 """
 
 from batches.engine.checkpoints import decode, usage_from, usage_state
