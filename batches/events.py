@@ -29,12 +29,16 @@ def org_group(organization_id):
 
 def snapshot(batch_pk):
     """The event for a batch, read now (sync; call from the DB thread)."""
+    found = snapshots([batch_pk])
+    return found[0] if found else None
+
+
+def snapshots(batch_pks):
+    """The events for several batches, in one query (an engine announces many batches a trip)."""
     from batches.presenters import live_batch_object, live_batches
 
-    batch = live_batches(Batch.objects.filter(pk=batch_pk)).first()
-    if batch is None:
-        return None
-    return {"organization_id": batch.organization_id, "batch": live_batch_object(batch)}
+    return [{"organization_id": batch.organization_id, "batch": live_batch_object(batch)}
+            for batch in live_batches(Batch.objects.filter(pk__in=batch_pks))]
 
 
 async def send(event):

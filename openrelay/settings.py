@@ -135,7 +135,9 @@ Q_CLUSTER = {
     # beside the q2 tasks it executes; tasks are short (sweeps, webhook
     # deliveries, file expiry), so none holds a worker for long.
     "workers": envint("OPENRELAY_Q_WORKERS", 2, minimum=1),
-    "recycle": 500,
+    # Never recycle a worker process after N tasks: that would stop its engine,
+    # cutting every call in flight after the grace period. The tasks are small.
+    "recycle": 0,
     "timeout": envint("OPENRELAY_Q_TIMEOUT_S", 600, minimum=10),
     "retry": envint("OPENRELAY_Q_TIMEOUT_S", 600, minimum=10) + 60,
     "max_attempts": 1,

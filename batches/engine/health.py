@@ -87,10 +87,13 @@ class Health:
         logger.warning("deployment %s leaves the rotation: %s", upstream.base_url, upstream.last_error)
         self.eject(gate, upstream)
 
-    def eject(self, gate, upstream, since=None):
+    def eject(self, gate, upstream, since=None, persist=True):
+        """Out of the rotation, probed until it answers. `persist=False`: the row says so already
+        (another engine found it failing)."""
         upstream.healthy = False
         upstream.unhealthy_since = since or timezone.now()
-        self._changed(upstream)
+        if persist:
+            self._changed(upstream)
         if upstream not in self._probes:
             self._probes[upstream] = asyncio.create_task(self._probe(gate, upstream))
 

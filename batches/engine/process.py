@@ -20,9 +20,9 @@ Stops are clean whichever way they come:
   finalizer stops the engine (Engine.request_stop: calls in flight finish
   within OPENRELAY_STOP_GRACE_S, the rest is handed back). A recycled
   worker leaves the same way.
-- SIGTERM to a worker process itself (systemd's default KillMode signals
-  every process of the service; q2's guard does it past a task's timeout):
-  the same clean stop, then the process exits.
+- SIGTERM to a worker process itself (q2's guard does it past a task's
+  timeout; systemd's default KillMode signals every process of the
+  service): the same clean stop, then the process exits.
 """
 
 import asyncio

@@ -122,6 +122,7 @@ class BatchRun:
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
         self.cursor = 0  # the last line claimed: claims continue past it
         self.recheck_at = 0.0  # while > now, nothing is left to claim
+        self.expired_check_at = 0.0  # when to look for dead engines' records again
         self.active = 0
         self.served = 0  # records started here: the tie-break between an organization's batches
         self.started = 0
@@ -523,7 +524,8 @@ class Engine:
         changed = row["health_changed_at"]
         if (row["health"] == DeploymentHealth.UNHEALTHY and upstream.healthy and changed is not None
                 and (upstream.health_seen_at is None or changed > upstream.health_seen_at)):
-            self.health.eject(lane.gate, upstream, since=changed)
+            upstream.last_error = row["last_error"]
+            self.health.eject(lane.gate, upstream, since=changed, persist=False)
         upstream.health_seen_at = max(filter(None, (changed, upstream.health_seen_at)), default=None)
 
     def _health_changed(self, upstream):
@@ -638,7 +640,10 @@ class Engine:
                 continue  # nothing to call it with here: other engines may take it
             run.adapt(now, self.hop_s)
             if len(run.queue) <= run.target // 2:
-                claims[run.pk] = (run.target - len(run.queue), run.cursor)
+                expired = now >= run.expired_check_at
+                if expired:
+                    run.expired_check_at = now + RECHECK_S
+                claims[run.pk] = (run.target - len(run.queue), run.cursor, expired)
         return claims
 
     def _flush_due(self, now, last_flush):
@@ -652,7 +657,7 @@ class Engine:
         self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
         self.worked += sum(written.values())
         now = time.monotonic()
-        for pk, (limit, _) in claims.items():
+        for pk, (limit, _, _) in claims.items():
             run = self.batches.get(pk)
             if run is None:
                 continue
@@ -683,13 +688,18 @@ class Engine:
             self.worked += sum(written.values())
 
     async def _announce(self, written):
+        """Live events for the batches this trip wrote, each at most every MIN_INTERVAL_S,
+        read in one query."""
         now = time.monotonic()
+        due = []
         for pk in written:
             run = self.batches.get(pk)
-            if run is None or now - run.last_event < events.MIN_INTERVAL_S:
-                continue
-            run.last_event = now
-            await events.send(await self.db(events.snapshot, pk))
+            if run is not None and now - run.last_event >= events.MIN_INTERVAL_S:
+                run.last_event = now
+                due.append(pk)
+        if due:
+            for event in await self.db(events.snapshots, due):
+                await events.send(event)
 
 
 class _Trip:

@@ -63,7 +63,9 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
     (one commit, one WAL flush), for any number of batches.
 
     `outcomes`: {batch pk: [(ClaimedRecord, RecordOutcome)]}; `claims`:
-    {batch pk: (limit, after_line)}. Claims go first: they are what idle
+    {batch pk: (limit, after_line, expired)}, `expired`: look for records whose
+    lease ran out too (the caller does so about once a second a batch: a lease
+    lasts 10 s, and the look is one more statement). Claims go first: they are what idle
     slots wait for. `lease_until` is the caller's, fixed for the trip, so
     a retry after a lost connection (`recover`: the first attempt may have
     committed, its answer lost on the way back) takes back the records
@@ -73,10 +75,10 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
     now = timezone.now()
     written, claimed = {}, {}
     with transaction.atomic():
-        for batch_pk, (limit, after_line) in claims.items():
+        for batch_pk, (limit, after_line, expired) in claims.items():
             records = _leased_until(batch_pk, owner, lease_until) if recover else []
             if limit > len(records):
-                records += _claim(batch_pk, owner, limit - len(records), lease_until, after_line, now)
+                records += _claim(batch_pk, owner, limit - len(records), lease_until, after_line, now, expired)
             if records:
                 records.sort(key=lambda record: record.line)
                 claimed[batch_pk] = records
@@ -91,7 +93,7 @@ def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
     if limit <= 0:
         return []
     lease_until = timezone.now() + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S)
-    return trip(owner, {}, {batch_pk: (limit, after_line)}, lease_until)[1].get(batch_pk, [])
+    return trip(owner, {}, {batch_pk: (limit, after_line, True)}, lease_until)[1].get(batch_pk, [])
 
 
 def _leased_until(batch_pk, owner, lease_until):
@@ -101,23 +103,27 @@ def _leased_until(batch_pk, owner, lease_until):
     return [ClaimedRecord(*row) for row in rows]
 
 
-def _claim(batch_pk, owner, limit, lease_until, after_line, now):
-    """Pending records come first, from past `after_line` (the caller's cursor:
-    the line of the last record it claimed, so a claim never walks the
-    batch's finished lines again), then records whose lease ran out (their
-    engine died). When neither is left past the cursor, the whole batch is
-    searched once more (a record handed back by a stopping engine may sit
-    behind it). One UPDATE ... RETURNING per kind: no rows read back, no
-    model instances."""
+def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=True):
+    """Records whose lease ran out (their engine died) come first: they are the
+    batch's oldest work, and left for last they would hold up its end. Then
+    pending records from past `after_line` (the caller's cursor: the line of
+    the last record it claimed, so a claim never walks the batch's finished
+    lines again). When neither is left, the whole batch is searched once
+    more (a record handed back by a stopping engine may sit behind the
+    cursor). One UPDATE ... RETURNING per kind: no rows read back, no model
+    instances."""
     if limit <= 0:
         # LIMIT -1 is an error on PostgreSQL and "no limit" on SQLite (the whole batch).
         return []
     ops = connection.ops
     lease_until = ops.adapt_datetimefield_value(lease_until)
-    rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND line > %s", [_PENDING, after_line])
+    rows = []
+    if expired:
+        rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND lease_expires_at < %s",
+                            [_RUNNING, ops.adapt_datetimefield_value(now)])
     if len(rows) < limit:
-        rows += _claim_where(batch_pk, owner, limit - len(rows), lease_until,
-                             "status = %s AND lease_expires_at < %s", [_RUNNING, ops.adapt_datetimefield_value(now)])
+        rows += _claim_where(batch_pk, owner, limit - len(rows), lease_until, "status = %s AND line > %s",
+                             [_PENDING, after_line])
     if not rows and after_line:
         rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s", [_PENDING])
     rows.sort(key=lambda row: row[1])
@@ -228,7 +234,7 @@ def deployments(model_ids):
     by_model = {}
     rows = Deployment.objects.filter(model_id__in=model_ids, enabled=True, model__enabled=True).values(
         "pk", "model_id", "base_url", "upstream_model", "api_key", "max_concurrency", "health",
-        "health_changed_at", "model__name",
+        "health_changed_at", "last_error", "model__name",
     )
     for row in rows:
         by_model.setdefault(row["model_id"], []).append(row)

@@ -12,11 +12,12 @@ of a key is stored nowhere else. When one can't be kept (the file is gone,
 the key was revoked) the banner says what was made instead.
 """
 
+import ctypes
 import json
 import os
 import secrets
-import socket
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -140,7 +141,9 @@ class Command(BaseCommand):
     def _spawn(self, argv):
         # A session of its own: Ctrl-C in the terminal reaches this command alone, which then
         # stops the children in order (a simulator that stopped first failed the calls in flight).
-        return subprocess.Popen(argv, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True)
+        # Should this command die without stopping them (kill -9), they get SIGTERM from the kernel.
+        return subprocess.Popen(argv, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True,
+                                preexec_fn=_terminate_with_parent)
 
     def _banner(self, host, port, model, key, key_note, password, password_note):
         url = f"http://{host}:{port}"
@@ -174,3 +177,11 @@ class Command(BaseCommand):
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+
+
+def _terminate_with_parent():
+    """In the child, before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the children outlive a killed `up`, as any process group's would
