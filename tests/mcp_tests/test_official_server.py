@@ -126,3 +126,36 @@ def test_it_fails_when_the_server_refuses_the_token(auth_server, authorization):
     assert str(failed.value) == "MCP initialize failed: HTTP 401"
     assert SECRET not in str(failed.value)
     assert rpc_methods(auth_server.seen) == ["initialize"]
+
+
+def test_every_tools_call_carries_an_idempotency_key_stable_for_its_round_and_place(official_server):
+    import asyncio
+
+    from batches.engine.checkpoints import idempotency_key
+    from openrelay.outbound import OutboundClient
+
+    from batches.engine.mcp import McpExecutor
+
+    two = [tool_call(arguments='{"query": "a"}'), tool_call(arguments='{"query": "b"}', call_id="call_0_1")]
+
+    async def run(round_key):
+        async with OutboundClient(allow_private=True) as outbound:
+            executor = McpExecutor(outbound, "req-1", config(official_server.url))
+            try:
+                return await executor.execute(two, key=round_key)
+            finally:
+                await executor.close()
+
+    asyncio.run(run("round-key-1"))
+    asyncio.run(run("round-key-1"))  # the same round again (a resumed record): the same keys
+    asyncio.run(run("round-key-2"))
+    calls = [s for s in official_server.seen if s.message and s.message.get("method") == "tools/call"]
+    keys = [(c.message["params"]["arguments"]["query"], c.headers["idempotency-key"]) for c in calls]
+    first, again, other = keys[0:2], keys[2:4], keys[4:6]
+    assert sorted(first) == sorted(again)
+    assert {k for _, k in first} == {idempotency_key("round-key-1:call:0"), idempotency_key("round-key-1:call:1")}
+    assert not {k for _, k in first} & {k for _, k in other}
+    # The handshake's keys are fresh each time: it is not a step to deduplicate.
+    inits = [s.headers.get("idempotency-key") for s in official_server.seen
+             if s.message and s.message.get("method") == "initialize"]
+    assert len(set(inits)) == len(inits) == 3
