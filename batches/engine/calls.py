@@ -131,7 +131,6 @@ class Upstream:
         self.published = False
         self.in_use = 0
         self.healthy = True
-        self.unhealthy_since = None
         self.health_seen_at = None  # when this engine last changed or read the deployment's health
         self.last_error = ""
         self.headers = {"Content-Type": "application/json"}

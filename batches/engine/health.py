@@ -20,7 +20,6 @@ import asyncio
 import logging
 
 from django.conf import settings
-from django.utils import timezone
 
 from batches.engine.transport import TransportError
 
@@ -87,11 +86,10 @@ class Health:
         logger.warning("deployment %s leaves the rotation: %s", upstream.base_url, upstream.last_error)
         self.eject(gate, upstream)
 
-    def eject(self, gate, upstream, since=None, persist=True):
+    def eject(self, gate, upstream, persist=True):
         """Out of the rotation, probed until it answers. `persist=False`: the row says so already
         (another engine found it failing)."""
         upstream.healthy = False
-        upstream.unhealthy_since = since or timezone.now()
         if persist:
             self._changed(upstream)
         if upstream not in self._probes:
@@ -110,7 +108,6 @@ class Health:
         del self._probes[upstream]
         logger.warning("deployment %s is back in the rotation", upstream.base_url)
         upstream.healthy = True
-        upstream.unhealthy_since = None
         self._changed(upstream)
         gate.dispatch()
         if self.on_recovered:

@@ -526,7 +526,7 @@ class Engine:
         if (row["health"] == DeploymentHealth.UNHEALTHY and upstream.healthy and changed is not None
                 and (upstream.health_seen_at is None or changed > upstream.health_seen_at)):
             upstream.last_error = row["last_error"]
-            self.health.eject(lane.gate, upstream, since=changed, persist=False)
+            self.health.eject(lane.gate, upstream, persist=False)
         upstream.health_seen_at = max(filter(None, (changed, upstream.health_seen_at)), default=None)
 
     def _health_changed(self, upstream):

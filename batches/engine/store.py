@@ -51,13 +51,6 @@ def _q(name):
     return connection.ops.quote_name(name)
 
 
-def claimable(batch_pk, now):
-    """Pending records, and running ones whose worker's lease ran out."""
-    return Record.objects.filter(batch_id=batch_pk).filter(
-        Q(status=RecordStatus.PENDING) | Q(status=RecordStatus.RUNNING, lease_expires_at__lt=now)
-    )
-
-
 def trip(owner, outcomes, claims, lease_until, recover=False):
     """One trip to the database: flush finished records and claim more, in one transaction
     (one commit, one WAL flush), for any number of batches.
