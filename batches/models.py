@@ -94,6 +94,8 @@ class Batch(models.Model):
     price_output = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     price_multiplier = models.DecimalField(max_digits=4, decimal_places=2, default=Decimal("0.5"))
     billed_at = models.DateTimeField(null=True, blank=True)
+    # [[t, completed, failed], ...] over the run, bounded (batches.progress): the chart and the rate.
+    progress = models.JSONField(default=list, blank=True, editable=False)
 
     objects = BatchQuerySet.as_manager()
 
@@ -190,6 +192,9 @@ class Engine(models.Model):
     pid = models.PositiveIntegerField(default=0)
     started_at = models.DateTimeField(default=timezone.now)
     seen_at = models.DateTimeField(default=timezone.now, db_index=True)
+    # {deployment id: [calls in flight, calls answered in the last minute, of which failed]},
+    # published with the heartbeat: the operator page sums the live engines' rows.
+    calls = models.JSONField(default=dict)
 
     def __str__(self):
         return self.owner
