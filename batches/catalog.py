@@ -31,8 +31,9 @@ def model_object(model):
             # Calls in flight at once over every batch on the model (its deployments' max_concurrency).
             "max_concurrency": model.capacity,
             # USD per 1M tokens at the sync rate; a batch bills this times its priority's multiplier.
+            # cached_input is the effective price: the input price unless an operator set a discount.
             "price_per_mtok": None if price is None else {
-                "input": str(price.input_per_mtok), "cached_input": str(price.cached_input_per_mtok),
+                "input": str(price.input_per_mtok), "cached_input": str(price.effective_cached_input_per_mtok),
                 "output": str(price.output_per_mtok),
             },
             "priority_multiplier": {str(priority): str(multiplier) for priority, multiplier in PRICE_MULTIPLIER.items()},

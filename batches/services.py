@@ -129,7 +129,7 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, **f
         errors=_storable(result.errors) or None, total_count=result.accepted,
         created_at=now, expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
         price_input=price.input_per_mtok if price else Decimal("0"),
-        price_cached_input=price.cached_input_per_mtok if price else Decimal("0"),
+        price_cached_input=price.effective_cached_input_per_mtok if price else Decimal("0"),
         price_output=price.output_per_mtok if price else Decimal("0"),
         price_multiplier=PRICE_MULTIPLIER[priority],
         **fields,

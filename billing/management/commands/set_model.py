@@ -17,6 +17,11 @@ def _price(value):
     return price
 
 
+def _cached_price(value):
+    # "none" clears a discount: cached input is then billed at the input price.
+    return None if value.lower() in ("none", "") else _price(value)
+
+
 class Command(BaseCommand):
     help = (
         "Create or update a model in the catalog with one deployment (idempotent: the deployment is "
@@ -30,7 +35,8 @@ class Command(BaseCommand):
         parser.add_argument("--api-key", default=None, help="Upstream API key (stored, never displayed)")
         parser.add_argument("--concurrency", type=int, default=None, help="Max concurrent calls to this deployment")
         parser.add_argument("--input-price", type=_price, default=None)
-        parser.add_argument("--cached-input-price", type=_price, default=None)
+        parser.add_argument("--cached-input-price", type=_cached_price, default=False,
+                            help="A discount for cached input tokens; 'none' clears it (billed at the input price)")
         parser.add_argument("--output-price", type=_price, default=None)
         parser.add_argument("--disable", action="store_true", help="Disable the model")
 
@@ -47,13 +53,16 @@ class Command(BaseCommand):
             deployment.max_concurrency = concurrency
         deployment.save()
         price, _ = Price.objects.get_or_create(model=model)
-        for field, option in (("input_per_mtok", "input_price"), ("cached_input_per_mtok", "cached_input_price"), ("output_per_mtok", "output_price")):
+        for field, option in (("input_per_mtok", "input_price"), ("output_per_mtok", "output_price")):
             if options[option] is not None:
                 setattr(price, field, options[option])
+        if options["cached_input_price"] is not False:  # given, perhaps as "none"
+            price.cached_input_per_mtok = options["cached_input_price"]
         price.save()
         verb = "Added" if created else "Updated"
         self.stdout.write(
             f"{verb} {model.name} -> {deployment.base_url} (upstream {deployment.upstream_name}, "
             f"concurrency {deployment.max_concurrency}); prices per 1M tokens: input {price.input_per_mtok}, "
-            f"cached input {price.cached_input_per_mtok}, output {price.output_per_mtok}"
+            f"cached input {price.effective_cached_input_per_mtok}"
+            f"{' (the input price)' if price.cached_input_per_mtok is None else ''}, output {price.output_per_mtok}"
         )
