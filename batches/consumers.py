@@ -30,7 +30,8 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer
 from django.db.models import Q
 
-from batches import events
+from batches import events, progress, selectors
+from batches.dashboard_views import failures_fragment, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
 from openrelay.models import Membership
@@ -43,10 +44,17 @@ POLL_INTERVAL_S = 0.5
 # when it polls (the newest); the page shows the rest as they were rendered.
 POLL_LIMIT = 200
 
+# At most this often the batch feed re-reads and pushes a batch's failures by code.
+FAILURES_EVERY_S = 2.0
+NOT_RUN_STATUSES = (BatchStatus.CANCELLED, BatchStatus.EXPIRED)
+
 # Websocket close codes (4000-4999 are the application's).
 NOT_SIGNED_IN = 4401
 NO_ORGANIZATION = 4403
 NOT_FOUND = 4404
+NOT_STAFF = 4403  # the same code as NO_ORGANIZATION: forbidden
+
+OPERATOR_EVERY_S = 1.0
 
 _STATUS_RANK = {
     BatchStatus.VALIDATING: 0,
@@ -104,6 +112,10 @@ class Outbox:
         self._sent[key], self._sent_at[key] = batch, time.monotonic()
         await self._send(batch)
 
+    def last(self, key):
+        """The newest snapshot of `key` sent, if any."""
+        return self._sent.get(key)
+
     def close(self):
         for timer in self._timers.values():
             timer.cancel()
@@ -155,7 +167,21 @@ class BatchFeedConsumer(AsyncJsonWebsocketConsumer):
         await self.outbox.offer(event["batch"])
 
     async def _push(self, batch):
-        await self.send_json({"type": events.EVENT_TYPE, "batch": batch})
+        extras = await database_sync_to_async(self.extras)(batch)
+        await self.send_json({"type": events.EVENT_TYPE, "batch": batch, **extras})
+
+    def extras(self, batch):
+        """What the page shows beside the snapshot (sync: runs in the database thread): how many
+        of a cancelled or expired batch's failed records never ran, read once a batch."""
+        if batch["status"] not in NOT_RUN_STATUSES:
+            return {}
+        if not hasattr(self, "not_run"):
+            self.not_run = {}
+        if batch["id"] not in self.not_run:
+            row = (Batch.objects.for_org(self.organization_id).filter(public_id=batch["id"])
+                   .values_list("status", "failed_count", "progress").first())
+            self.not_run[batch["id"]] = progress.not_run(*row) if row else 0
+        return {"not_run": self.not_run[batch["id"]]}
 
     async def _poll(self):
         while True:
@@ -206,9 +232,18 @@ class OrganizationBatchesConsumer(BatchFeedConsumer):
 
 
 class BatchConsumer(BatchFeedConsumer):
-    """/ws/batches/<batch_id>: one batch of the user's organization."""
+    """/ws/batches/<batch_id>: one batch of the user's organization, with its failures by code.
+
+    The failures card is re-read and pushed (rendered, as the page renders
+    it) when the failed count moved, at most every FAILURES_EVERY_S: one
+    grouped read of the failed records (selectors.failures), which a batch
+    failing by the thousand must not repeat twice a second for every open page.
+    """
 
     terminal = False
+    failures_for = None  # the failed count the last pushed failures card counted
+    failures_at = -math.inf
+    failures_later = None
 
     def authorize(self):
         batch_id = self.scope["url_route"]["kwargs"]["batch_id"]
@@ -227,3 +262,79 @@ class BatchConsumer(BatchFeedConsumer):
 
     def following(self):
         return not self.terminal
+
+    def extras(self, batch):
+        failed = batch["request_counts"]["failed"]
+        terminal = batch["status"] in TERMINAL_BATCH_STATUSES
+        if failed == self.failures_for:
+            return {}
+        wait = self.failures_at + FAILURES_EVERY_S - time.monotonic()
+        if wait > 0 and not terminal:
+            self._failures_later(batch, wait)
+            return {}
+        self.failures_for, self.failures_at = failed, time.monotonic()
+        failures = selectors.failures(self.batch_pk)
+        extras = {"failures": failures_fragment(batch["id"], failures), "failures_total": failures.total}
+        if batch["status"] in NOT_RUN_STATUSES:
+            extras["not_run"] = failures.unrun
+        return extras
+
+    def _failures_later(self, batch, wait):
+        """The failures card is due after the throttle: push it then, even if no event comes."""
+        if self.failures_later is not None and not self.failures_later.done():
+            return
+
+        async def later():
+            await asyncio.sleep(wait)
+            if self.failures_for != batch["request_counts"]["failed"]:
+                await self._push(self.outbox.last(batch["id"]) or batch)
+
+        self.failures_later = asyncio.run_coroutine_threadsafe(later(), self.loop)
+
+    async def connect(self):
+        self.loop = asyncio.get_running_loop()
+        await super().connect()
+
+    async def disconnect(self, code):
+        if self.failures_later is not None:
+            self.failures_later.cancel()
+        await super().disconnect(code)
+
+
+class OperatorConsumer(AsyncJsonWebsocketConsumer):
+    """/ws/operator: the operator page's figures, for staff users only.
+
+    Engines publish what the page shows to the database (heartbeats, health,
+    leases, progress samples), not as events, so the socket reads it every
+    OPERATOR_EVERY_S and pushes the rendered page when it changed.
+    """
+
+    poller = None
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=NOT_SIGNED_IN)
+            return
+        if not user.is_staff:
+            await self.close(code=NOT_STAFF)
+            return
+        await self.accept()
+        self.poller = asyncio.create_task(self._poll())
+
+    async def disconnect(self, code):
+        if self.poller is not None:
+            self.poller.cancel()
+
+    async def _poll(self):
+        shown = None
+        while True:
+            try:
+                html = await database_sync_to_async(operator_fragment)()
+            except Exception:  # the next tick tries again; the socket stays up
+                logger.warning("could not read the operator figures", exc_info=True)
+            else:
+                if html != shown:
+                    shown = html
+                    await self.send_json({"type": "operator.updated", "html": html})
+            await asyncio.sleep(OPERATOR_EVERY_S)

@@ -15,6 +15,7 @@ urlpatterns = [
     path("batches/<str:batch_id>/retry", views.batch_retry, name="batch-retry"),
     path("batches/<str:batch_id>/so_far.jsonl", views.batch_results_so_far, name="batch-results-so-far"),
     path("batches/<str:batch_id>/rejections.jsonl", views.batch_rejections, name="batch-rejections"),
+    path("operator", views.operator_page, name="operator"),
     path("files", views.file_list, name="files"),
     path("files/<str:file_id>/download", views.file_download, name="file-download"),
     path("files/<str:file_id>/delete", views.file_delete, name="file-delete"),

@@ -22,17 +22,17 @@ from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Q
 from django.http import Http404, HttpResponse
 from django.middleware.csrf import CsrfViewMiddleware
 from django.shortcuts import redirect, render
+from django.template.loader import render_to_string
 from django.urls import reverse
 from django.utils import timezone
-from django.utils.http import content_disposition_header
+from django.utils.http import content_disposition_header, urlencode
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from batches import services
+from batches import operator, progress, selectors, services
 from batches.engine import results
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import PRESENTER_RELATED, batch_object
@@ -103,6 +103,22 @@ def member_required(view):
     return wrapped
 
 
+def staff_required(view):
+    """Signed in as an operator (is_staff); sets request.organization when the operator has one."""
+
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not request.user.is_staff:
+            raise PermissionDenied("The operator page is for operators (staff users) only.")
+        membership = Membership.objects.select_related("organization").filter(user=request.user).first()
+        request.organization = membership.organization if membership else None
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
 def _batch_or_404(request, batch_id):
     batch = (
         Batch.objects.for_org(request.organization).select_related(*PRESENTER_RELATED, "input_file")
@@ -124,10 +140,12 @@ def _file_or_404(request, file_id):
 # Display: the same rules as static/dashboard/live.js
 
 
-def display(batch):
-    """What a page shows of a Batch object (a dict from batch_object)."""
+def display(batch, not_run=0):
+    """What a page shows of a Batch object (a dict from batch_object); `not_run`: of its failed
+    records, those a cancel or an expiry closed before they ran (progress.not_run)."""
     counts = batch["request_counts"]
-    done, total = counts["completed"] + counts["failed"], counts["total"]
+    failed = counts["failed"] - not_run
+    done, total = counts["completed"] + failed, counts["total"]
     usage = batch["usage"] or {}
     cost = usage.get("cost") or {}
     return {
@@ -135,7 +153,11 @@ def display(batch):
         "percent": percent(done, total, batch["status"]),
         "counts": f"{done:,} / {total:,}",
         "completed": f"{counts['completed']:,}",
-        "failed": f"{counts['failed']:,}",
+        "failed": f"{failed:,}",
+        "not_run": f"{not_run:,}",
+        "has_not_run": not_run > 0,
+        # The bar's parts, in % of the total: succeeded, failed, not run.
+        "bar": [share(counts["completed"], total), share(failed, total), share(not_run, total)],
         "tokens": f"{usage.get('total_tokens', 0):,}",
         "input_tokens": f"{usage.get('input_tokens', 0):,}",
         "cached_tokens": f"{(usage.get('input_tokens_details') or {}).get('cached_tokens', 0):,}",
@@ -155,6 +177,45 @@ def percent(done, total, status):
     if total <= 0:
         return 100 if status in TERMINAL_BATCH_STATUSES else 0
     return min(100, done * 100 // total)
+
+
+def share(part, total):
+    return f"{part * 100 / total:.2f}" if total > 0 else "0"
+
+
+def duration(seconds):
+    """`45 s`, `3 min 20 s`, `2 h 05 min`: the time left or taken, as live.js writes it too."""
+    if seconds is None:
+        return "\u2014"
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, secs = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def pace(batch, samples, now):
+    """The rate and the time left (or, once finished, the average rate and the time taken)."""
+    counts = batch["request_counts"]
+    start = batch["in_progress_at"]
+    series = progress.series(start, samples)
+    end = next((batch[f] for f in ("completed_at", "cancelled_at", "expired_at", "failed_at") if batch[f]), None)
+    if end is not None:
+        done = series[-1][1] + series[-1][2] if series else 0
+        took = end - start if start else None
+        rate = done / took if took else None
+        return {"rate": rate_text(rate), "eta_label": "Took", "eta": duration(took)}
+    done = counts["completed"] + counts["failed"]
+    rate = progress.rate(series, now, done)
+    left = progress.eta_s(rate, counts["total"] - done) if start else None
+    return {"rate": rate_text(rate), "eta_label": "Time left", "eta": duration(left)}
+
+
+def rate_text(rate):
+    return "\u2014" if rate is None else f"{rate:,.1f}/s"
 
 
 def money(amount, currency):
@@ -196,25 +257,38 @@ def home(request):
 @require_GET
 @member_required
 def batch_list(request):
-    batches = (
-        Batch.objects.for_org(request.organization).select_related(*PRESENTER_RELATED).order_by("-created_at", "-pk")
-    )
-    after = request.GET.get("after")
-    if after:
-        cursor = Batch.objects.for_org(request.organization).filter(public_id=after).values("created_at", "pk").first()
-        if cursor is None:
-            raise Http404("No such batch.")
-        batches = batches.filter(
-            Q(created_at__lt=cursor["created_at"]) | Q(created_at=cursor["created_at"], pk__lt=cursor["pk"])
-        )
-    page = list(batches[: PAGE_SIZE + 1])
-    rows = [display(batch_object(batch)) for batch in page[:PAGE_SIZE]]
+    filters = _filters(request)
+    try:
+        found = selectors.page(request.organization, filters, after=request.GET.get("after") or None,
+                               before=request.GET.get("before") or None, size=PAGE_SIZE, related=PRESENTER_RELATED)
+    except Batch.DoesNotExist:
+        raise Http404("No such batch.") from None
+    rows = [display(batch_object(batch), progress.not_run(batch.status, batch.failed_count, batch.progress))
+            for batch in found.batches]
+    query = {name: value for name, value in vars(filters).items() if value}
     return render(request, "dashboard/batches.html", {
         "rows": rows,
-        "older": rows[-1]["batch"]["id"] if len(page) > PAGE_SIZE else None,
-        "first_page": not after,
+        "filters": filters,
+        "older": urlencode({**query, "after": found.older}) if found.older else None,
+        "newer": urlencode({**query, "before": found.newer}) if found.newer else None,
+        # New batches appear live on the first page of the unfiltered list only.
+        "insert_new": not found.newer and not request.GET.get("after") and not filters.active,
+        "statuses": BatchStatus.values,
+        "endpoints": ENDPOINTS,
+        "models": selectors.models_used(request.organization),
         "nav": "batches",
     })
+
+
+def _filters(request):
+    get = request.GET
+    status = get.get("status", "")
+    return selectors.BatchFilters(
+        q=get.get("q", "").strip()[:200],
+        status=status if status in BatchStatus.values else "",
+        endpoint=get.get("endpoint", "") if get.get("endpoint") in ENDPOINTS else "",
+        model=get.get("model", "")[:200],
+    )
 
 
 @require_GET
@@ -223,11 +297,17 @@ def batch_detail(request, batch_id):
     batch = _batch_or_404(request, batch_id)
     obj = batch_object(batch)
     rejections = (obj["errors"] or {}).get("data") or []
+    failures = selectors.failures(batch.pk)
+    now = timezone.now()
     return render(request, "dashboard/batch.html", {
-        "row": display(obj),
+        "row": display(obj, failures.unrun),
+        "pace": pace(obj, batch.progress, now.timestamp()),
         "batch": obj,
-        # The page script's first snapshot; the rejections are already on the page.
+        "metadata": sorted((obj["metadata"] or {}).items()),
+        # The page script's first snapshot and samples; the rejections are already on the page.
         "seed": {**obj, "errors": None},
+        "samples": progress.series(obj["in_progress_at"], batch.progress),
+        **failures_context(obj["id"], failures),
         "timeline": [(field, label, when(obj[field])) for field, label in TIMELINE],
         "expires": when(obj["expires_at"]),
         "input_file": batch.input_file,
@@ -235,11 +315,28 @@ def batch_detail(request, batch_id):
         "rejections_total": len(rejections),
         "accepted": obj["request_counts"]["total"],
         "just_created": request.GET.get("created") == "1",
-        # A finished batch with error-file records can run them again as a new batch.
-        "retryable": obj["status"] in RETRYABLE and obj["request_counts"]["failed"] > 0,
-        "server_now": int(timezone.now().timestamp()),
+        "retryable": retryable(obj),
+        "server_now": int(now.timestamp()),
         "nav": "batches",
     })
+
+
+def retryable(batch):
+    """A finished batch with error-file records can run them again as a new batch."""
+    return batch["status"] in RETRYABLE and batch["request_counts"]["failed"] > 0
+
+
+def failures_fragment(batch_id, failures):
+    """The failures card's inside, as the page renders it and the batch socket pushes it."""
+    return render_to_string("dashboard/_failures.html", failures_context(batch_id, failures))
+
+
+def failures_context(batch_id, failures):
+    most = max((entry["count"] for entry in failures.codes), default=1)
+    codes = [{**entry, "count_text": f"{entry['count']:,}", "width": f"{entry['count'] * 100 / most:.1f}"}
+             for entry in failures.codes]
+    return {"batch_id": batch_id, "failures": failures, "codes": codes, "failed": f"{failures.failed:,}",
+            "unrun": f"{failures.unrun:,}"}
 
 
 @require_GET
@@ -259,8 +356,10 @@ def batch_results_so_far(request, batch_id):
     """The output (or, with ?kind=error, error) lines of the records finished so far, as JSONL."""
     batch = _batch_or_404(request, batch_id)
     kind = "error" if request.GET.get("kind") == "error" else "output"
-    stream, _ = results.render_one(batch, kind)
-    return stream_response(request, stream, stream_size(stream), f"{batch.public_id}_{kind}_so_far.jsonl")
+    code = request.GET.get("code", "")[:64] or None
+    stream, _ = results.render_one(batch, kind, code=code)
+    name = f"{batch.public_id}_{kind}{f'_{code}' if code and kind == 'error' else ''}_so_far.jsonl"
+    return stream_response(request, stream, stream_size(stream), re.sub(r"[^\w.-]", "_", name))
 
 
 @require_POST
@@ -394,3 +493,38 @@ def file_download(request, file_id):
     """The organization's own file, streamed (a 200 MB input is never read whole)."""
     return download_response(request, _file_or_404(request, file_id))
 
+
+
+@require_GET
+@staff_required
+def operator_page(request):
+    """Every model and deployment at work, the queues and the running batches by organization (live)."""
+    return render(request, "dashboard/operator.html", {"operator": operator_fragment(), "nav": "operator"})
+
+
+def operator_fragment():
+    """The operator page's inside, as the page renders it and the operator socket pushes it."""
+    view = operator.overview()
+    return render_to_string("dashboard/_operator.html", {
+        "overview": view,
+        "models": [_model_row(model) for model in view.models],
+        "organizations": view.organizations,
+        "at": when(int(view.at.timestamp())),
+    })
+
+
+def _model_row(model):
+    deployments = [{
+        "deployment": deployment,
+        "calls": calls,
+        "error_rate": _percent_text(calls.error_rate),
+        "load": share(min(calls.in_flight, deployment.max_concurrency), deployment.max_concurrency),
+        "since": when(int(deployment.health_changed_at.timestamp())) if deployment.health_changed_at else "",
+    } for deployment, calls in model.deployments]
+    return {"model": model, "deployments": deployments, "error_rate": _percent_text(model.calls.error_rate),
+            "load": share(min(model.calls.in_flight, model.limit), model.limit),
+            "a_minute": f"{model.work.a_minute:,.0f}"}
+
+
+def _percent_text(value):
+    return "\u2014" if value is None else f"{value:.1f}%"

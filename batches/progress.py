@@ -80,3 +80,19 @@ def eta_s(records_a_second, left):
     if not records_a_second:
         return None
     return left / records_a_second
+
+
+def series(in_progress_at, samples):
+    """The samples to draw, starting from nothing at `in_progress_at` (unix seconds) when it is known."""
+    samples = list(samples or [])
+    if in_progress_at is None or (samples and samples[0][0] <= in_progress_at):
+        return samples
+    return [[in_progress_at, 0, 0], *samples]
+
+
+def not_run(status, failed_count, samples):
+    """Records a cancel or an expiry closed before they ran: counted failed by the API (OpenAI's
+    shape), told apart by the last sample, which the close takes without them."""
+    if status not in ("cancelled", "expired") or not samples:
+        return 0
+    return max(0, failed_count - samples[-1][2])

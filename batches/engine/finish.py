@@ -13,9 +13,9 @@ from django.core.files.storage import default_storage
 from django.db import transaction
 from django.utils import timezone
 
-from batches import lifecycle
+from batches import lifecycle, progress
 from batches.engine import results, store
-from batches.models import Batch, BatchStatus, RecordStatus
+from batches.models import Batch, BatchStatus, Record, RecordStatus
 from billing import ledger
 from files import services as file_services
 from files.responses import stream_size
@@ -67,7 +67,9 @@ def close(batch, final_status):
         with transaction.atomic():
             output_file = _store(batch, rendered.output, "output", stored)
             error_file = _store(batch, rendered.error, "error", stored)
-            if not lifecycle.transition(batch, final_status, output_file=output_file, error_file=error_file):
+            now = timezone.now()
+            if not lifecycle.transition(batch, final_status, now=now, output_file=output_file, error_file=error_file,
+                                        progress=_final_progress(batch, now)):
                 raise _LostRace
             if batch.input_file_id:
                 file_services.unpin(batch.input_file_id)
@@ -83,6 +85,15 @@ def close(batch, final_status):
         rendered.close()
     _announce(batch)
     return True
+
+
+def _final_progress(batch, now):
+    """The batch's progress samples ending at its finish (whole seconds, as the API shows the time):
+    the records that ran, without those the close marked expired or cancelled unrun."""
+    samples, completed, failed = (Batch.objects.select_for_update().filter(pk=batch.pk)
+                                  .values_list("progress", "completed_count", "failed_count").get())
+    unrun = Record.objects.filter(batch_id=batch.pk, status__in=(RecordStatus.EXPIRED, RecordStatus.CANCELLED)).count()
+    return progress.final(samples, int(now.timestamp()), completed, failed - unrun)
 
 
 def _store(batch, stream, kind, stored):

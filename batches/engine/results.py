@@ -46,8 +46,23 @@ _CHUNK = 2000
 _FILE_STATUSES = {"output": (_SUCCEEDED,), "error": tuple(sorted(_ERROR_FILE_STATUSES))}
 
 
-def render(batch, kinds=("output", "error")):
-    """Stream the batch's finished records into two temp files (or only the lines of `kinds`).
+def failure_code(error_code, status_code):
+    """What an error line failed with, as the line shows it: `http_<status>` for a model's non-2xx
+    answer (the line carries the response and no error object), else its error's code."""
+    return f"http_{status_code}" if status_code is not None else error_code
+
+
+def _code_condition(code):
+    """SQL and params selecting the error lines whose failure_code is `code`."""
+    status = code.removeprefix("http_")
+    if code.startswith("http_") and status.isdigit():
+        return " AND status_code = %s", [int(status)]
+    return " AND status_code IS NULL AND error_code = %s", [code]
+
+
+def render(batch, kinds=("output", "error"), code=None):
+    """Stream the batch's finished records into two temp files (or only the lines of `kinds`;
+    with `code`, only the error lines of that failure_code).
 
     Rows come straight off a (server-side, on PostgreSQL) cursor in chunks,
     and each chunk's lines go to the files in one write. Records still
@@ -58,10 +73,11 @@ def render(batch, kinds=("output", "error")):
     prefix = f"{batch.pk}:".encode()
     statuses = [status for kind in kinds for status in _FILE_STATUSES[kind]]
     columns = ", ".join(connection.ops.quote_name(Record._meta.get_field(name).column) for name in _FIELDS)
+    where, params = _code_condition(code) if code else ("", [])
     sql = (f"SELECT {columns} FROM {connection.ops.quote_name(Record._meta.db_table)} "
-           f"WHERE batch_id = %s AND status IN ({', '.join(['%s'] * len(statuses))}) ORDER BY line")
+           f"WHERE batch_id = %s AND status IN ({', '.join(['%s'] * len(statuses))}){where} ORDER BY line")
     with connection.chunked_cursor() as cursor:
-        cursor.execute(sql, [batch.pk, *statuses])
+        cursor.execute(sql, [batch.pk, *statuses, *params])
         while rows := cursor.fetchmany(_CHUNK):
             out, err = [], []
             for line, custom_id, status, status_code, request_id, body, code, message in rows:
@@ -87,13 +103,14 @@ def render(batch, kinds=("output", "error")):
     return RenderedResults(output if counts[0] else _closed(output), counts[0], error if counts[1] else _closed(error), counts[1])
 
 
-def render_one(batch, kind):
+def render_one(batch, kind, code=None):
     """One of the two files ("output" or "error") of the records finished so far: (temp file at its start, lines).
 
     Records still pending or running are left out, so on a finished batch
-    this is byte for byte the file finalize stored.
+    this is byte for byte the file finalize stored. `code` keeps only the
+    error lines of that failure_code.
     """
-    rendered = render(batch, kinds=(kind,))
+    rendered = render(batch, kinds=(kind,), code=code if kind == "error" else None)
     keep, lines = (rendered.output, rendered.output_lines) if kind == "output" else (rendered.error, rendered.error_lines)
     for f in (rendered.output, rendered.error):
         if f is not None and f is not keep:

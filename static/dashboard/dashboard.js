@@ -8,6 +8,7 @@
 (function () {
   const TERMINAL = new Set(["completed", "failed", "expired", "cancelled"]);
   const CANCELLABLE = new Set(["validating", "in_progress"]);
+  const RETRYABLE = new Set(["completed", "expired", "cancelled"]);
   const RANK = { validating: 0, in_progress: 1, finalizing: 2, cancelling: 2, completed: 3, failed: 3, expired: 3, cancelled: 3 };
   const body = document.body;
 
@@ -36,9 +37,29 @@
     return Math.min(100, Math.floor((done * 100) / total));
   }
 
-  function display(batch) {
+  function share(part, total) {
+    return total > 0 ? parseFloat(((part * 100) / total).toFixed(2)) + "%" : "0%";
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined || !Number.isFinite(seconds)) return "\u2014";
+    seconds = Math.max(0, Math.round(seconds));
+    if (seconds < 60) return seconds + " s";
+    const minutes = Math.floor(seconds / 60);
+    if (minutes < 60) return minutes + " min " + String(seconds % 60).padStart(2, "0") + " s";
+    return Math.floor(minutes / 60) + " h " + String(minutes % 60).padStart(2, "0") + " min";
+  }
+
+  function rateText(rate) {
+    return rate === null || rate === undefined ? "\u2014" : rate.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 }) + "/s";
+  }
+
+  // notRun: of the failed records, those a cancel or an expiry closed before they ran.
+  function display(batch, notRun) {
+    notRun = notRun || 0;
     const counts = batch.request_counts;
-    const done = counts.completed + counts.failed;
+    const failed = counts.failed - notRun;
+    const done = counts.completed + failed;
     const usage = batch.usage || {};
     const cost = usage.cost || {};
     const cur = cost.currency;
@@ -48,9 +69,13 @@
       model: batch.model || "",
       status: batch.status,
       percent: percent(done, counts.total, batch.status) + "%",
+      bar: share(counts.completed, counts.total),
+      bar_failed: share(failed, counts.total),
+      bar_not_run: share(notRun, counts.total),
       counts: int(done) + " / " + int(counts.total),
       completed: int(counts.completed),
-      failed: int(counts.failed),
+      failed: int(failed),
+      not_run: int(notRun),
       tokens: int(usage.total_tokens),
       input_tokens: int(usage.input_tokens),
       cached_tokens: int((usage.input_tokens_details || {}).cached_tokens),
@@ -84,7 +109,9 @@
 
   const last = new Map();
 
-  function apply(batch) {
+  // message: the socket's {batch, not_run?, failures?}.
+  function apply(batch, message) {
+    message = message || {};
     const seen = last.get(batch.id);
     const now = progress(batch);
     if (seen && older(now, seen)) return; // two workers' events may cross
@@ -92,12 +119,18 @@
     let el = document.querySelector('[data-batch="' + CSS.escape(batch.id) + '"]');
     if (!el) el = insertRow(batch);
     if (!el) return;
-    const shown = display(batch);
+    if (typeof message.not_run === "number") el.dataset.notRunCount = message.not_run;
+    const notRun = Number(el.dataset.notRunCount || 0);
+    const shown = display(batch, notRun);
+    if (chart && el.contains(chart.svg)) {
+      chart.add(batch, notRun);
+      Object.assign(shown, chart.pace(batch));
+    }
     el.dataset.status = batch.status;
     el.querySelectorAll("[data-field]").forEach(function (node) {
       const name = node.dataset.field;
-      if (name === "bar") {
-        node.style.width = shown.percent;
+      if (name === "bar" || name === "bar_failed" || name === "bar_not_run") {
+        node.style.width = shown[name];
         node.parentElement.setAttribute("aria-valuenow", parseInt(shown.percent, 10));
       } else if (name === "link") {
         node.href = url(body.dataset.batchUrl, "BATCH_ID", batch.id);
@@ -123,7 +156,20 @@
     el.querySelectorAll('[data-role="cancel"]').forEach(function (node) {
       node.hidden = !CANCELLABLE.has(batch.status);
     });
-    if (chart && el.contains(chart.svg)) chart.add(batch);
+    el.querySelectorAll('[data-role="retry"]').forEach(function (node) {
+      node.hidden = !(RETRYABLE.has(batch.status) && batch.request_counts.failed > 0);
+    });
+    el.querySelectorAll("[data-not-run]").forEach(function (node) {
+      node.hidden = notRun <= 0;
+    });
+    if (typeof message.failures === "string") {
+      el.querySelectorAll("[data-failures]").forEach(function (node) { node.innerHTML = message.failures; });
+      el.querySelectorAll('[data-field="failed_total"]').forEach(function (node) {
+        const total = message.failures_total || 0;
+        node.textContent = int(total);
+        node.hidden = total <= 0;
+      });
+    }
   }
 
   function insertRow(batch) {
@@ -137,54 +183,130 @@
     return row;
   }
 
-  // ---------------------------------------------------------------- chart
+  // ---------------------------------------------------------------- chart and pace
 
-  // Records completed (request_counts.completed) against time, from the
-  // snapshots this page received; seeded with the start and the state when
-  // it was rendered.
-  function Chart(svg, seed, skew) {
+  // Records completed and failed against time: the samples the engines stored
+  // as the batch ran (rendered into the page, starting at in_progress_at with
+  // nothing done), then one point per pushed snapshot. The axis runs from the
+  // start to the finish, or to now while the batch runs. Rate and time left are
+  // read from the same points, the way batches/progress.py reads the samples.
+  const RATE_WINDOW_S = 60;
+  const END_FIELDS = ["completed_at", "cancelled_at", "expired_at", "failed_at"];
+
+  function endOf(batch) {
+    for (const name of END_FIELDS) if (batch[name]) return batch[name];
+    return null;
+  }
+
+  function Chart(svg, seed, samples, skew) {
     this.svg = svg;
     this.line = svg.querySelector("[data-chart-line]");
+    this.failedLine = svg.querySelector("[data-chart-failed]");
     this.max = svg.querySelector("[data-chart-max]");
+    this.startLabel = svg.querySelector("[data-chart-start]");
+    this.endLabel = svg.querySelector("[data-chart-end]");
     this.span = svg.querySelector("[data-chart-span]");
     this.skew = skew;
-    this.points = [];
+    this.points = samples.map(function (s) { return { t: s[0], completed: s[1], failed: s[2] }; });
     this.total = seed.request_counts.total;
-    if (seed.in_progress_at) this.points.push({ t: seed.in_progress_at, done: 0 });
-    const end = seed.completed_at || seed.cancelled_at || seed.expired_at || seed.failed_at || seed.finalizing_at;
-    this.push(end || Date.now() / 1000 - skew, seed);
+    this.start = seed.in_progress_at;
+    this.end = endOf(seed);
+    if (!this.end) this.push(this.now(), seed, Number(svg.closest("[data-not-run-count]").dataset.notRunCount || 0));
     this.draw();
   }
 
-  Chart.prototype.push = function (t, batch) {
-    const done = batch.request_counts.completed;
-    const previous = this.points[this.points.length - 1];
-    if (previous && previous.done === done && !TERMINAL.has(batch.status)) return;
-    this.points.push({ t: Math.max(t, previous ? previous.t : t), done: done });
-    if (this.points.length > 600) this.points.splice(1, 1);
+  Chart.prototype.now = function () {
+    return Date.now() / 1000 - this.skew;
   };
 
-  Chart.prototype.add = function (batch) {
+  Chart.prototype.push = function (t, batch, notRun) {
+    const c = batch.request_counts;
+    const point = { t: t, completed: c.completed, failed: c.failed - (notRun || 0) };
+    const previous = this.points[this.points.length - 1];
+    if (previous && point.t <= previous.t) {
+      // A finish at a whole second may be before the last live point: that point is the finish.
+      if (previous.completed + previous.failed <= point.completed + point.failed) this.points[this.points.length - 1] = Object.assign(point, { t: previous.t });
+      return;
+    }
+    if (previous && previous.completed === point.completed && previous.failed === point.failed) {
+      const before = this.points[this.points.length - 2];
+      if (before && before.completed === point.completed && before.failed === point.failed) {
+        previous.t = t; // a flat stretch: one point at each end is enough
+        return;
+      }
+    }
+    this.points.push(point);
+    if (this.points.length > 2000) this.points.splice(1, 1);
+  };
+
+  Chart.prototype.add = function (batch, notRun) {
     this.total = batch.request_counts.total;
-    this.push(Date.now() / 1000 - this.skew, batch);
+    if (batch.in_progress_at && !this.start) {
+      this.start = batch.in_progress_at;
+      if (!this.points.length) this.points.push({ t: this.start, completed: 0, failed: 0 });
+    }
+    if (this.end) return;
+    const end = endOf(batch);
+    if (end) {
+      this.end = end;
+      this.points = this.points.filter(function (p) { return p.t < end; });
+    }
+    this.push(end || this.now(), batch, notRun);
     this.draw();
   };
+
+  // Records a second over the last minute up to now (0 after a stall), and the time left
+  // at that rate; once finished, the average rate and the time the batch took.
+  Chart.prototype.pace = function (batch) {
+    const c = batch.request_counts;
+    if (this.end) {
+      const last = this.points[this.points.length - 1];
+      const took = this.start ? this.end - this.start : null;
+      const done = last ? last.completed + last.failed : 0;
+      return { rate: rateText(took ? done / took : null), eta_label: "Took", eta: duration(took) };
+    }
+    const now = this.now();
+    const done = c.completed + c.failed;
+    let start = this.points[0];
+    for (const p of this.points) {
+      if (p.t > now - RATE_WINDOW_S) break;
+      start = p;
+    }
+    let rate = null;
+    if (start && now > start.t) rate = Math.max(0, (done - start.completed - start.failed) / (now - start.t));
+    const left = c.total - done;
+    let eta = null;
+    if (left <= 0) eta = 0;
+    else if (rate && this.start) eta = left / rate;
+    return { rate: rateText(rate), eta_label: "Time left", eta: duration(eta) };
+  };
+
+  function clock(unix) {
+    return unix ? new Date(unix * 1000).toISOString().slice(11, 19) + " UTC" : "";
+  }
 
   Chart.prototype.draw = function () {
     const pts = this.points;
     this.svg.dataset.points = pts.length;
     if (!pts.length) return;
-    const t0 = pts[0].t;
-    const t1 = Math.max(pts[pts.length - 1].t, t0 + 1);
+    const t0 = this.start || pts[0].t;
+    const t1 = Math.max(this.end || Math.max(pts[pts.length - 1].t, this.now()), t0 + 1);
+    this.svg.dataset.t0 = t0;
+    this.svg.dataset.t1 = t1;
     const top = Math.max(this.total, 1);
-    this.line.setAttribute("points", pts.map(function (p) {
-      const x = 48 + ((p.t - t0) / (t1 - t0)) * 902; // the axes drawn in batch.html's viewBox
-      const y = 172 - (p.done / top) * 160;
-      return x.toFixed(1) + "," + y.toFixed(1);
-    }).join(" "));
+    function line(value) {
+      return pts.map(function (p) {
+        const x = 48 + ((Math.min(Math.max(p.t, t0), t1) - t0) / (t1 - t0)) * 902; // the axes drawn in batch.html's viewBox
+        const y = 172 - (value(p) / top) * 160;
+        return x.toFixed(1) + "," + y.toFixed(1);
+      }).join(" ");
+    }
+    this.line.setAttribute("points", line(function (p) { return p.completed; }));
+    this.failedLine.setAttribute("points", line(function (p) { return p.failed; }));
     this.max.textContent = int(this.total);
-    const seconds = Math.round(t1 - t0);
-    this.span.textContent = seconds < 120 ? seconds + " s" : Math.round(seconds / 60) + " min";
+    this.startLabel.textContent = clock(t0);
+    this.endLabel.textContent = (this.end ? "finished " : "now ") + clock(t1);
+    this.span.textContent = duration(t1 - t0);
   };
 
   let chart = null;
@@ -192,10 +314,22 @@
   const seedNode = document.getElementById("batch-data");
   if (chartSvg && seedNode) {
     const seed = JSON.parse(seedNode.textContent);
+    const samples = JSON.parse(document.getElementById("batch-samples").textContent);
     const article = chartSvg.closest("[data-server-now]");
     const skew = article ? Date.now() / 1000 - Number(article.dataset.serverNow) : 0;
-    chart = new Chart(chartSvg, seed, skew);
+    chart = new Chart(chartSvg, seed, samples, skew);
     last.set(seed.id, progress(seed));
+    let current = seed;
+    // Time passes between pushes: the time left counts down and a stalled rate falls.
+    setInterval(function () {
+      const snapshot = current;
+      const shown = chart.pace(snapshot);
+      article.querySelectorAll('[data-field="rate"], [data-field="eta"], [data-field="eta_label"]').forEach(function (node) {
+        node.textContent = shown[node.dataset.field];
+      });
+      if (!chart.end) chart.draw();
+    }, 1000);
+    chart.track = function (batch) { current = batch; };
   }
 
   // ---------------------------------------------------------------- socket
@@ -225,7 +359,12 @@
       } catch (err) {
         return;
       }
-      if (message.type === "batch.updated" && message.batch) apply(message.batch);
+      if (message.type === "batch.updated" && message.batch) {
+        apply(message.batch, message);
+        if (chart && chart.track && message.batch.id === chart.svg.closest("[data-batch]").dataset.batch) chart.track(message.batch);
+      } else if (message.type === "operator.updated" && typeof message.html === "string") {
+        document.querySelectorAll("[data-operator]").forEach(function (node) { node.innerHTML = message.html; });
+      }
     };
     socket.onclose = function () {
       // Snapshots are absolute: after a reconnect the first one catches up.

@@ -70,8 +70,9 @@ def make_batch(org, *, status="in_progress", total=10, completed=0, failed=0, in
     """A batch row as the engine leaves it mid-way (no records: pages and sockets only read the roll-ups)."""
     file = input_file or stored_file(org)
     now = timezone.now()
+    fields = {"endpoint": CHAT, "model_name": MODEL, **fields}
     return Batch.objects.create(
-        organization=org, endpoint=CHAT, model_name=MODEL, input_file=file, input_file_public_id=file.public_id,
+        organization=org, input_file=file, input_file_public_id=file.public_id,
         status=status, created_at=now, expires_at=now + timezone.timedelta(hours=24),
         in_progress_at=now if status != "validating" else None,
         total_count=total, completed_count=completed, failed_count=failed, **fields,

@@ -1,0 +1,163 @@
+"""What the operator page shows: every model and deployment at work, the queues, the running batches.
+
+Everything is read from the database, so every web process shows the same
+figures whichever engines made them:
+- health, since when and the last error: the Deployment rows (engines write
+  every change, batches.engine.health);
+- calls in flight, calls answered and failed in the last minute, by
+  deployment: the sum over the live engines' `Engine.calls`, which each
+  engine publishes with its heartbeat (every 0.5 s); a dead engine's figures
+  drop out with its heartbeat, after one lease;
+- records in flight (leased: claimed by an engine, running or about to),
+  queued (neither finished nor leased) and finished in the last minute, by
+  model and organization: the running batches' rows and their running
+  records (the batch/status/line index), and their progress samples
+  (batches.progress, the rate the batch page shows).
+
+Calls and records differ: a tool-calling or workflow record makes several
+calls, and a record waiting for its user's server holds none.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Count
+from django.utils import timezone
+
+from batches import progress
+from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
+from openrelay.models import Model
+
+RUNNING = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING)
+# The batches listed under each organization; the counts cover all of them.
+BATCHES_SHOWN = 20
+
+
+@dataclass
+class Calls:
+    in_flight: int = 0
+    a_minute: int = 0
+    failed_a_minute: int = 0
+
+    def add(self, figures):
+        in_flight, a_minute, failed = (list(figures) + [0, 0, 0])[:3]
+        self.in_flight += in_flight
+        self.a_minute += a_minute
+        self.failed_a_minute += failed
+
+    @property
+    def error_rate(self):
+        """Failed calls of the last minute, in %, or None when there were none."""
+        return self.failed_a_minute * 100 / self.a_minute if self.a_minute else None
+
+
+@dataclass
+class Work:
+    """Records of running batches: by model or by organization."""
+
+    batches: int = 0
+    total: int = 0
+    done: int = 0
+    in_flight: int = 0
+    a_minute: float = 0.0
+
+    @property
+    def queued(self):
+        return max(0, self.total - self.done - self.in_flight)
+
+    def add(self, batch):
+        self.batches += 1
+        self.total += batch["total"]
+        self.done += batch["done"]
+        self.in_flight += batch["in_flight"]
+        self.a_minute += batch["a_minute"]
+
+
+@dataclass
+class ModelView:
+    name: str
+    enabled: bool
+    deployments: list = field(default_factory=list)  # [(Deployment, Calls)]
+    calls: Calls = field(default_factory=Calls)
+    limit: int = 0
+    work: Work = field(default_factory=Work)
+
+
+@dataclass
+class OrganizationView:
+    name: str
+    batches: list = field(default_factory=list)
+    work: Work = field(default_factory=Work)
+
+
+@dataclass
+class Overview:
+    models: list
+    organizations: list
+    engines: int
+    at: object
+
+
+def overview(now=None):
+    """Five queries: live engines, models with their deployments, running batches, their leased records."""
+    now = now or timezone.now()
+    calls, engines = _calls(now)
+    batches = _running_batches(now.timestamp())
+    models = []
+    for model in Model.objects.prefetch_related("deployments"):
+        view = ModelView(model.name, model.enabled)
+        for deployment in model.deployments.all():
+            figures = calls.get(deployment.pk, Calls())
+            view.deployments.append((deployment, figures))
+            if deployment.enabled:
+                view.limit += deployment.max_concurrency
+                view.calls.add((figures.in_flight, figures.a_minute, figures.failed_a_minute))
+        for batch in batches:
+            if batch["model_id"] == model.pk:
+                view.work.add(batch)
+        models.append(view)
+    return Overview(models, _by_organization(batches), engines, now)
+
+
+def _calls(now):
+    """{deployment pk: Calls} summed over the live engines, and how many engines are live."""
+    live = Engine.objects.filter(seen_at__gte=now - timedelta(seconds=settings.OPENRELAY_LEASE_S))
+    calls, engines = defaultdict(Calls), 0
+    for published in live.values_list("calls", flat=True):
+        engines += 1
+        for deployment, figures in (published or {}).items():
+            calls[int(deployment)].add(figures)
+    return calls, engines
+
+
+def _running_batches(now_ts):
+    rows = list(Batch.objects.filter(status__in=RUNNING).order_by("created_at", "pk").values(
+        "pk", "public_id", "organization_id", "organization__name", "model_id", "model_name", "status", "priority",
+        "total_count", "completed_count", "failed_count", "progress", "in_progress_at",
+    ))
+    leased = dict(Record.objects.filter(batch_id__in=[row["pk"] for row in rows], status=RecordStatus.RUNNING)
+                  .values_list("batch_id").annotate(n=Count("pk")).order_by())
+    batches = []
+    for row in rows:
+        done = row["completed_count"] + row["failed_count"]
+        start = row["in_progress_at"].timestamp() if row["in_progress_at"] else None
+        rate = progress.rate(progress.series(start, row["progress"]), now_ts, done)
+        batches.append({
+            "id": row["public_id"], "pk": row["pk"], "organization_id": row["organization_id"],
+            "organization": row["organization__name"], "model_id": row["model_id"], "model": row["model_name"],
+            "status": row["status"], "priority": row["priority"], "total": row["total_count"], "done": done,
+            "in_flight": leased.get(row["pk"], 0), "a_minute": (rate or 0.0) * 60,
+        })
+    return batches
+
+
+def _by_organization(batches):
+    organizations = {}
+    for batch in batches:
+        view = organizations.setdefault(batch["organization_id"], OrganizationView(batch["organization"]))
+        view.work.add(batch)
+        if len(view.batches) < BATCHES_SHOWN:
+            view.batches.append(batch)
+    return sorted(organizations.values(), key=lambda view: (-view.work.in_flight, view.name))

@@ -1,0 +1,47 @@
+"""Stored progress samples (batches.progress): bounded, dense at the end, read for the rate and ETA."""
+
+from batches import progress
+
+
+def test_it_appends_at_most_every_sample_interval():
+    samples = progress.appended([], 1000.0, 0, 0)
+    assert samples == [[1000.0, 0, 0]]
+    assert progress.appended(samples, 1001.0, 5, 0) is None
+    assert progress.appended(samples, 1002.0, 5, 1) == [[1000.0, 0, 0], [1002.0, 5, 1]]
+
+
+def test_a_flat_stretch_keeps_one_point_at_each_end():
+    samples = [[1000.0, 5, 0], [1002.0, 5, 0]]
+    assert progress.appended(samples, 1004.0, 5, 0) == [[1000.0, 5, 0], [1004.0, 5, 0]]
+
+
+def test_it_stays_bounded_and_keeps_the_last_minute_whole():
+    samples = []
+    for i in range(5000):  # 10,000 s of samples every 2 s
+        samples = progress.appended(samples, 1000.0 + 2 * i, i, 0)
+    assert len(samples) <= progress.MAX_SAMPLES
+    assert samples[0] == [1000.0, 0, 0]  # the start stays
+    recent = samples[-progress.RECENT_SAMPLES:]
+    assert [b[0] - a[0] for a, b in zip(recent, recent[1:])] == [2.0] * (progress.RECENT_SAMPLES - 1)
+    assert len(str(samples)) < 4000  # the stored JSON's order of size
+
+
+def test_the_rate_is_read_over_the_last_minute_up_to_now():
+    samples = [[0.0, 0, 0], [100.0, 100, 0], [160.0, 400, 20]]
+    assert progress.rate(samples, 160.0, 420) == 320 / 60  # 100 -> 420 records between t=100 and t=160
+    # Nothing more finished for a minute: the rate falls though no sample says so.
+    assert progress.rate(samples, 220.0, 420) == 0.0
+    assert progress.rate([], 10.0, 0) is None
+
+
+def test_eta_and_not_run():
+    assert progress.eta_s(5.0, 100) == 20.0
+    assert progress.eta_s(0.0, 100) is None and progress.eta_s(None, 0) == 0.0
+    assert progress.not_run("cancelled", 900, [[1.0, 100, 0], [5.0, 100, 20]]) == 880
+    assert progress.not_run("completed", 20, [[5.0, 100, 20]]) == 0
+
+
+def test_the_final_sample_ends_the_series_at_the_finish():
+    samples = [[1000.0, 0, 0], [1002.0, 5, 0], [1004.6, 9, 0]]
+    assert progress.final(samples, 1004, 10, 0) == [[1000.0, 0, 0], [1002.0, 5, 0], [1004, 10, 0]]
+    assert progress.series(990, samples)[0] == [990, 0, 0]
