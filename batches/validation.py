@@ -17,7 +17,9 @@ import orjson
 
 from openrelay.errors import ApiError
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
+# Tool loops and workflows read and extend a chat conversation: no other endpoint has one.
+CHAT_ONLY = "/v1/chat/completions"
 COMPLETION_WINDOWS = ("24h",)
 PRIORITIES = ("standard", "expedited")
 MAX_RECORDS = 50_000
@@ -46,6 +48,18 @@ BODY_INPUT = {
     "/v1/chat/completions": ("messages", "Messages parameter is required.", "Chat Completions"),
     "/v1/completions": ("prompt", "Prompt parameter is required.", "Completions"),
     "/v1/embeddings": ("input", "Input parameter is required.", "Embeddings"),
+    "/v1/responses": ("input", "Input parameter is required.", "Responses"),
+    "/v1/moderations": ("input", "Input parameter is required.", "Moderations"),
+}
+# Endpoint -> {body key: why it cannot work in a batch}. A key set to null (or false) is fine.
+UNSUPPORTED_FIELDS = {
+    "/v1/responses": {
+        "background": "every batch request already runs in the background; leave 'background' out",
+        "previous_response_id": "a batch request can't continue a stored response; send the whole conversation "
+                                "in 'input'",
+        "conversation": "a batch request can't read or extend a stored conversation; send the whole conversation "
+                        "in 'input'",
+    },
 }
 
 # name -> (default, cap). Omitted or 0 takes the default; above the cap is clamped.
@@ -405,6 +419,7 @@ class RecordChecker:
         self._check_target(obj["method"], obj["url"])
         self._check_body_shape(body)
         self._check_stream(body)
+        self._check_supported(body)
         model = self._check_model(body["model"])
         self._check_extensions(body)
         self._claim(custom_id, model, line)
@@ -438,6 +453,13 @@ class RecordChecker:
             raise RecordRejected("streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.",
                                  "body.stream")
 
+    def _check_supported(self, body):
+        for key, why in UNSUPPORTED_FIELDS.get(self.endpoint, {}).items():
+            if body.get(key) not in (None, False):
+                name = BODY_INPUT[self.endpoint][2]
+                raise RecordRejected("unsupported_parameter", f"{name}: '{key}' is not supported in the Batch API: "
+                                                              f"{why}.", f"body.{key}")
+
     def _check_model(self, model):
         if model not in self.models:
             raise RecordRejected("model_not_found", f"The provided model '{model}' is not supported by the Batch API.",
@@ -469,11 +491,14 @@ class RecordChecker:
             raise RecordRejected("invalid_workflow", "A record can carry 'openrelay.workflow' or "
                                                      "'openrelay.tool_config', not both.", "body.openrelay")
         if "tool_config" in extensions:
-            if self.endpoint != "/v1/chat/completions":
-                raise RecordRejected("invalid_tool_config", "'openrelay.tool_config' is only supported on "
-                                                            "/v1/chat/completions.", TOOL_CONFIG_PARAM)
+            if self.endpoint != CHAT_ONLY:
+                raise RecordRejected("invalid_tool_config", f"'openrelay.tool_config' is only supported on "
+                                                            f"{CHAT_ONLY}.", TOOL_CONFIG_PARAM)
             normalize_tool_config(extensions["tool_config"])
         if "workflow" in extensions:
+            if self.endpoint != CHAT_ONLY:
+                raise RecordRejected("invalid_workflow", f"'openrelay.workflow' is only supported on {CHAT_ONLY}.",
+                                     WORKFLOW_PARAM)
             if not self.workflows_enabled:
                 raise RecordRejected("workflow_not_enabled", "Workflows are not enabled for this organization.",
                                      WORKFLOW_PARAM)

@@ -8,7 +8,8 @@ answer, apart from `id` and `created`.
 
 Endpoints
 ---------
-- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`
+- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
+  `POST /v1/responses`, `POST /v1/moderations`
 - `GET /v1/models`
 - `GET /_sim/requests`: the recorded model calls, oldest first, each
   `{"path", "headers", "body"}`; secret headers (`authorization`, `api-key`,
@@ -35,6 +36,15 @@ Answers
   (directives removed from the echo), `n` choices if `n` is given.
 - completions: `"Simulated completion of: <first 60 chars of the prompt>"`,
   one choice per prompt.
+- responses: a `response` object whose one `message` output item says
+  `"Simulated response to: <first 60 chars of the last user input>"`, with
+  usage in the Responses shape (`input_tokens`, `output_tokens`, details).
+  `instructions` count as input; `max_output_tokens` caps the answer
+  (`status: "incomplete"`, `incomplete_details.reason: "max_output_tokens"`);
+  `reasoning.effort` adds a `reasoning` output item and `reasoning_tokens`
+  (low 16, medium 64, high 256), counted in `output_tokens`.
+- moderations: one result a input, never flagged, every category score
+  below 0.01 (derived from a hash of the input); no `usage`, as OpenAI's.
 - embeddings: unit-length float vectors derived from a hash of each input
   (string or list of strings, or token arrays), 16 dimensions unless
   `dimensions` says otherwise; `encoding_format: "base64"` is honoured.
@@ -67,7 +77,8 @@ Directives in the text of any message (for completions the prompt, for
 embeddings the input), so one batch can mix outcomes deterministically. A
 directive in a `tool` message affects the next model call of the loop.
 - `[[status:NNN]]`: answer HTTP NNN with an OpenAI error envelope
-  `{"error": {"message", "type", "param", "code"}}`.
+  `{"error": {"message", "type", "param", "code"}}`; a 404 names the model
+  asked for, as vLLM's does ("The model `X` does not exist.").
 - `[[status:NNNxK]]`: answer NNN the first K times this exact body is seen,
   then answer normally ("failed server, the rerun succeeds").
 - `[[drop]]` / `[[dropxK]]`: close the connection without an answer (always /
@@ -366,6 +377,30 @@ def embedding_text(body: dict) -> str:
     return "\n".join(i for i in embedding_inputs(body) if isinstance(i, str))
 
 
+def response_inputs(body: dict) -> list:
+    """The Responses API's `input`: a string, or items (messages with string or part content)."""
+    value = body.get("input")
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+def response_text(body: dict) -> str:
+    instructions = body.get("instructions") if isinstance(body.get("instructions"), str) else ""
+    return "\n".join([instructions, *(message_text(item) for item in response_inputs(body))]).strip("\n")
+
+
+def moderation_inputs(body: dict) -> list:
+    value = body.get("input")
+    if isinstance(value, str):
+        return [value]
+    return value if isinstance(value, list) else []
+
+
+def moderation_text(body: dict) -> str:
+    return "\n".join(i if isinstance(i, str) else content_text([i]) for i in moderation_inputs(body))
+
+
 def _is_token_array(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(isinstance(t, int) for t in value)
 
@@ -590,6 +625,95 @@ def _completion_text_for(prompt: str | list) -> str:
     return "Simulated completion of: " + strip_directives(prompt)[:ECHO_CHARS]
 
 
+# ---------------------------------------------------------------- responses
+
+REASONING_TOKENS = {"minimal": 0, "low": 16, "medium": 64, "high": 256}
+
+
+def answer_responses(body: dict) -> dict:
+    model = _require_model(body)
+    inputs = response_inputs(body)
+    if not inputs:
+        raise BadRequest("input must be a non-empty string or array of input items", "input")
+    if body.get("stream"):
+        raise BadRequest("the simulated model server does not stream", "stream")
+    if body.get("previous_response_id"):
+        raise BadRequest("the simulated model server stores no responses", "previous_response_id")
+    last_user = next((message_text(i) for i in reversed(inputs) if i.get("role", "user") == "user"), "")
+    cap = _token_cap(body, "max_output_tokens")
+    reasoning = _reasoning_tokens(body)
+    text, tokens, finish_reason = cap_answer("Simulated response to: " + strip_directives(last_user)[:ECHO_CHARS],
+                                             cap)
+    output = [] if not reasoning else [{"type": "reasoning", "id": _new_id("rs_"), "summary": []}]
+    output.append({"type": "message", "id": _new_id("msg_"), "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    prompt_tokens = count_tokens(response_text(body))
+    incomplete = finish_reason == "length"
+    return {
+        "id": _new_id("resp_"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "incomplete" if incomplete else "completed",
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": cap,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "reasoning": {"effort": (body.get("reasoning") or {}).get("effort"), "summary": None},
+        "store": False,
+        "temperature": body.get("temperature", 1.0),
+        "text": {"format": {"type": "text"}},
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": body.get("top_p", 1.0),
+        "truncation": "disabled",
+        "usage": {
+            "input_tokens": prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached_tokens_for(prompt_tokens)},
+            "output_tokens": tokens + reasoning,
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": prompt_tokens + tokens + reasoning,
+        },
+        "metadata": body.get("metadata") or {},
+    }
+
+
+def _reasoning_tokens(body: dict) -> int:
+    reasoning = body.get("reasoning")
+    if reasoning is None:
+        return 0
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    if effort is not None and effort not in REASONING_TOKENS:
+        raise BadRequest(f"reasoning.effort must be one of {', '.join(REASONING_TOKENS)}", "reasoning.effort")
+    return REASONING_TOKENS.get(effort or "medium", 0)
+
+
+# ---------------------------------------------------------------- moderations
+
+MODERATION_CATEGORIES = (
+    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit", "illicit/violent",
+    "self-harm", "self-harm/intent", "self-harm/instructions", "sexual", "sexual/minors", "violence",
+    "violence/graphic",
+)
+
+
+def answer_moderations(body: dict) -> dict:
+    model = _require_model(body)
+    inputs = moderation_inputs(body)
+    if not inputs or not all((isinstance(i, str) and i) or isinstance(i, dict) for i in inputs):
+        raise BadRequest("input must be a non-empty string, an array of strings or of input parts", "input")
+    return {"id": _new_id("modr-"), "model": model, "results": [_moderation(item) for item in inputs]}
+
+
+def _moderation(item: Any) -> dict:
+    raw = hashlib.shake_256(orjson.dumps(item)).digest(len(MODERATION_CATEGORIES))
+    scores = {name: round(byte / 25500, 6) for name, byte in zip(MODERATION_CATEGORIES, raw)}
+    return {"flagged": False, "categories": dict.fromkeys(MODERATION_CATEGORIES, False), "category_scores": scores}
+
+
 # ---------------------------------------------------------------- embeddings
 
 
@@ -761,7 +885,7 @@ def seeded_draw(seed: int, body_hash: bytes, seen: int) -> float:
     return random.Random(f"{seed}:{body_hash.hex()}:{seen}").random()
 
 
-def failure_response(config: SimulatorConfig, status: int) -> web.Response:
+def failure_response(config: SimulatorConfig, status: int, model: Any = None) -> web.Response:
     headers = None
     if status == 429:
         retry_after = config.retry_after_s if config.retry_after_s is not None else 1
@@ -769,7 +893,8 @@ def failure_response(config: SimulatorConfig, status: int) -> web.Response:
             "Retry-After": f"{retry_after:g}",
             "retry-after-ms": str(int(retry_after * 1000)),
         }
-    return json_response(error_envelope(status), status=status, headers=headers)
+    message = f"The model `{model}` does not exist." if status == 404 and isinstance(model, str) else None
+    return json_response(error_envelope(status, message), status=status, headers=headers)
 
 
 # ---------------------------------------------------------------- the server
@@ -785,6 +910,8 @@ MODEL_ENDPOINTS = {
     "/v1/chat/completions": ModelEndpoint(chat_text, answer_chat),
     "/v1/completions": ModelEndpoint(completion_text, answer_completion),
     "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings),
+    "/v1/responses": ModelEndpoint(response_text, answer_responses),
+    "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations),
 }
 
 
@@ -818,7 +945,7 @@ class ModelServer:
         if outcome == ANSWER:
             return self._answer(endpoint, body)
         if outcome == FAIL:
-            return failure_response(self.config, status)
+            return failure_response(self.config, status, body.get("model"))
         if outcome == DROP:
             return await self._drop(request)
         return await self._hang()

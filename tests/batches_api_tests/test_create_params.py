@@ -18,7 +18,7 @@ class TestCreateParams:
     @pytest.mark.parametrize("params, param, code, message", [
         ({"endpoint": "/v1/invalid/endpoint"}, "endpoint", "invalid_value",
          "Invalid value for 'endpoint': '/v1/invalid/endpoint'. Supported values are: '/v1/chat/completions', "
-         "'/v1/completions', and '/v1/embeddings'."),
+         "'/v1/completions', '/v1/embeddings', '/v1/responses', and '/v1/moderations'."),
         ({"endpoint": None}, "endpoint", "missing_required_parameter", "Missing required parameter: 'endpoint'."),
         ({"endpoint": ["/v1/chat/completions"]}, "endpoint", "invalid_value", "Supported values"),
         ({"completion_window": "48h"}, "completion_window", "invalid_value", "'24h'"),
