@@ -157,7 +157,8 @@ COMPONENTS = {
                 "maxItems": 50000,
                 "items": {"type": "object", "description": "One JSONL request object: custom_id, method, url, body."},
             },
-            "endpoint": {"type": "string", "enum": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]},
+            "endpoint": {"type": "string", "enum": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
+                                                   "/v1/responses", "/v1/moderations"]},
             "completion_window": {"type": "string", "enum": ["24h"]},
             "metadata": {
                 "type": "object",
