@@ -86,6 +86,9 @@ class Batch(models.Model):
     cached_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
     reasoning_tokens = models.BigIntegerField(default=0)
+    # Records whose server-reported usage cannot be right (batches.engine.usage): kept and
+    # billed as reported, counted so an operator can see how far to trust the bill.
+    implausible_usage_count = models.PositiveIntegerField(default=0)
 
     # Prices snapshotted at create (USD per 1M tokens, sync rate) and the
     # priority's multiplier, so a later price change never reprices a batch.
@@ -148,6 +151,9 @@ class Record(models.Model):
     cached_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)
     reasoning_tokens = models.BigIntegerField(default=0)
+    # 1 when some answer of the run reported usage that cannot be right, else 0: an integer, so
+    # the flush rolls it up into Batch.implausible_usage_count with the token sums.
+    usage_implausible = models.PositiveSmallIntegerField(default=0)
 
     # A multi-step record's loop state while it runs (batches.engine.checkpoints):
     # what a resumed run continues from. Null for plain records and once the
