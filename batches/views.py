@@ -87,7 +87,7 @@ class BatchResultsView(APIView):
     content_negotiation_class = IgnoreAcceptNegotiation
 
     @extend_schema(operation_id="batches_results", summary="Download the results finished so far",
-                   parameters=[openapi.BATCH_ID, openapi.RESULT_KIND],
+                   parameters=[openapi.BATCH_ID, openapi.RESULT_KIND, openapi.RESULT_CODE],
                    responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
                               **openapi.errors(400, 401, 404)})
     def get(self, request, batch_id):
@@ -96,7 +96,7 @@ class BatchResultsView(APIView):
             raise ApiError(f"Invalid 'kind': {kind[:50]!r}; expected 'output' or 'error'.", param="kind",
                            code="invalid_value")
         batch = _get_batch(request, batch_id)
-        stream, lines = results.render_one(batch, kind)
+        stream, lines = results.render_one(batch, kind, code=(request.query_params.get("code") or "")[:64] or None)
         response = stream_response(request._request, stream, stream_size(stream),
                                    f"{batch.public_id}_{kind}_so_far.jsonl")
         response["OpenRelay-Lines"] = str(lines)

@@ -322,6 +322,9 @@ FILE_ID = OpenApiParameter("file_id", str, OpenApiParameter.PATH)
 MODEL_ID = OpenApiParameter("model_id", str, OpenApiParameter.PATH, description="A model's name, e.g. openrelay/gemma-4-31b.")
 RESULT_KIND = OpenApiParameter("kind", str, OpenApiParameter.QUERY, enum=["output", "error"],
                                description="Which lines: the output file's (default) or the error file's.")
+RESULT_CODE = OpenApiParameter("code", str, OpenApiParameter.QUERY,
+                               description="With kind=error, only the lines that failed with this code: the "
+                                           "error's code, or http_<status> for a model's non-2xx answer.")
 WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParameter.PATH)
 
 

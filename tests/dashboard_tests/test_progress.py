@@ -45,3 +45,18 @@ def test_the_final_sample_ends_the_series_at_the_finish():
     samples = [[1000.0, 0, 0], [1002.0, 5, 0], [1004.6, 9, 0]]
     assert progress.final(samples, 1004, 10, 0) == [[1000.0, 0, 0], [1002.0, 5, 0], [1004, 10, 0]]
     assert progress.series(990, samples)[0] == [990, 0, 0]
+
+
+def test_a_deployments_calls_are_counted_over_the_last_minute():
+    from batches.engine.callcount import CallCount
+
+    now = [1000.0]
+    count = CallCount(clock=lambda: now[0])
+    for i in range(120):  # two calls a second for a minute, every tenth failed
+        now[0] = 1000.0 + i / 2
+        count.add(ok=i % 10 != 0)
+    assert count.last_minute() == (120, 12)
+    now[0] = 1090.0  # 30 s later, half the minute has gone by
+    assert count.last_minute() == (58, 5)  # seconds 1031-1059
+    now[0] = 1200.0
+    assert count.last_minute() == (0, 0)

@@ -124,3 +124,15 @@ def test_results_so_far_refusals(alice, bob, model):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "kind"
     foreign = bob.client.get(f"/v1/batches/{batch.public_id}/results")
     assert foreign.status_code == 404 and foreign.json()["error"]["code"] == "batch_not_found"
+
+
+def test_results_so_far_of_one_failure_code(alice, model):
+    batch = make_batch(alice.org, [chat("no [[status:400]]"), chat("fine"), chat("gone [[status:404]]"),
+                                   chat("no [[status:400]]")])
+    run_batch(batch.pk)
+    _, http_400 = _so_far(alice, batch, "error&code=http_400")
+    assert [orjson.loads(line)["custom_id"] for line in http_400.splitlines()] == ["req-1", "req-4"]
+    _, none = _so_far(alice, batch, "error&code=batch_expired")
+    assert none == b""
+    _, output = _so_far(alice, batch, "output&code=http_400")  # a code narrows error lines only
+    assert [orjson.loads(line)["custom_id"] for line in output.splitlines()] == ["req-2"]
