@@ -13,13 +13,17 @@ message's content must be text.
 
 Failure messages go into the user's error file. They name what went wrong
 but never the authorization value or the URL's path or query (which may
-carry a token); OutboundError messages already name only the origin.
+carry a token); OutboundError messages already name only the origin. What
+the executor sent (ids quoted in a message, result contents, which become
+tool messages the model reads) goes through openrelay.redaction first: an
+executor that echoes its credential back must not hand it on.
 """
 
 import orjson
 
 from batches.engine.executors import ToolExecutionFailed, ToolResult
 from openrelay.outbound import OutboundError
+from openrelay.redaction import redact, secrets_of
 
 # tool_call_ids come from the model or the executor; keep quoted ones short.
 MAX_QUOTED_ID = 100
@@ -35,6 +39,7 @@ class HttpExecutor:
         authorization = tool_config.get("authorization")
         # Sent as given: the user chooses the scheme ("Bearer ...", "Basic ...").
         self.headers = {"Authorization": authorization} if authorization is not None else {}
+        self.secrets = secrets_of(authorization)
 
     async def execute(self, tool_calls, key=None):
         payload = {"custom_id": self.custom_id, "context": self.context, "tool_calls": tool_calls}
@@ -50,7 +55,7 @@ class HttpExecutor:
             data = response.json()
         except OutboundError:
             raise ToolExecutionFailed("The tool executor's response is malformed JSON.") from None
-        return parse_results(data, [call["id"] for call in tool_calls])
+        return parse_results(data, [call["id"] for call in tool_calls], self.secrets)
 
     async def close(self):
         """Nothing is held across rounds: the OutboundClient belongs to the worker."""
@@ -76,8 +81,11 @@ def _status_message(status):
     return message
 
 
-def parse_results(data, call_ids):
-    """The executor's answer as ToolResults in the order of `call_ids`; ToolExecutionFailed if malformed."""
+def parse_results(data, call_ids, secrets=()):
+    """The executor's answer as ToolResults in the order of `call_ids`; ToolExecutionFailed if malformed.
+
+    `secrets` (the credential sent) are redacted from the contents and from any id a message quotes.
+    """
     if not isinstance(data, dict) or not isinstance(data.get("results"), list):
         raise _malformed('expected an object with a "results" list')
     wanted = set(call_ids)
@@ -85,13 +93,13 @@ def parse_results(data, call_ids):
     for index, item in enumerate(data["results"]):
         call_id, content = _result_fields(item, index)
         if call_id not in wanted:
-            raise _malformed(f"result {index} names unknown tool_call_id {_quote(call_id)}")
+            raise _malformed(f"result {index} names unknown tool_call_id {_quote(call_id, secrets)}")
         if call_id in by_id:
-            raise _malformed(f"more than one result for tool_call_id {_quote(call_id)}")
-        by_id[call_id] = content
+            raise _malformed(f"more than one result for tool_call_id {_quote(call_id, secrets)}")
+        by_id[call_id] = redact(content, secrets)
     for call_id in call_ids:
         if call_id not in by_id:
-            raise _malformed(f"missing result for tool_call_id {_quote(call_id)}")
+            raise _malformed(f"missing result for tool_call_id {_quote(call_id, secrets)}")
     return [ToolResult(call_id, by_id[call_id]) for call_id in call_ids]
 
 
@@ -111,5 +119,6 @@ def _malformed(detail):
     return ToolExecutionFailed(f"The tool executor's response is malformed: {detail}.")
 
 
-def _quote(value):
-    return repr(value if len(value) <= MAX_QUOTED_ID else value[:MAX_QUOTED_ID] + "...")
+def _quote(value, secrets):
+    # The limit counts the "..." a cut adds: at most MAX_QUOTED_ID characters of the id are shown.
+    return repr(redact(value, secrets, MAX_QUOTED_ID + 3))

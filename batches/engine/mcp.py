@@ -38,7 +38,9 @@ negotiated protocol version (sent as ``MCP-Protocol-Version``). Choices:
 
 Failure messages go into the error file: they say which step failed and why,
 and never carry a header value (authorization, session id). Text that comes
-from the server (JSON-RPC error messages) is cut short and scrubbed of both.
+from the server (JSON-RPC error messages, tool contents) goes through
+openrelay.redaction, which removes both (any letter case, any piece of 8
+characters or more) before a message is cut short.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ import orjson
 from batches.engine.checkpoints import idempotency_key
 from batches.engine.executors import ToolExecutionFailed, ToolResult
 from openrelay.outbound import OutboundError, OutboundResponse
+from openrelay.redaction import redact, secrets_of
 
 PROTOCOL_VERSION = "2025-06-18"
 # Revisions with Streamable HTTP and the initialize handshake. A server may
@@ -168,11 +171,11 @@ class McpExecutor:
         content = result.get("content")
         if not isinstance(content, list):
             raise self._failed(step, "malformed response (the result has no content list)")
-        return "\n".join(
+        return redact("\n".join(
             item["text"]
             for item in content
             if isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str)
-        )
+        ), self._secrets())
 
     # --- session ---------------------------------------------------------
 
@@ -251,7 +254,7 @@ class McpExecutor:
         except MalformedResponse as exc:
             raise self._failed(step, f"malformed response ({exc})") from None
         if "error" in answer:
-            raise self._failed(step, _rpc_error_text(answer["error"], self._scrub))
+            raise self._failed(step, _rpc_error_text(answer["error"], self._secrets()))
         result = answer.get("result")
         if not isinstance(result, dict):
             raise self._failed(step, "malformed response (the result is not an object)")
@@ -266,46 +269,28 @@ class McpExecutor:
         except orjson.JSONDecodeError:
             return problem
         if isinstance(body, dict) and "error" in body and isinstance(body["error"], dict):
-            return f"{problem} ({_rpc_error_text(body['error'], self._scrub)})"
+            return f"{problem} ({_rpc_error_text(body['error'], self._secrets())})"
         return problem
 
     def _failed(self, step: str, problem: str) -> ToolExecutionFailed:
-        return ToolExecutionFailed(self._scrub(f"MCP {step} failed: {problem}"))
+        return ToolExecutionFailed(redact(f"MCP {step} failed: {problem}", self._secrets()))
 
-    def _scrub(self, text: str) -> str:
-        for secret in _secrets(self.authorization, self.session_id):
-            text = text.replace(secret, "[redacted]")
-        return text
-
-
-def _secrets(authorization: str | None, session_id: str | None) -> list[str]:
-    found = []
-    if authorization:
-        found.append(authorization)
-        scheme, _, credential = authorization.partition(" ")
-        if credential.strip():
-            found.append(credential.strip())
-    if session_id:
-        found.append(session_id)
-    # Longest first, so "Bearer x" goes before "x" leaves "Bearer [redacted]".
-    return sorted(found, key=len, reverse=True)
+    def _secrets(self) -> tuple[str, ...]:
+        return secrets_of(self.authorization, self.session_id)
 
 
 def _quote(name: str) -> str:
     return "'" + (name if len(name) <= 64 else name[:61] + "...") + "'"
 
 
-def _rpc_error_text(error: Any, scrub) -> str:
+def _rpc_error_text(error: Any, secrets) -> str:
     if not isinstance(error, dict):
         return "JSON-RPC error (malformed error object)"
     code = error.get("code")
     message = error.get("message")
     text = f"JSON-RPC error {code}" if isinstance(code, int) and not isinstance(code, bool) else "JSON-RPC error"
     if isinstance(message, str) and message:
-        message = scrub(message)
-        if len(message) > MAX_SERVER_TEXT:
-            message = message[: MAX_SERVER_TEXT - 3] + "..."
-        text += f": {message}"
+        text += f": {redact(message, secrets, MAX_SERVER_TEXT)}"
     return text
 
 

@@ -17,6 +17,11 @@ step that had not finished, or sends the callback of the finished step
 again: the callback sees the step in flight at the crash again, never an
 earlier one. A record cut by expiry or cancel is billed its checkpoint's
 usage (store.close_unfinished).
+
+The callback's `authorization` never goes further than the callback: what
+the callback answers (ids and values quoted in messages, its error message,
+its output, the bodies of its next requests) goes through
+openrelay.redaction before it is cut short, stored or sent to the model.
 """
 
 import asyncio
@@ -27,11 +32,11 @@ from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation import RecordRejected, normalize_workflow
 from openrelay.ids import new_request_id
 from openrelay.outbound import OutboundError
+from openrelay.redaction import redact, redact_json, secrets_of
 
 ROOT_ID = "root"
 ANSWERS = ("continue", "completed", "failed")
 MAX_MESSAGE_CHARS = 2000
-REDACTED = "[redacted]"
 
 
 class WorkflowEnded(Exception):
@@ -67,6 +72,7 @@ class WorkflowLoop:
         self.record = record
         self.custom_id = record.custom_id
         self.config = config
+        self.secrets = secrets_of(config.get("authorization"))
         state = decode(record.checkpoint) or {}
         self.usage = usage_from(state.get("usage"))  # every succeeded request so far: what is billed
         self.steps = state.get("steps", 0)  # steps started
@@ -87,11 +93,11 @@ class WorkflowLoop:
                 if answer["status"] == "completed":
                     return self._completed(answer.get("output"))
                 if answer["status"] == "failed":
-                    raise WorkflowEnded("workflow_failed", _failure_message(answer))
+                    raise WorkflowEnded("workflow_failed", _failure_message(answer, self.secrets))
                 self._start_step(self._next_requests(answer))
                 await self._checkpoint()
         except WorkflowEnded as end:
-            return RecordOutcome.error(end.code, self._redact(end.message), usage=self.usage)
+            return RecordOutcome.error(end.code, redact(end.message, self.secrets), usage=self.usage)
 
     # --- steps ---------------------------------------------------------------
 
@@ -128,7 +134,7 @@ class WorkflowLoop:
         """One request of a step: (its result for the callback, its billable usage)."""
         model = body.get("model")
         if model != self.ctx.model_name:
-            message = (f"The request names model {_short(repr(model))}, but this batch runs "
+            message = (f"The request names model {_shown(model, self.secrets)}, but this batch runs "
                        f"'{self.ctx.model_name}'; every request of a workflow must name the batch's model.")
             return _failed(request_id, None, "model_mismatch", message), Usage()
         result = await self.ctx.caller.call(self.ctx.endpoint, strip_openrelay(body))
@@ -164,9 +170,10 @@ class WorkflowLoop:
             if not isinstance(request_id, str) or not request_id:
                 raise self._malformed(f"requests[{index}].id must be a non-empty string")
             if request_id in self.ids:
-                raise self._malformed(f"requests[{index}].id {_short(repr(request_id))} is already used in this record")
+                raise self._malformed(f"requests[{index}].id {_shown(request_id, self.secrets)} is already used in "
+                                      "this record")
             self.ids.add(request_id)
-            requests.append((request_id, item["body"]))
+            requests.append((request_id, redact_json(item["body"], self.secrets)))
         return requests
 
     # --- the callback --------------------------------------------------------
@@ -191,7 +198,7 @@ class WorkflowLoop:
         if not isinstance(answer, dict):
             raise self._malformed("the answer is not a JSON object")
         if answer.get("status") not in ANSWERS:
-            raise self._malformed(f"unknown status {_short(repr(answer.get('status')))}; expected one of "
+            raise self._malformed(f"unknown status {_shown(answer.get('status'), self.secrets)}; expected one of "
                                   "'continue', 'completed', 'failed'")
         return answer
 
@@ -205,19 +212,10 @@ class WorkflowLoop:
     # --- ends ----------------------------------------------------------------
 
     def _completed(self, output):
-        body = {"object": "openrelay.workflow", "status": "completed", "output": output, "steps": self.steps,
+        body = {"object": "openrelay.workflow", "status": "completed", "output": redact_json(output, self.secrets),
+                "steps": self.steps,
                 "requests": self.requests, "usage": usage_block(self.usage)}
         return RecordOutcome(True, 200, new_request_id(), body, usage=self.usage)
-
-    def _redact(self, message):
-        """The authorization value never reaches a result file, even if the callback echoes it."""
-        authorization = self.config.get("authorization") or ""
-        if authorization:
-            message = message.replace(authorization, REDACTED)
-        for token in authorization.split()[1:]:  # "Bearer <token>": the token alone too
-            if len(token) >= 8:  # a shorter word could be ordinary text
-                message = message.replace(token, REDACTED)
-        return message
 
 
 def _failed(request_id, response, code, message):
@@ -230,12 +228,19 @@ def _upstream_reason(body):
     return f": {_short(message)}" if isinstance(message, str) and message else "."
 
 
-def _failure_message(answer):
+def _failure_message(answer, secrets):
     error = answer.get("error")
     message = error.get("message") if isinstance(error, dict) else None
     if not isinstance(message, str) or not message:
         return "The workflow callback answered 'failed' without an error message."
-    return _short(message, MAX_MESSAGE_CHARS)
+    return redact(message, secrets, MAX_MESSAGE_CHARS)
+
+
+def _shown(value, secrets, limit=200):
+    """A value the callback sent, quoted for a message: redacted, then cut."""
+    if isinstance(value, str):
+        return repr(redact(value, secrets, limit))
+    return redact(repr(value), secrets, limit)
 
 
 def _short(text, limit=200):
