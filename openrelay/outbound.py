@@ -23,6 +23,10 @@ The guard has three layers:
 
 Messages in ``OutboundError`` end up in result files, so they name only the
 origin (scheme, host, port): never a path, query, header or credential.
+Every refusal of a host (a blocked literal, a name resolving to a blocked
+address, a name that does not resolve, a numeric or zone-id trick) is one
+``BlockedHost`` with one message: different words would tell a tenant which
+internal names exist.
 ``OPENRELAY_ALLOW_PRIVATE_URLS`` turns the address checks off for local
 development and tests; the scheme, credential and redirect rules stay.
 """
@@ -45,6 +49,7 @@ from multidict import CIMultiDict
 from yarl import URL
 
 __all__ = [
+    "BlockedHost",
     "BlockedURL",
     "GuardedResolver",
     "OutboundClient",
@@ -78,6 +83,16 @@ class BlockedURL(OutboundError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, kind="blocked")
+
+
+HOST_REFUSED = "the host is not allowed (a private, loopback, link-local or reserved address) or does not resolve"
+
+
+class BlockedHost(BlockedURL):
+    """The host may not be called, for whatever reason: always the same words after the origin."""
+
+    def __init__(self, origin: str = "") -> None:
+        super().__init__(f"{origin}: {HOST_REFUSED}" if origin else HOST_REFUSED)
 
 
 # --- addresses -------------------------------------------------------------
@@ -179,23 +194,19 @@ def _origin(url: URL) -> str:
         return "<invalid URL>"
 
 
-def _check_host(host: str, *, allow_private: bool) -> None:
+def _check_host(host: str, origin: str, *, allow_private: bool) -> None:
     if "%" in host:
         # Either an IPv6 zone id (fe80::1%eth0: link-local only, and aiohttp
         # cannot connect to one) or percent-encoding no DNS name contains.
-        raise BlockedURL("host must not contain '%' (an IPv6 zone id or an escape)")
+        raise BlockedHost(origin)
     try:
         addr = ipaddress.ip_address(host)
     except ValueError:
         if _NUMERIC_HOST.fullmatch(host):
-            raise BlockedURL(
-                f"host {host!r} is a numeric address not in dotted-quad form"
-            ) from None
+            raise BlockedHost(origin) from None  # a legacy IPv4 spelling (not dotted-quad)
         return  # a name: the resolver checks what it resolves to
     if not allow_private and is_blocked_address(addr):
-        raise BlockedURL(
-            f"host {host!r} is a private, loopback, link-local or reserved address"
-        )
+        raise BlockedHost(origin)
 
 
 def check_url(url: str | URL, *, allow_private: bool) -> URL:
@@ -214,7 +225,7 @@ def check_url(url: str | URL, *, allow_private: bool) -> URL:
     # user or password at all (even "http://:@host") is refused.
     if parsed.raw_user is not None or parsed.raw_password is not None:
         raise BlockedURL("URL must not contain credentials (user:password@)")
-    _check_host(parsed.host or parsed.raw_host, allow_private=allow_private)
+    _check_host(parsed.host or parsed.raw_host, _origin(parsed), allow_private=allow_private)
     return parsed
 
 
@@ -244,12 +255,9 @@ class GuardedResolver(AbstractResolver):
         if self._allow_private:
             return results
         if any(is_blocked_address(r["host"]) for r in results):
-            # The address itself is left out: echoing it would let users
+            # Neither the address nor this reason is said: it would let users
             # map internal DNS names through their result files.
-            raise BlockedURL(
-                f"host {host!r} resolves to a private, loopback, link-local "
-                "or reserved address"
-            )
+            raise BlockedHost()
         return results
 
     async def close(self) -> None:
@@ -347,7 +355,8 @@ def _request_headers(
 def _transport_error(origin: str, exc: BaseException) -> OutboundError:
     # Our own wording: str() of some aiohttp errors quotes the full URL.
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
-        return OutboundError(f"{origin}: could not resolve host", kind="transport")
+        # Said as a blocked host is: "does not resolve" against "private" would map internal names.
+        return BlockedHost(origin)
     if isinstance(exc, aiohttp.ClientSSLError):
         return OutboundError(f"{origin}: TLS handshake failed", kind="transport")
     if isinstance(exc, aiohttp.ClientConnectorError):
@@ -464,6 +473,8 @@ class OutboundClient:
         try:
             async with asyncio.timeout(timeout_s):
                 return await self._send(method, target, body, request_headers, origin)
+        except BlockedHost:
+            raise BlockedHost(origin) from None  # the resolver knows no origin
         except OutboundError:
             raise
         except TimeoutError:

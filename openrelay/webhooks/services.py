@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from openrelay.errors import ApiError
 from openrelay.outbound import OutboundClient, OutboundError
+from openrelay.redaction import redact
 from openrelay.webhooks import signing
 from openrelay.webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
 
@@ -30,6 +31,7 @@ logger = logging.getLogger("openrelay.webhooks")
 RETRY_AFTER_S = (60, 300, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 24 * 3600)
 KEEP_OLD_SECRET = timedelta(hours=24)
 USER_AGENT = "OpenRelay-Webhooks/1"
+MAX_ERROR_CHARS = 300  # WebhookDelivery.last_error's length
 
 
 # ---------------------------------------------------------------------------
@@ -74,7 +76,8 @@ def send_test(endpoint, event_type):
     try:
         return _post(endpoint, payload.decode(), event_id)
     except OutboundError as exc:
-        raise ApiError(f"The test delivery failed: {exc.message}", param=None, code="webhook_delivery_failed") from None
+        message = redact(exc.message, _live_secrets(endpoint))
+        raise ApiError(f"The test delivery failed: {message}", param=None, code="webhook_delivery_failed") from None
 
 
 # ---------------------------------------------------------------------------
@@ -157,7 +160,8 @@ def deliver(delivery, now=None, first_only=False):
     try:
         status_code = _post(delivery.endpoint, delivery.payload, delivery.event_id)
     except OutboundError as exc:
-        error = exc.message  # names the origin and the failure, never a header
+        # Names the origin and the failure, never a header; redacted all the same, like all peer text.
+        error = redact(exc.message, _live_secrets(delivery.endpoint), MAX_ERROR_CHARS)
     done = timezone.now()
     delivery.attempts += 1
     if status_code is not None and 200 <= status_code < 300:
@@ -169,7 +173,7 @@ def deliver(delivery, now=None, first_only=False):
     else:
         delivery.next_attempt_at = now + timedelta(seconds=RETRY_AFTER_S[delivery.attempts - 1])
     WebhookDelivery.objects.filter(pk=delivery.pk, sending_until=lease).update(
-        status=delivery.status, attempts=delivery.attempts, last_status_code=status_code, last_error=error[:300],
+        status=delivery.status, attempts=delivery.attempts, last_status_code=status_code, last_error=error,
         next_attempt_at=delivery.next_attempt_at, delivered_at=delivery.delivered_at, sending_until=None,
     )
     return delivery.status

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from batches.engine.executors import ToolExecutionFailed, ToolResult
-from openrelay.outbound import OutboundClient
+from openrelay.outbound import HOST_REFUSED, OutboundClient
 
 from .conftest import (
     AUTHORIZATION,
@@ -477,4 +477,4 @@ def test_it_refuses_a_blocked_address_without_allow_private():
 
     message = asyncio.run(scenario())
 
-    assert message.startswith("MCP initialize failed: host '127.0.0.1' is a private")
+    assert message == f"MCP initialize failed: http://127.0.0.1:9: {HOST_REFUSED}"
