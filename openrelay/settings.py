@@ -213,6 +213,11 @@ OPENRELAY_WEBHOOK_TIMEOUT_S = envfloat("OPENRELAY_WEBHOOK_TIMEOUT_S", 10.0, mini
 
 # Engine knobs.
 OPENRELAY_CALL_TIME_LIMIT_S = envfloat("OPENRELAY_CALL_TIME_LIMIT_S", 1800.0, minimum=0.01)
+# One model answer's most bytes, on the wire and inflated (144 MB: 2,048 embeddings of
+# 3,072 dimensions as JSON floats, ~137 MB, fit). Past it the server counts as failed.
+OPENRELAY_MAX_MODEL_RESPONSE_BYTES = envint("OPENRELAY_MAX_MODEL_RESPONSE_BYTES", 144 * 1024 * 1024, minimum=1024)
+# A model server that goes silent this long in the middle of its answer counts as failed.
+OPENRELAY_MODEL_IDLE_TIMEOUT_S = envfloat("OPENRELAY_MODEL_IDLE_TIMEOUT_S", 60.0, minimum=0.01)
 OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum=1)
 # A record is its engine's while the lease lives; engines renew theirs every
 # quarter of it, so a dead engine's records are claimable again within this.

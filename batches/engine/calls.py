@@ -7,7 +7,13 @@ records, tool loops, workflows) sees a `CallResult`.
 
 The calls travel over batches.engine.transport, a lean HTTP/1.1 client:
 this is the hot path, and aiohttp's client (used for users' URLs, through
-openrelay.outbound) costs two to three times its CPU a call.
+openrelay.outbound) costs two to three times its CPU a call. An answer over
+OPENRELAY_MAX_MODEL_RESPONSE_BYTES, or one the server stops sending for
+OPENRELAY_MODEL_IDLE_TIMEOUT_S, is a failed server (the call runs again,
+like after a dropped connection), not the record's answer.
+
+What a model server says goes through openrelay.redaction with the
+deployment's key before it becomes a message or an error line.
 """
 
 import asyncio
@@ -16,10 +22,12 @@ import random
 from dataclasses import dataclass, field
 
 import orjson
+from django.conf import settings
 
 from batches.engine.health import Health, server_failed
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
-from batches.engine.transport import Origin, TransportError
+from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, Origin, TransportError
+from openrelay.redaction import redact, redact_json, secrets_of
 
 
 logger = logging.getLogger("openrelay.engine")
@@ -33,6 +41,8 @@ CONNECT_TIMEOUT_S = 30.0
 # (a twentieth of the limit, within these bounds).
 MAX_WATCH_EVERY_S = 1.0
 MIN_WATCH_EVERY_S = 0.01
+DEFAULT_IDLE_TIMEOUT_S = 60.0
+MAX_RAW_ERROR_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -120,7 +130,7 @@ class Upstream:
     on it; `healthy` whether it is in the rotation (health.Health decides).
     """
 
-    def __init__(self, base_url, upstream_model, api_key, concurrency, deployment_id=None):
+    def __init__(self, base_url, upstream_model, api_key, concurrency, deployment_id=None, max_answer_bytes=None):
         self.base_url = base_url
         self.upstream_model = upstream_model
         self.api_key = api_key
@@ -136,8 +146,11 @@ class Upstream:
         self.headers = {"Content-Type": "application/json"}
         if self.api_key:
             self.headers["Authorization"] = f"Bearer {self.api_key}"
+        self.secrets = secrets_of(self.headers.get("Authorization"))
+        if max_answer_bytes is None:
+            max_answer_bytes = getattr(settings, "OPENRELAY_MAX_MODEL_RESPONSE_BYTES", DEFAULT_MAX_ANSWER_BYTES)
         try:
-            self.origin = Origin(self.base_url, connect_timeout_s=CONNECT_TIMEOUT_S)
+            self.origin = Origin(self.base_url, connect_timeout_s=CONNECT_TIMEOUT_S, max_answer_bytes=max_answer_bytes)
         except ValueError as exc:
             # A deployment the admin mistyped fails its calls; it must not crash the engine.
             self.origin, self.problem = None, str(exc)
@@ -176,7 +189,8 @@ class ModelCaller:
     Retry-After and tries again, up to `retries` times.
     """
 
-    def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None):
+    def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None,
+                 idle_timeout_s=None):
         if not upstreams and gate is None:
             raise ValueError("a model needs at least one deployment")
         self.gate = gate or CallGate(OrgCaps())
@@ -185,6 +199,9 @@ class ModelCaller:
         self.health = health or Health()
         self._own_health = health is None
         self.time_limit_s = time_limit_s
+        if idle_timeout_s is None:
+            idle_timeout_s = getattr(settings, "OPENRELAY_MODEL_IDLE_TIMEOUT_S", DEFAULT_IDLE_TIMEOUT_S)
+        self.idle_timeout_s = idle_timeout_s
         self.retries = retries
         self.backoff_base_s = backoff_base_s
         self._deadlines = {}  # the task of each call in flight -> when its limit runs out (loop time)
@@ -213,7 +230,7 @@ class ModelCaller:
             upstream.close()
 
     async def _watch(self):
-        """Cut calls that pass the time limit: one timer for every call in flight.
+        """Cut calls that pass the time limit, and answers that went silent: one timer for every call in flight.
 
         An asyncio.timeout per call schedules and cancels a timer handle for
         each call; that cost ~9% of a call's CPU on the hot path (callgrind
@@ -221,7 +238,8 @@ class ModelCaller:
         fraction of a second late changes nothing.
         """
         loop = asyncio.get_running_loop()
-        every = min(MAX_WATCH_EVERY_S, max(MIN_WATCH_EVERY_S, self.time_limit_s / 20))
+        shortest = min(self.time_limit_s, self.idle_timeout_s)
+        every = min(MAX_WATCH_EVERY_S, max(MIN_WATCH_EVERY_S, shortest / 20))
         while True:
             await asyncio.sleep(every)
             now = loop.time()
@@ -229,6 +247,9 @@ class ModelCaller:
                 if deadline <= now and task not in self._cut:
                     self._cut.add(task)
                     task.cancel()
+            for upstream in self.upstreams:
+                if upstream.origin is not None:
+                    upstream.origin.cut_idle(now, self.idle_timeout_s)
 
     async def call(self, endpoint, body, ticket=None):
         """Send `body` to `endpoint` (e.g. "/v1/chat/completions") and return a CallResult."""
@@ -298,8 +319,11 @@ class ModelCaller:
 
     @staticmethod
     def _failed(upstream, exc):
-        logger.info("model server at %s failed under a call: %s", upstream.base_url, type(exc).__name__)
-        return CallResult(kind="unavailable", message=f"The model server failed: {type(exc).__name__}.")
+        # A TransportError's text is the transport's own; an OSError's may quote the peer: its name is enough.
+        reason = str(exc) if isinstance(exc, TransportError) and str(exc) else type(exc).__name__
+        reason = redact(reason, upstream.secrets)
+        logger.info("model server at %s failed under a call: %s", upstream.base_url, reason)
+        return CallResult(kind="unavailable", message=f"The model server failed: {reason}.")
 
     async def _send(self, upstream, head, payload):
         response = await upstream.origin.post(head, orjson.dumps(payload))
@@ -312,7 +336,11 @@ class ModelCaller:
         if parsed is None and 200 <= status < 300:
             return CallResult(kind="unavailable", message="The model server answered with a body that is not JSON.")
         if parsed is None:
-            parsed = {"error": {"message": raw[:500].decode("utf-8", "replace"), "type": "upstream_error", "param": None, "code": None}}
+            message = redact(raw.decode("utf-8", "replace"), upstream.secrets, MAX_RAW_ERROR_CHARS)
+            parsed = {"error": {"message": message, "type": "upstream_error", "param": None, "code": None}}
+        elif not 200 <= status < 300:
+            # An error answer is stored as the record's result: a server that quotes the key must not hand it on.
+            parsed = redact_json(parsed, upstream.secrets)
         retry_after = response.headers.get("retry-after", "") if status == 429 else ""
         return CallResult(
             kind="response",

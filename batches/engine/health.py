@@ -22,6 +22,7 @@ import logging
 from django.conf import settings
 
 from batches.engine.transport import TransportError
+from openrelay.redaction import redact
 
 logger = logging.getLogger("openrelay.engine")
 
@@ -43,12 +44,9 @@ def server_failed(result):
     return ""
 
 
-def redact(text, secret):
+def _error_text(text, upstream):
     """`text` without the deployment's key (upstream errors may quote it), cut to MAX_ERROR_CHARS."""
-    if secret:
-        for form in {secret, secret.lower(), secret.upper()}:
-            text = text.replace(form, "[redacted]")
-    return text[:MAX_ERROR_CHARS]
+    return redact(text, upstream.secrets, MAX_ERROR_CHARS)
 
 
 async def probe(upstream):
@@ -61,7 +59,8 @@ async def probe(upstream):
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             response = await upstream.origin.post(head, b"")
     except (TransportError, OSError) as exc:  # OSError covers TimeoutError
-        return f"The model server did not answer a probe: {type(exc).__name__}."
+        reason = str(exc) if isinstance(exc, TransportError) and str(exc) else type(exc).__name__
+        return f"The model server did not answer a probe: {reason}."
     if response.status >= 500 or response.status in (401, 403):
         return f"The model server answered a probe with HTTP {response.status}."
     return ""
@@ -80,7 +79,7 @@ class Health:
         self._probes = {}
 
     def failed(self, gate, upstream, reason):
-        upstream.last_error = redact(reason, upstream.api_key)
+        upstream.last_error = _error_text(reason, upstream)
         if not upstream.healthy:
             return
         logger.warning("deployment %s leaves the rotation: %s", upstream.base_url, upstream.last_error)
@@ -103,7 +102,7 @@ class Health:
             problem = await probe(upstream)
             if not problem:
                 break
-            upstream.last_error = redact(problem, upstream.api_key)
+            upstream.last_error = _error_text(problem, upstream)
             delay = min(delay * 2, limit)
         del self._probes[upstream]
         logger.warning("deployment %s is back in the rotation", upstream.base_url)

@@ -13,13 +13,30 @@ deflate bodies, TLS.
 Model servers are the operator's deployments. User-supplied URLs (tool
 executors, MCP servers, workflow callbacks) go through openrelay.outbound,
 which guards their addresses.
+
+A broken or hostile server (or a proxy in front of it) must not exhaust a
+worker: an answer is capped at `max_answer_bytes` on the wire and again as
+it is inflated (gzip/deflate are inflated chunk by chunk as they arrive, so
+a bomb never grows past the cap), and a server that goes silent once its
+answer has begun is cut by `Origin.cut_idle` (the caller's watchdog calls
+it; a timer per call would cost more than the rest of the checks). Both
+fail the exchange with a TransportError, which the caller counts as a
+failed server. The caps cost two additions and a comparison per chunk.
+
+The standard proxy variables are honoured, as Python's urllib reads them:
+HTTP_PROXY for http:// servers (requests in absolute form), HTTPS_PROXY for
+https:// ones (a CONNECT tunnel, then TLS to the server through it), both
+skipped for hosts NO_PROXY names. Proxies are http:// URLs, optionally with
+user:password (sent as Basic Proxy-Authorization).
 """
 
 import asyncio
+import base64
 import ssl
+import urllib.request
 import zlib
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httptools
 
@@ -30,6 +47,12 @@ from openrelay.outbound import valid_header
 # written into a connection the server is closing fails for nothing.
 KEEPALIVE_S = 4.0
 DEFAULT_PORTS = {"http": 80, "https": 443}
+# 2,048 embeddings of 3,072 dimensions (an embeddings request as large as
+# OpenAI's API takes, of its largest model) written as JSON floats the way
+# vLLM or OpenAI write them: ~137 MB. The default fits that and little more.
+DEFAULT_MAX_ANSWER_BYTES = 144 * 1024 * 1024
+# The most a proxy's answer to CONNECT may take before its blank line.
+MAX_TUNNEL_HEAD_BYTES = 64 * 1024
 
 
 class TransportError(Exception):
@@ -44,11 +67,50 @@ class BadResponse(TransportError):
     """What arrived is not an HTTP/1.1 answer this transport can read."""
 
 
+class AnswerTooLarge(TransportError):
+    """The answer passed the cap, on the wire or inflated."""
+
+
+class IdleTimeout(TransportError):
+    """The server went silent in the middle of its answer."""
+
+
+class ProxyRefused(TransportError):
+    """The proxy would not open a tunnel to the model server."""
+
+
 @dataclass
 class Response:
     status: int
     headers: dict  # lower-cased name -> value; a repeated header keeps its last value
-    body: bytes
+    body: bytes | bytearray  # a bytearray when read in pieces: joined as it came, never copied whole
+
+
+@dataclass(frozen=True)
+class Proxy:
+    host: str
+    port: int
+    authorization: str | None  # the Proxy-Authorization value, from user:password in the proxy URL
+
+    @classmethod
+    def parse(cls, url):
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"a proxy URL must be http://[user:password@]host[:port], not {parts.scheme}://...")
+        authorization = None
+        if parts.username is not None:
+            pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+            authorization = "Basic " + base64.b64encode(pair).decode()
+        return cls(parts.hostname, parts.port or 80, authorization)
+
+
+def proxy_for(scheme, host):
+    """The Proxy the environment names for `scheme` (http/https) and `host`, or None: direct."""
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get(scheme)
+    if not url or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    return Proxy.parse(url)
 
 
 class Origin:
@@ -58,7 +120,8 @@ class Origin:
     keeps every idle connection and opens one whenever none is idle.
     """
 
-    def __init__(self, base_url, *, connect_timeout_s, ssl_context=None):
+    def __init__(self, base_url, *, connect_timeout_s, ssl_context=None, max_answer_bytes=DEFAULT_MAX_ANSWER_BYTES):
+        """Raises ValueError for a URL (or a proxy in the environment) this transport can't use."""
         parts = urlsplit(base_url)
         if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
             raise ValueError(f"a model server URL must be http(s)://host[:port][/path], not {base_url!r}")
@@ -69,12 +132,19 @@ class Origin:
         self.authority = host if self.port == DEFAULT_PORTS[parts.scheme] else f"{host}:{self.port}"
         self.prefix = parts.path.rstrip("/")
         self.connect_timeout_s = connect_timeout_s
+        self.max_answer_bytes = max_answer_bytes
+        self.proxy = proxy_for(parts.scheme, self.host)
+        # Through a proxy, an http:// request names the whole URL; an https:// one goes in a tunnel as it is.
+        self._target = f"http://{self.authority}{self.prefix}" if self.proxy and not self.ssl else self.prefix
         self._idle = []  # _Connection, most recently used last
+        self._busy = set()  # _Connection in an exchange
 
     def prepare(self, path, headers, method="POST"):
         """The request head up to the body's length, for `method` (POST; GET for health probes)
         to `path` (below the base URL's path)."""
-        lines = [f"{method} {self.prefix}{path} HTTP/1.1", f"Host: {self.authority}"]
+        lines = [f"{method} {self._target}{path} HTTP/1.1", f"Host: {self.authority}"]
+        if self.proxy and not self.ssl and self.proxy.authorization:
+            lines.append(f"Proxy-Authorization: {self.proxy.authorization}")
         for name, value in headers.items():
             if not valid_header(name, value):
                 raise ValueError(f"header {name!r} has a character HTTP forbids")
@@ -85,12 +155,15 @@ class Origin:
     async def post(self, head, body):
         """Send a prepared head and `body` (b"" for a GET); return the Response. Raises TransportError or OSError."""
         connection = self._take_idle() or await self._connect()
+        self._busy.add(connection)
         try:
             response = await connection.exchange(b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body)))
         except BaseException:
             # Failed, or cancelled mid-answer (the call limit): the connection's state is unknown.
             connection.abort()
             raise
+        finally:
+            self._busy.discard(connection)
         if connection.reusable:
             connection.idle_since = asyncio.get_running_loop().time()
             self._idle.append(connection)
@@ -107,12 +180,39 @@ class Origin:
             connection.abort()
         return None
 
+    def cut_idle(self, now, idle_s):
+        """Fail every exchange whose answer began but sent nothing for more than `idle_s` (loop time `now`).
+
+        Before the first byte the server may be working (a non-streamed answer starts when the
+        model is done): the call's time limit covers that.
+        """
+        for connection in list(self._busy):
+            if connection.read_at and now - connection.read_at > idle_s:
+                connection.cut(IdleTimeout(f"the model server sent nothing for {idle_s:g} s in the middle of its answer"))
+
     async def _connect(self):
         loop = asyncio.get_running_loop()
+        make = lambda: _Connection(self.max_answer_bytes)  # noqa: E731
         async with asyncio.timeout(self.connect_timeout_s):
-            _, connection = await loop.create_connection(
-                _Connection, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None
-            )
+            if self.proxy is None:
+                _, connection = await loop.create_connection(
+                    make, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
+            elif self.ssl is None:
+                _, connection = await loop.create_connection(make, self.proxy.host, self.proxy.port)
+            else:
+                connection = await self._tunnel(loop, make())
+        return connection
+
+    async def _tunnel(self, loop, connection):
+        """CONNECT through the proxy, then TLS to the model server inside the tunnel."""
+        transport, tunnel = await loop.create_connection(_Tunnel, self.proxy.host, self.proxy.port)
+        try:
+            await tunnel.open(self.authority, self.proxy.authorization)
+            tls = await loop.start_tls(transport, connection, self.ssl, server_hostname=self.host)
+        except BaseException:
+            transport.abort()
+            raise
+        connection.connection_made(tls)
         return connection
 
     def close(self):
@@ -120,12 +220,50 @@ class Origin:
             self._idle.pop().abort()
 
 
-class _Connection(asyncio.Protocol):
-    """One connection; one exchange at a time. httptools calls the on_* methods while parsing."""
+class _Tunnel(asyncio.Protocol):
+    """A connection to a proxy until it answers CONNECT; then TLS takes the transport over."""
 
     def __init__(self):
         self.transport = None
+        self.head = bytearray()
+        self.answered = asyncio.get_running_loop().create_future()
+
+    def connection_made(self, transport):
+        self.transport = transport
+
+    async def open(self, authority, authorization):
+        request = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
+        if authorization:
+            request += f"Proxy-Authorization: {authorization}\r\n"
+        self.transport.write((request + "\r\n").encode("latin-1"))
+        head = await self.answered
+        status_line = head.split(b"\r\n", 1)[0].split(b" ", 2)
+        if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/1.") or not status_line[1].startswith(b"2"):
+            raise ProxyRefused(f"the proxy refused a tunnel to the model server ({bytes(head[:40])!r})")
+
+    def data_received(self, data):
+        if self.answered.done():
+            return
+        self.head += data
+        end = self.head.find(b"\r\n\r\n")
+        if end != -1:
+            # A proxy says nothing more until the client speaks TLS.
+            self.answered.set_result(bytes(self.head[:end]))
+        elif len(self.head) > MAX_TUNNEL_HEAD_BYTES:
+            self.answered.set_exception(BadResponse("the proxy's answer to CONNECT is too long"))
+
+    def connection_lost(self, exc):
+        if not self.answered.done():
+            self.answered.set_exception(ServerDisconnected("the proxy closed the connection before it answered"))
+
+
+class _Connection(asyncio.Protocol):
+    """One connection; one exchange at a time. httptools calls the on_* methods while parsing."""
+
+    def __init__(self, max_answer_bytes=DEFAULT_MAX_ANSWER_BYTES):
+        self.transport = None
         self.parser = httptools.HttpResponseParser(self)
+        self.max_bytes = max_answer_bytes
         self.waiter = None
         self.closed = False
         self.reusable = False
@@ -134,8 +272,11 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self):
         self.headers = {}
-        self.body = []
+        self.body = bytearray()
+        self.wire_bytes = 0
+        self.inflater = None
         self.headers_done = False
+        self.read_at = 0.0  # loop time of the last bytes of the answer in flight; 0: none yet
 
     @property
     def open(self):
@@ -146,15 +287,18 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport):
         self.transport = transport
+        self.clock = asyncio.get_running_loop().time
 
     def data_received(self, data):
         if self.waiter is None or self.waiter.done():
             # Nothing asked: a server that talks out of turn can't be trusted with the next request.
             self.abort()
             return
+        self.read_at = self.clock()
         try:
             self.parser.feed_data(data)
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
+            # A callback that failed the exchange (a cap) stops the parser this way too; _fail keeps that reason.
             self._fail(BadResponse(f"the model server's answer is not valid HTTP/1.1 ({exc})"))
             self.abort()
 
@@ -175,9 +319,37 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self):
         self.headers_done = True
+        length = self.headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.max_bytes:
+            self._too_large(f"the model server's answer announces {length} bytes, over the {self.max_bytes}-byte cap")
+        encoding = self.headers.get("content-encoding", "identity").strip().lower()
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            self.inflater = _Inflater(encoding)
+        elif encoding != "identity":
+            self._fail(BadResponse(f"the model server answered in an encoding this worker can't read ({encoding})"))
+            raise _Stop
 
     def on_body(self, body):
-        self.body.append(body)
+        self.wire_bytes += len(body)
+        if self.wire_bytes > self.max_bytes:
+            self._too_large(f"the model server's answer is longer than the {self.max_bytes}-byte cap")
+        if self.inflater is None:
+            self.body += body
+            return
+        room = self.max_bytes - len(self.body)
+        try:
+            # At most room + 1 bytes come out, so a bomb stops growing one byte past the cap.
+            self.body += self.inflater.inflate(body, room + 1)
+        except zlib.error as exc:
+            self._fail(BadResponse(f"the model server's {self.inflater.encoding} body does not decompress ({exc})"))
+            raise _Stop from None
+        if len(self.body) > self.max_bytes:
+            self._too_large(f"the model server's {self.inflater.encoding} answer inflates to more than the "
+                            f"{self.max_bytes}-byte cap")
+
+    def _too_large(self, message):
+        self._fail(AnswerTooLarge(message))
+        raise _Stop
 
     def on_message_complete(self):
         if self.parser.get_status_code() < 200:
@@ -197,35 +369,61 @@ class _Connection(asyncio.Protocol):
         return await self.waiter
 
     def _finish(self, keep_alive):
-        body = b"".join(self.body)
-        encoding = self.headers.get("content-encoding", "identity").strip().lower()
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            try:
-                # wbits 47: gzip or zlib by the header; a raw deflate stream needs -15.
-                body = zlib.decompress(body, 47) if encoding != "deflate" else _inflate(body)
-            except zlib.error as exc:
-                self._fail(BadResponse(f"the model server's {encoding} body does not decompress ({exc})"))
-                return
-        elif encoding != "identity":
-            self._fail(BadResponse(f"the model server answered in an encoding this worker can't read ({encoding})"))
+        if self.waiter.done():
+            return  # failed by a cap while the parser still held the message's last bytes
+        if self.inflater is not None and not self.inflater.ended:
+            self._fail(BadResponse(f"the model server's {self.inflater.encoding} body does not decompress "
+                                   "(the stream is cut short)"))
             return
         self.reusable = keep_alive and not self.closed
-        self.waiter.set_result(Response(self.parser.get_status_code(), self.headers, body))
+        self.read_at = 0.0
+        self.waiter.set_result(Response(self.parser.get_status_code(), self.headers, self.body))
 
     def _fail(self, exc):
         self.reusable = False
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc)
 
+    def cut(self, exc):
+        self._fail(exc)
+        self.abort()
+
     def abort(self):
         self.closed = True
         self.reusable = False
+        self.read_at = 0.0
         if self.transport is not None:
             self.transport.abort()
 
 
-def _inflate(body):
-    try:
-        return zlib.decompress(body)  # "deflate" as the RFC means it: a zlib stream
-    except zlib.error:
-        return zlib.decompress(body, -15)  # as many servers send it: raw deflate
+class _Stop(Exception):
+    """Raised in a parser callback to stop parsing an answer that already failed."""
+
+
+class _Inflater:
+    """gzip or deflate, inflated as the pieces arrive, each piece's output bounded."""
+
+    def __init__(self, encoding):
+        self.encoding = encoding
+        # wbits 47: gzip or zlib by the header. "deflate" is decided on its first two bytes.
+        self.stream = zlib.decompressobj(47) if encoding != "deflate" else None
+        self.start = b""
+
+    @property
+    def ended(self):
+        return self.stream is not None and self.stream.eof
+
+    def inflate(self, data, most):
+        if self.stream is None:
+            self.start += data
+            if len(self.start) < 2:
+                return b""
+            data, self.start = self.start, b""
+            self.stream = zlib.decompressobj(15 if _zlib_header(data) else -15)
+        # Past `most`, the rest stays in unconsumed_tail, never inflated: `most` is room + 1, so the caller sees the cap passed.
+        return self.stream.decompress(data, most)
+
+
+def _zlib_header(data):
+    """"deflate" as the RFC means it (a zlib stream), or, as many servers send it, raw deflate."""
+    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
