@@ -47,6 +47,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # /healthz and /readyz, before anything that checks the Host or opens a session.
+    "openrelay.probes.ProbeMiddleware",
     "openrelay.middleware.RequestIdMiddleware",
     "openrelay.middleware.HostRoutingMiddleware",
     "django.middleware.security.SecurityMiddleware",
