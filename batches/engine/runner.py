@@ -34,8 +34,8 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from batches import events, lifecycle
-from batches.engine import checkpoints, dbretry, dispatch, finish, store
+from batches import events, lifecycle, progress
+from batches.engine import checkpoints, dbretry, dispatch, finish, samples, store
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.health import Health
 from batches.engine.outcomes import RecordOutcome
@@ -133,6 +133,7 @@ class BatchRun:
         self.target = min(MIN_PREFETCH, max(1, lane.gate.capacity))
         self.closing = False
         self.last_event = 0.0
+        self.sampled_at = -math.inf  # when this engine last took a progress sample of the batch
 
     @property
     def workable(self):
@@ -733,23 +734,36 @@ class Engine:
         Sent beside the loop, not in it: a group send to channels-redis costs
         1.5-3 ms, and 100 running batches' events sent one after another held
         every claim and flush back by ~0.4 s. One sending at a time; a batch
-        whose turn is skipped is due again after the next trip.
+        whose turn is skipped is due again after the next trip. The batches'
+        progress samples (batches.engine.samples) are taken on the same turn,
+        at most every SAMPLE_EVERY_S a batch, before the snapshots are read.
         """
         if self.announcing is not None and not self.announcing.done():
             return
         now = time.monotonic()
-        due = []
-        for pk in written:
+        due, sample = [], []
+        for pk, count in written.items():
             run = self.batches.get(pk)
-            if run is not None and now - run.last_event >= events.MIN_INTERVAL_S:
+            if run is None or not count:
+                continue
+            if now - run.last_event >= events.MIN_INTERVAL_S:
                 run.last_event = now
                 due.append(pk)
-        if due:
-            self.announcing = self.loop.create_task(self._send_events(due))
+            if now - run.sampled_at >= progress.SAMPLE_EVERY_S:
+                run.sampled_at = now
+                sample.append(pk)
+        if due or sample:
+            self.announcing = self.loop.create_task(self._send_events(due, sample))
 
-    async def _send_events(self, batch_pks):
-        snapshots = await self.db(events.snapshots, batch_pks)
-        await asyncio.gather(*(events.send(event) for event in snapshots))
+    async def _send_events(self, batch_pks, sample=()):
+        if sample:
+            try:
+                await self.db(samples.take, sample)
+            except Exception:  # samples draw a chart; the batch's counts are the truth
+                logger.warning("could not store progress samples", exc_info=True)
+        if batch_pks:
+            snapshots = await self.db(events.snapshots, batch_pks)
+            await asyncio.gather(*(events.send(event) for event in snapshots))
 
 
 class _Trip:

@@ -150,10 +150,15 @@ def test_the_batch_page_shows_metadata_rate_and_time_left(alice_client, alice):
     assert samples[0] == [int(start.timestamp()), 0, 0] and samples[-1][1] == 400
 
 
-def test_a_finished_batchs_samples_end_at_its_finish(alice, model):  # noqa: F811
-    batch = make_engine_batch(alice.org, [chat(f"q{i} [[latency:50]]") for i in range(40)])
+def test_the_engine_samples_progress_as_it_runs_and_the_close_ends_it_at_the_finish(alice, model):  # noqa: F811
+    # 16 calls at a time, 0.8 s each: five waves, ~4 s.
+    batch = make_engine_batch(alice.org, [chat(f"q{i} [[latency:800]]") for i in range(80)])
     run_batch(batch.pk)
     batch.refresh_from_db()
     assert batch.status == "completed"
-    assert batch.progress[-1] == [int(batch.completed_at.timestamp()), 40, 0]
-    assert all(a[0] < b[0] for a, b in zip(batch.progress, batch.progress[1:]))
+    samples = batch.progress
+    assert samples[-1] == [int(batch.completed_at.timestamp()), 80, 0]
+    assert len(samples) >= 3, samples  # taken while it ran, at most every 2 s
+    assert all(b[0] - a[0] >= 1.0 for a, b in zip(samples[:-1], samples[1:-1]))
+    assert all(a[1] <= b[1] for a, b in zip(samples, samples[1:]))
+    assert 0 < samples[-2][1] < 80
