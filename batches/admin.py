@@ -10,7 +10,7 @@ class BatchAdmin(admin.ModelAdmin):
     """Read-only: rejected records and bodies stay out (input lines may carry authorization values)."""
 
     list_display = ("public_id", "organization", "model_name", "status", "priority", "total_count",
-                    "completed_count", "failed_count", "created_at")
+                    "completed_count", "failed_count", "implausible_usage", "created_at")
     list_filter = ("status", "priority", "organization", "model_name")
     search_fields = ("public_id", "organization__name", "input_file_public_id")
     date_hierarchy = "created_at"
@@ -19,6 +19,11 @@ class BatchAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields if f.name != "errors"]
+
+    @admin.display(description="implausible usage", ordering="implausible_usage_count")
+    def implausible_usage(self, batch):
+        """Records whose server-reported usage cannot be right (billed as reported)."""
+        return batch.implausible_usage_count
 
     def has_add_permission(self, request):
         return False  # batches are created through the API or the dashboard

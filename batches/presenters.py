@@ -51,6 +51,10 @@ def _batch_object(batch, errors):
         "metadata": batch.metadata,
         "usage": usage_object(batch),
         "priority": batch.priority,
+        "openrelay": {
+            # Records whose server-reported usage cannot be right: billed as reported, counted here.
+            "implausible_usage": batch.implausible_usage_count,
+        },
     }
 
 

@@ -143,6 +143,10 @@ COMPONENTS = {
             "metadata": {"type": "object", "nullable": True, "additionalProperties": {"type": "string"}},
             "usage": ref("BatchUsage"),
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
+            "openrelay": {"type": "object", "required": ["implausible_usage"], "properties": {
+                "implausible_usage": {"type": "integer", "minimum": 0, "description": (
+                    "Records whose server-reported usage cannot be right (no usage on a 200, fewer output "
+                    "tokens than answers, more cached than input tokens): kept and billed as reported.")}}},
         },
     },
     "BatchList": _list_of("Batch"),

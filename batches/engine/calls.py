@@ -19,7 +19,9 @@ deployment's key before it becomes a message or an error line.
 import asyncio
 import logging
 import random
+import re
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import orjson
 from django.conf import settings
@@ -27,6 +29,7 @@ from django.conf import settings
 from batches.engine.health import Health, server_failed
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
 from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, Origin, TransportError
+from batches.engine.usage import Usage  # noqa: F401 (the engine's modules import it from here)
 from openrelay.redaction import redact, redact_json, secrets_of
 
 
@@ -45,47 +48,29 @@ DEFAULT_IDLE_TIMEOUT_S = 60.0
 MAX_RAW_ERROR_CHARS = 500
 
 
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    reasoning_tokens: int = 0
+SERVER_WORDS = "the model server"
+# A URL runs on to the next space, quote or bracket: its path says no more than its host.
+_URL_TAIL = r"""[^\s"'<>)\]]*"""
 
-    @classmethod
-    def from_body(cls, body):
-        usage = body.get("usage") if isinstance(body, dict) else None
-        if not isinstance(usage, dict):
-            return cls()
-        prompt_details = usage.get("prompt_tokens_details") or {}
-        completion_details = usage.get("completion_tokens_details") or {}
-        return cls(
-            prompt_tokens=_int(usage.get("prompt_tokens")),
-            cached_tokens=_int(prompt_details.get("cached_tokens") if isinstance(prompt_details, dict) else 0),
-            completion_tokens=_int(usage.get("completion_tokens")),
-            reasoning_tokens=_int(completion_details.get("reasoning_tokens") if isinstance(completion_details, dict) else 0),
-        )
 
-    def __add__(self, other):
-        return Usage(
-            self.prompt_tokens + other.prompt_tokens,
-            self.cached_tokens + other.cached_tokens,
-            self.completion_tokens + other.completion_tokens,
-            self.reasoning_tokens + other.reasoning_tokens,
-        )
-
-    @property
-    def total_tokens(self):
-        return self.prompt_tokens + self.completion_tokens
-
-    def as_openai(self):
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-            "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
-        }
+def _concealer(base_url, upstream_model, asked):
+    """(a pattern matching what must not be shown, {upstream name: asked}) for one deployment."""
+    try:
+        parts = urlsplit(base_url)
+        netloc, host = parts.netloc, parts.hostname or ""
+    except ValueError:
+        parts, netloc, host = None, "", ""
+    alternatives = [re.escape(base_url) + _URL_TAIL]
+    if parts is not None and netloc:
+        alternatives.append(re.escape(f"{parts.scheme}://{netloc}") + _URL_TAIL)
+    # Longest first: at one position the regex takes the first alternative that matches.
+    words = sorted({w for w in (netloc, host) if w}, key=len, reverse=True)
+    names = {}
+    if upstream_model and upstream_model != asked:
+        words = sorted([*words, upstream_model], key=len, reverse=True)
+        names[upstream_model] = asked
+    alternatives += [rf"(?<![\w.-]){re.escape(word)}(?![\w-])" for word in words]
+    return re.compile("|".join(alternatives)), names
 
 
 def _request_id():
@@ -95,10 +80,6 @@ def _request_id():
     os.urandom call behind openrelay.ids.new_request_id, once per record.
     """
     return f"req_{random.getrandbits(128):032x}"
-
-
-def _int(value):
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 @dataclass
@@ -155,6 +136,7 @@ class Upstream:
             # A deployment the admin mistyped fails its calls; it must not crash the engine.
             self.origin, self.problem = None, str(exc)
         self._heads = {}
+        self._concealers = {}  # the catalog name asked for -> its pattern (Upstream.conceal)
 
     @property
     def settings(self):
@@ -174,6 +156,42 @@ class Upstream:
     def close(self):
         if self.origin is not None:
             self.origin.close()
+
+    def conceal_result(self, result, asked):
+        """A call's result with its body concealed (Upstream.conceal); the usage was read before."""
+        if result.kind == "response":
+            result.body = self.conceal(result.body, asked, ok=result.ok)
+        return result
+
+    def conceal(self, body, asked, ok):
+        """An answer's body as a record may show it: naming `asked` (the catalog model the
+        request named), never this deployment.
+
+        A 2xx body's `model` is set to `asked` (servers report the name they were sent, or their
+        own: llama.cpp gives the model file's path). Any other body is an error whose text may
+        quote the upstream name, the deployment's URL or its host (proxies do); those are
+        replaced. Only errors are searched: a success costs one key write.
+        """
+        if not isinstance(body, dict):
+            return body
+        if ok:
+            if "model" in body:
+                body["model"] = asked
+            return body
+        return orjson.loads(self.conceal_text(orjson.dumps(body).decode(), asked, in_json=True))
+
+    def conceal_text(self, text, asked, in_json=False):
+        """`text` with the upstream name replaced by `asked` and the deployment's URL and host
+        by "the model server"."""
+        pattern, names = self._concealer(asked)
+        say = (lambda value: orjson.dumps(value).decode()[1:-1]) if in_json else str
+        return pattern.sub(lambda match: say(names.get(match.group(0), SERVER_WORDS)), text)
+
+    def _concealer(self, asked):
+        found = self._concealers.get(asked)
+        if found is None:
+            found = self._concealers[asked] = _concealer(self.base_url, self.upstream_model, asked)
+        return found
 
 
 class ModelCaller:
@@ -289,18 +307,20 @@ class ModelCaller:
         return backoff * (0.5 + random.random() / 2)
 
     async def _attempt(self, upstream, endpoint, body):
+        asked = body.get("model")
         payload = dict(body)
         payload["model"] = upstream.upstream_model
         try:
             head = upstream.head(endpoint)
         except ValueError as exc:
-            return CallResult(kind="unavailable", message=f"The model server's settings are not usable: {exc}.")
+            return CallResult(kind="unavailable", message=upstream.conceal_text(
+                f"The model server's settings are not usable: {exc}.", asked))
         # The limit starts here, when the request is sent: time spent queued
         # inside the model server counts, our own queue does not.
         task = asyncio.current_task()
         self._deadlines[task] = asyncio.get_running_loop().time() + self.time_limit_s
         try:
-            return await self._send(upstream, head, payload)
+            return upstream.conceal_result(await self._send(upstream, head, payload), asked)
         except asyncio.CancelledError:
             # Ours (the watchdog's) unless someone else cancelled the task too.
             if task in self._cut:

@@ -24,7 +24,7 @@ import zlib
 import orjson
 
 from batches.engine import store
-from batches.engine.calls import Usage
+from batches.engine.usage import Usage
 
 COMPRESS_OVER = 2048
 _ZLIB = b"z"  # orjson output of a dict starts with "{": anything else is tagged
@@ -52,7 +52,8 @@ def decode(data):
 
 
 def usage_state(usage):
-    return [usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens]
+    return [usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens,
+            usage.implausible]
 
 
 def usage_from(state):

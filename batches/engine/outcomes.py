@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from batches.engine.calls import Usage
+from batches.engine.usage import Usage
 
 
 @dataclass

@@ -33,9 +33,10 @@ class ClaimedRecord:
 # The outcome columns, in the order _result_row fills them (pk first).
 _RESULT_COLUMNS = (
     "id", "status", "status_code", "request_id", "response_body", "error_code", "error_message",
-    "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens",
+    "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens", "usage_implausible",
 )
-_PG_TYPES = ("bigint", "text", "integer", "text", "text", "text", "text", "bigint", "bigint", "bigint", "bigint")
+_PG_TYPES = ("bigint", "text", "integer", "text", "text", "text", "text", "bigint", "bigint", "bigint", "bigint",
+             "smallint")
 _SUCCEEDED = RecordStatus.SUCCEEDED.value
 _FAILED = RecordStatus.FAILED.value
 _RUNNING = RecordStatus.RUNNING.value
@@ -44,6 +45,7 @@ _PENDING = RecordStatus.PENDING.value
 _ROLL_UP = (
     ("input_tokens", "prompt_tokens"), ("cached_tokens", "cached_tokens"),
     ("output_tokens", "completion_tokens"), ("reasoning_tokens", "reasoning_tokens"),
+    ("implausible_usage_count", "usage_implausible"),
 )
 
 
@@ -302,6 +304,7 @@ def _result_row(pk, outcome):
         usage.cached_tokens,
         usage.completion_tokens,
         usage.reasoning_tokens,
+        1 if usage.implausible else 0,
     )
 
 
@@ -326,7 +329,8 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
         f"checkpoint = NULL "
         f"FROM v WHERE r.id = v.id AND r.id = ANY(%b::bigint[]) AND r.batch_id = ANY(%b::bigint[]) "
         f"AND r.lease_owner = %s AND r.status = %s "
-        f"RETURNING r.batch_id, r.status, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens), "
+        f"RETURNING r.batch_id, r.status, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens, "
+        f"r.usage_implausible), "
         f"t AS (SELECT batch_id, COUNT(*) AS n, COUNT(*) FILTER (WHERE status = %s) AS succeeded, {totals} "
         f"FROM written GROUP BY batch_id) "
         f"UPDATE {batch} AS b SET completed_count = b.completed_count + t.succeeded, "
@@ -394,7 +398,7 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
                 return 0, False
             cursor.executemany(update, params(rows))
         succeeded = sum(1 for row in rows if row[1] == _SUCCEEDED)
-        sums = [sum(row[i] for row in rows) for i in (7, 8, 9, 10)]
+        sums = [sum(row[i] for row in rows) for i in (7, 8, 9, 10, 11)]
         totals = ", ".join(f"{_q(total)} = {_q(total)} + %s" for total, _ in _ROLL_UP)
         cursor.execute(
             f"UPDATE {_q(Batch._meta.db_table)} SET completed_count = completed_count + %s, "

@@ -15,7 +15,7 @@ BATCH_KEYS = {
     "id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status",
     "output_file_id", "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at",
     "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata",
-    "usage", "priority",
+    "usage", "priority", "openrelay",
 }
 
 
