@@ -204,3 +204,19 @@ class Engine(models.Model):
 
     def __str__(self):
         return self.owner
+
+
+class Tally(models.Model):
+    """A running total the engines add to: what leaves no row of its own (model calls by
+    deployment and answer, their durations, lease losses, resumes); GET /metrics reads them.
+
+    One row per series (`key` names it and its labels, batches.engine.tallies), added to
+    with an atomic upsert, so the totals are every engine's on every machine and outlive
+    the engines that made them.
+    """
+
+    key = models.CharField(max_length=200, unique=True)
+    value = models.BigIntegerField(default=0)
+
+    def __str__(self):
+        return f"{self.key} = {self.value}"
