@@ -90,3 +90,22 @@ def test_deployment_urls_and_upstream_names_never_reach_the_result_files_or_the_
     assert errors["req-2"]["message"] == f"Upstream {MODEL} at the model server (the model server) refused the request."
     assert errors["req-2"]["detail"] == ["the model server", MODEL]
     assert MODEL in errors["req-3"]["message"]
+
+
+def test_a_members_dashboard_never_shows_the_upstream_name_or_the_deployment(alice, model, sim, client,
+                                                                            django_user_model):
+    from openrelay.models import Membership
+
+    user = django_user_model.objects.create_user("alice", password="pw-for-tests")
+    Membership.objects.create(user=user, organization=alice.org)
+    client.force_login(user)
+    batch = make_batch(alice.org, [chat("fine"), chat("gone [[status:404]]")])
+    run_batch(batch.pk)
+
+    pages = [client.get(f"/batches/{batch.public_id}"), client.get("/"),
+             client.get(f"/batches/{batch.public_id}/so_far.jsonl"),
+             client.get(f"/batches/{batch.public_id}/so_far.jsonl?kind=error")]
+    text = "".join(b"".join(page.streaming_content).decode() if page.streaming else page.content.decode()
+                   for page in pages)
+    assert all(page.status_code == 200 for page in pages)
+    assert MODEL in text and "sim-upstream" not in text and sim.base_url.removeprefix("http://") not in text
