@@ -42,8 +42,9 @@ Answers
   `instructions` count as input; `max_output_tokens` caps the answer
   (`status: "incomplete"`, `incomplete_details.reason: "max_output_tokens"`);
   `reasoning.effort` adds a `reasoning` output item and `reasoning_tokens`
-  (low 16, medium 64, high 256), counted in `output_tokens`.
-- moderations: one result a input, never flagged, every category score
+  (low 16, medium 64, high 256; a `reasoning` object without an effort is
+  medium, `minimal` is 0), counted in `output_tokens`.
+- moderations: one result an input, never flagged, every category score
   below 0.01 (derived from a hash of the input); no `usage`, as OpenAI's.
 - embeddings: unit-length float vectors derived from a hash of each input
   (string or list of strings, or token arrays), 16 dimensions unless
