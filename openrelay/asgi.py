@@ -17,10 +17,13 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
 from batches.routing import websocket_urlpatterns  # noqa: E402
+from openrelay.webserver import HeaderCap  # noqa: E402
 
-application = ProtocolTypeRouter(
+# HeaderCap: the 431 for oversized heads under any server (uvicorn with openrelay.webserver's
+# protocols already refuses them while reading).
+application = HeaderCap(ProtocolTypeRouter(
     {
         "http": django_asgi_app,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
-)
+))

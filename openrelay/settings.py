@@ -173,6 +173,8 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "tmp")
 (DATA_DIR / "tmp").mkdir(exist_ok=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("OPENRELAY_MAX_JSON_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+# A request's head (request line and headers) in all; past it 431 (openrelay.webserver).
+OPENRELAY_MAX_HEADER_BYTES = envint("OPENRELAY_MAX_HEADER_BYTES", 64 * 1024, minimum=1024)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["openrelay.auth.ApiKeyAuthentication"],
@@ -212,6 +214,9 @@ OPENRELAY_CONTROL_HOSTS = envlist("OPENRELAY_CONTROL_HOSTS")
 OPENRELAY_ALLOW_PRIVATE_URLS = envbool("OPENRELAY_ALLOW_PRIVATE_URLS", False)
 # One webhook delivery attempt: connect, send, read the answer.
 OPENRELAY_WEBHOOK_TIMEOUT_S = envfloat("OPENRELAY_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
+
+# GET /metrics is off until this is set; scrapers send it as "Authorization: Bearer <token>".
+OPENRELAY_METRICS_TOKEN = envstr("OPENRELAY_METRICS_TOKEN", "")
 
 # Engine knobs.
 OPENRELAY_CALL_TIME_LIMIT_S = envfloat("OPENRELAY_CALL_TIME_LIMIT_S", 1800.0, minimum=0.01)
