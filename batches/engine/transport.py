@@ -51,6 +51,8 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 # OpenAI's API takes, of its largest model) written as JSON floats the way
 # vLLM or OpenAI write them: ~137 MB. The default fits that and little more.
 DEFAULT_MAX_ANSWER_BYTES = 144 * 1024 * 1024
+# Inflated a step at a time, so no piece of output larger than this is ever made whole.
+INFLATE_STEP = 1024 * 1024
 # The most a proxy's answer to CONNECT may take before its blank line.
 MAX_TUNNEL_HEAD_BYTES = 64 * 1024
 
@@ -336,10 +338,9 @@ class _Connection(asyncio.Protocol):
         if self.inflater is None:
             self.body += body
             return
-        room = self.max_bytes - len(self.body)
         try:
-            # At most room + 1 bytes come out, so a bomb stops growing one byte past the cap.
-            self.body += self.inflater.inflate(body, room + 1)
+            # Stops one byte past the cap: a bomb never grows further.
+            self.inflater.inflate_into(body, self.body, self.max_bytes + 1)
         except zlib.error as exc:
             self._fail(BadResponse(f"the model server's {self.inflater.encoding} body does not decompress ({exc})"))
             raise _Stop from None
@@ -381,6 +382,9 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, exc):
         self.reusable = False
+        # The failure (in the waiter) and this connection keep each other until a GC pass: let the
+        # body go now, or every failed attempt would hold up to a cap's worth of memory.
+        self.body = bytearray()
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc)
 
@@ -392,6 +396,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self.reusable = False
         self.read_at = 0.0
+        self.body = bytearray()
         if self.transport is not None:
             self.transport.abort()
 
@@ -413,15 +418,18 @@ class _Inflater:
     def ended(self):
         return self.stream is not None and self.stream.eof
 
-    def inflate(self, data, most):
+    def inflate_into(self, data, body, most):
+        """Inflate `data` onto `body` (a bytearray), INFLATE_STEP at a time, until `body` holds `most`
+        bytes; what would come out past that is never inflated."""
         if self.stream is None:
             self.start += data
             if len(self.start) < 2:
-                return b""
+                return
             data, self.start = self.start, b""
             self.stream = zlib.decompressobj(15 if _zlib_header(data) else -15)
-        # Past `most`, the rest stays in unconsumed_tail, never inflated: `most` is room + 1, so the caller sees the cap passed.
-        return self.stream.decompress(data, most)
+        while data and len(body) < most:
+            body += self.stream.decompress(data, min(INFLATE_STEP, most - len(body)))
+            data = self.stream.unconsumed_tail
 
 
 def _zlib_header(data):
