@@ -523,7 +523,7 @@ def _model_row(model):
     } for deployment, calls in model.deployments]
     return {"model": model, "deployments": deployments, "error_rate": _percent_text(model.calls.error_rate),
             "load": share(min(model.calls.in_flight, model.limit), model.limit),
-            "a_minute": f"{model.work.a_minute:,.0f}"}
+            "a_minute": f"{model.work.a_minute:,}"}
 
 
 def _percent_text(value):

@@ -12,7 +12,7 @@ figures whichever engines made them:
   queued (neither finished nor leased) and finished in the last minute, by
   model and organization: the running batches' rows and their running
   records (the batch/status/line index), and their progress samples
-  (batches.progress, the rate the batch page shows).
+  (batches.progress: the last minute's samples are always kept).
 
 Calls and records differ: a tool-calling or workflow record makes several
 calls, and a record waiting for its user's server holds none.
@@ -61,7 +61,7 @@ class Work:
     total: int = 0
     done: int = 0
     in_flight: int = 0
-    a_minute: float = 0.0
+    a_minute: int = 0  # records finished in the last minute
 
     @property
     def queued(self):
@@ -143,12 +143,12 @@ def _running_batches(now_ts):
     for row in rows:
         done = row["completed_count"] + row["failed_count"]
         start = row["in_progress_at"].timestamp() if row["in_progress_at"] else None
-        rate = progress.rate(progress.series(start, row["progress"]), now_ts, done)
+        finished = progress.done_since(progress.series(start, row["progress"]), now_ts - 60, done)
         batches.append({
             "id": row["public_id"], "pk": row["pk"], "organization_id": row["organization_id"],
             "organization": row["organization__name"], "model_id": row["model_id"], "model": row["model_name"],
             "status": row["status"], "priority": row["priority"], "total": row["total_count"], "done": done,
-            "in_flight": leased.get(row["pk"], 0), "a_minute": (rate or 0.0) * 60,
+            "in_flight": leased.get(row["pk"], 0), "a_minute": finished,
         })
     return batches
 

@@ -73,6 +73,19 @@ def rate(samples, now, done):
     return max(0.0, (done - start[1] - start[2]) / elapsed)
 
 
+def done_since(samples, since, done):
+    """Records finished after `since`, `done` being finished now: read from the last sample at or
+    before it (the first one, when the run began later)."""
+    if not samples:
+        return 0
+    start = samples[0]
+    for sample in samples:
+        if sample[0] > since:
+            break
+        start = sample
+    return max(0, done - start[1] - start[2])
+
+
 def eta_s(records_a_second, left):
     """Seconds until the `left` records are done at this rate; None when it can't be told."""
     if left <= 0:

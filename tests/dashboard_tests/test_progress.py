@@ -60,3 +60,10 @@ def test_a_deployments_calls_are_counted_over_the_last_minute():
     assert count.last_minute() == (58, 5)  # seconds 1031-1059
     now[0] = 1200.0
     assert count.last_minute() == (0, 0)
+
+
+def test_records_done_in_the_last_minute_are_read_from_the_samples():
+    samples = [[0.0, 0, 0], [100.0, 100, 0], [160.0, 400, 20]]
+    assert progress.done_since(samples, 100.0, 450) == 350
+    assert progress.done_since(samples, -60.0, 30) == 30  # began within the minute: everything so far
+    assert progress.done_since([], 0.0, 5) == 0
