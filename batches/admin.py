@@ -1,8 +1,10 @@
 from django.contrib import admin, messages
 
-from batches import services
+from batches import operator, services
 from batches.models import Batch
+from openrelay.admin import DeploymentAdmin, ModelAdmin
 from openrelay.errors import ApiError
+from openrelay.models import Deployment, Model
 
 
 @admin.register(Batch)
@@ -45,3 +47,103 @@ class BatchAdmin(admin.ModelAdmin):
                 services.cancel_batch(batch)
             except ApiError as exc:
                 messages.warning(request, f"{batch.public_id}: {exc.message}")
+
+
+# --- the catalog's pages with the engines' figures (registered by openrelay, extended here:
+# the core knows nothing of the engines, batches.operator reads their figures) ---------------
+
+def _figures(request):
+    """The operator page's overview, read once per page (five queries, whatever the rows)."""
+    if not hasattr(request, "_operator_overview"):
+        request._operator_overview = operator.overview()
+    return request._operator_overview
+
+
+def _percent(value):
+    return "-" if value is None else f"{value:.1f}%"
+
+
+class DeploymentWithLoadAdmin(DeploymentAdmin):
+    """Each deployment's health with its calls in flight against its limit, calls a minute and
+    error rate: the live engines' figures (published every 0.5 s); a page load reads them."""
+
+    list_display = ("model", "base_url", "upstream_model", "enabled", "health", "health_changed_at", "last_error",
+                    "calls_in_flight", "calls_a_minute", "error_rate")
+    readonly_fields = (*DeploymentAdmin.readonly_fields, "calls_in_flight", "calls_a_minute", "error_rate")
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        for deployment in changelist.result_list:
+            deployment.load = self._calls(request, deployment)
+        return changelist
+
+    def get_object(self, request, object_id, from_field=None):
+        deployment = super().get_object(request, object_id, from_field)
+        if deployment is not None:
+            deployment.load = self._calls(request, deployment)
+        return deployment
+
+    @staticmethod
+    def _calls(request, deployment):
+        for model in _figures(request).models:
+            for row, calls in model.deployments:
+                if row.pk == deployment.pk:
+                    return calls
+        return operator.Calls()
+
+    @admin.display(description="calls in flight / limit")
+    def calls_in_flight(self, deployment):
+        calls = getattr(deployment, "load", None) or operator.Calls()
+        return f"{calls.in_flight} / {deployment.max_concurrency}"
+
+    @admin.display(description="calls a minute")
+    def calls_a_minute(self, deployment):
+        return (getattr(deployment, "load", None) or operator.Calls()).a_minute
+
+    @admin.display(description="error rate (last minute)")
+    def error_rate(self, deployment):
+        return _percent((getattr(deployment, "load", None) or operator.Calls()).error_rate)
+
+
+class ModelWithQueueAdmin(ModelAdmin):
+    """Each model with its queue depth (records of running batches neither finished nor claimed),
+    its records in flight and its calls in flight against its deployments' limits."""
+
+    list_display = ("name", "enabled", "queue_depth", "records_in_flight", "calls_in_flight", "created_at")
+    readonly_fields = ("queue_depth", "records_in_flight", "calls_in_flight")
+
+    def _view(self, request, model):
+        for view in _figures(request).models:
+            if view.name == model.name:
+                return view
+        return operator.ModelView(model.name, model.enabled)
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        for model in changelist.result_list:
+            model.load = self._view(request, model)
+        return changelist
+
+    def get_object(self, request, object_id, from_field=None):
+        model = super().get_object(request, object_id, from_field)
+        if model is not None:
+            model.load = self._view(request, model)
+        return model
+
+    @admin.display(description="queue depth")
+    def queue_depth(self, model):
+        return model.load.work.queued if hasattr(model, "load") else "-"
+
+    @admin.display(description="records in flight")
+    def records_in_flight(self, model):
+        return model.load.work.in_flight if hasattr(model, "load") else "-"
+
+    @admin.display(description="calls in flight / limit")
+    def calls_in_flight(self, model):
+        return f"{model.load.calls.in_flight} / {model.load.limit}" if hasattr(model, "load") else "-"
+
+
+admin.site.unregister(Deployment)
+admin.site.register(Deployment, DeploymentWithLoadAdmin)
+admin.site.unregister(Model)
+admin.site.register(Model, ModelWithQueueAdmin)

@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView
 
+from batches.metrics import metrics_view
+
 urlpatterns = [
     path("v1/", include("files.urls")),
     path("v1/", include("batches.urls")),
@@ -10,6 +12,8 @@ urlpatterns = [
     # JSON, as the name says (the plain SpectacularAPIView answers YAML by default).
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(authentication_classes=[], permission_classes=[]),
          name="openapi-schema"),
+    # Prometheus' scrape (off until OPENRELAY_METRICS_TOKEN is set; README "Operating it").
+    path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("", include("batches.dashboard_urls")),
 ]

@@ -19,6 +19,7 @@ deployment's key before it becomes a message or an error line.
 import asyncio
 import logging
 import random
+import time
 import re
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -26,6 +27,7 @@ from urllib.parse import urlsplit
 import orjson
 from django.conf import settings
 
+from batches.engine import tallies
 from batches.engine.health import Health, server_failed
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
 from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, Origin, TransportError
@@ -276,10 +278,12 @@ class ModelCaller:
         busy = 0
         while True:
             upstream = await self.gate.acquire(ticket)
+            sent = time.monotonic()
             try:
                 result = await self._attempt(upstream, endpoint, body)
             finally:
                 self.gate.release(ticket, upstream)
+            tallies.call(upstream.deployment_id, result, time.monotonic() - sent)
             failure = server_failed(result)
             if failure:
                 failures += 1

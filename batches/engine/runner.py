@@ -35,7 +35,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from batches import events, lifecycle, progress
-from batches.engine import checkpoints, dbretry, dispatch, finish, samples, store
+from batches.engine import checkpoints, dbretry, dispatch, finish, samples, store, tallies
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.health import Health
 from batches.engine.outcomes import RecordOutcome
@@ -317,6 +317,7 @@ class Engine:
             lane.gate.close()
         await self.health.close()
         await asyncio.gather(*self.closes.values(), *filter(None, [self.announcing]), return_exceptions=True)
+        await self.db(tallies.save, tallies.take()[0])  # the counts since the last heartbeat
         await self.db(self._cleanup)
 
     def _cleanup(self):
@@ -563,6 +564,7 @@ class Engine:
         upstreams = [u for lane in self.lanes.values() for u in lane.gate.upstreams if u.deployment_id is not None]
         holding = {str(u.deployment_id): max(u.part, u.share, u.in_use) for u in upstreams}
         live = await self.db(lambda: store.heartbeat(self.owner, holding, host=socket.gethostname(), pid=os.getpid()))
+        await self.db(tallies.publish, self.owner, tallies.take(upstreams))
         for upstream in upstreams:
             upstream.published = True
         owners = [owner for owner, _ in live]
@@ -679,6 +681,7 @@ class Engine:
         started = time.monotonic()
         trip = _Trip(self, outcomes, claims)
         written, claimed, finished = await self.db(trip)
+        tallies.flushed(outcomes, written, claimed)
         self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
         self.worked += sum(written.values())
         now = time.monotonic()
@@ -712,6 +715,7 @@ class Engine:
         outcomes = self._take_outcomes()
         if outcomes:
             written, _, finished = await self.db(_Trip(self, outcomes, {}))
+            tallies.flushed(outcomes, written, {})
             self.worked += sum(written.values())
             if not self.stopping:
                 self._close_finished(finished)
