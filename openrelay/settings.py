@@ -12,7 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 
-from openrelay.env import envbool, envfloat, envint, envlist, envrate, envstr
+from openrelay.env import ImproperlyConfiguredEnv, envbool, envfloat, envint, envlist, envrate, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("OPENRELAY_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -246,10 +246,16 @@ OPENRELAY_MAX_UPLOAD_BYTES = envint("OPENRELAY_MAX_UPLOAD_BYTES", 209_715_200, m
 # under the database's max_connections.
 OPENRELAY_WEB_CONCURRENCY = envint("OPENRELAY_WEB_CONCURRENCY", 32, minimum=1)
 
+# text (the default) or json: one JSON object a line with batch and record ids (openrelay.logs).
+OPENRELAY_LOG_FORMAT = envstr("OPENRELAY_LOG_FORMAT", "text").strip().lower() or "text"
+if OPENRELAY_LOG_FORMAT not in ("text", "json"):
+    raise ImproperlyConfiguredEnv(f"OPENRELAY_LOG_FORMAT must be text or json, got {OPENRELAY_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": {"()": "openrelay.logs.JsonFormatter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler",
+                             **({"formatter": "json"} if OPENRELAY_LOG_FORMAT == "json" else {})}},
     "root": {"handlers": ["console"], "level": envstr("OPENRELAY_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.server": {"level": "WARNING"},

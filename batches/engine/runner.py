@@ -43,6 +43,7 @@ from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch, BatchStatus, Priority
 from files.models import File
 from files.services import open_content
+from openrelay import logs
 from openrelay.models import DeploymentHealth
 from openrelay.outbound import OutboundClient
 
@@ -612,6 +613,7 @@ class Engine:
         while work is not None:
             run, record, raw = work
             self.running[task] = (run, record)
+            bound = logs.working_on(run.public_id, run.pk, record.line)
             try:
                 outcome = await self._execute(run, record, raw)
             except asyncio.CancelledError:
@@ -624,6 +626,7 @@ class Engine:
             finally:
                 del self.running[task]
                 self._end(run)
+                logs.done(bound)
             run.done.append((record, outcome))
             self.pending += 1
             if not run.queue and not run.active:
