@@ -30,10 +30,11 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer
 from django.db.models import Q
 
-from batches import events, progress, selectors
+from batches import events, selectors
 from batches.dashboard_views import failures_fragment, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
+from batches.progress import not_run
 from openrelay.models import Membership
 
 logger = logging.getLogger("openrelay.dashboard")
@@ -180,7 +181,7 @@ class BatchFeedConsumer(AsyncJsonWebsocketConsumer):
         if batch["id"] not in self.not_run:
             row = (Batch.objects.for_org(self.organization_id).filter(public_id=batch["id"])
                    .values_list("status", "failed_count", "progress").first())
-            self.not_run[batch["id"]] = progress.not_run(*row) if row else 0
+            self.not_run[batch["id"]] = not_run(*row) if row else 0
         return {"not_run": self.not_run[batch["id"]]}
 
     async def _poll(self):
@@ -264,20 +265,19 @@ class BatchConsumer(BatchFeedConsumer):
         return not self.terminal
 
     def extras(self, batch):
+        # The not-run count on its own: the failures card may have been read last while the
+        # batch was still cancelling, its unrun records already counted.
+        extras = super().extras(batch)
         failed = batch["request_counts"]["failed"]
-        terminal = batch["status"] in TERMINAL_BATCH_STATUSES
         if failed == self.failures_for:
-            return {}
+            return extras
         wait = self.failures_at + FAILURES_EVERY_S - time.monotonic()
-        if wait > 0 and not terminal:
+        if wait > 0 and batch["status"] not in TERMINAL_BATCH_STATUSES:
             self._failures_later(batch, wait)
-            return {}
+            return extras
         self.failures_for, self.failures_at = failed, time.monotonic()
         failures = selectors.failures(self.batch_pk)
-        extras = {"failures": failures_fragment(batch["id"], failures), "failures_total": failures.total}
-        if batch["status"] in NOT_RUN_STATUSES:
-            extras["not_run"] = failures.unrun
-        return extras
+        return {**extras, "failures": failures_fragment(batch["id"], failures), "failures_total": failures.total}
 
     def _failures_later(self, batch, wait):
         """The failures card is due after the throttle: push it then, even if no event comes."""

@@ -262,3 +262,24 @@ def test_in_memory_the_organization_feed_picks_up_new_and_finishing_batches(alic
         await ws.disconnect()
 
     run(test)
+
+
+def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_feeds(alice, alice_user):
+    batch = make_batch(alice.org, status="cancelled", total=100, completed=30, failed=70,
+                       progress=[[1000.0, 0, 0], [1010.0, 30, 5]])
+    cookie, pushed = session_of(alice_user), snapshot(batch)
+
+    async def test():
+        ws = socket("/ws/batches", cookie)
+        assert (await ws.connect())[0]
+        await group_send(events.org_group(alice.org.pk), pushed)  # as the close announces it
+        message = await ws.receive_json_from(timeout=2)
+        assert message["batch"]["status"] == "cancelled" and message["not_run"] == 65
+        await ws.disconnect()
+        ws = socket(f"/ws/batches/{batch.public_id}", cookie)
+        assert (await ws.connect())[0]
+        message = await ws.receive_json_from(timeout=2)  # read when it connects
+        assert message["not_run"] == 65 and "failures" in message
+        await ws.disconnect()
+
+    run(test)
