@@ -17,6 +17,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from files import storage
 from files.models import File, Purpose
 from openrelay.errors import Conflict
 
@@ -87,6 +88,11 @@ def create_uploaded_file(*, organization, upload, purpose=Purpose.BATCH, expires
 def open_content(file):
     """Open the stored bytes for reading (binary)."""
     return default_storage.open(file.storage_name, "rb")
+
+
+def open_records(file):
+    """Open the stored bytes for reading records' lines by offset (ranged reads on object storage)."""
+    return storage.open_records(default_storage, file.storage_name)
 
 
 def pin(file):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import dj_database_url
 
+from files.storage import storage_from_url
 from openrelay.env import ImproperlyConfiguredEnv, envbool, envfloat, envint, envlist, envrate, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -154,11 +155,10 @@ if REDIS_URL:
 else:
     Q_CLUSTER["orm"] = "default"
 
+# Where file bytes live: a local folder, or s3://bucket/prefix?endpoint_url=... (files.storage).
+OPENRELAY_STORAGE_URL = envstr("OPENRELAY_STORAGE_URL", "")
 STORAGES = {
-    "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(DATA_DIR / "files")},
-    },
+    "default": storage_from_url(OPENRELAY_STORAGE_URL, str(DATA_DIR / "files")),
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 STATIC_URL = "/static/"

@@ -42,7 +42,7 @@ from batches.engine.outcomes import RecordOutcome
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch, BatchStatus, Priority
 from files.models import File
-from files.services import open_content
+from files.services import open_records
 from openrelay import logs
 from openrelay.models import DeploymentHealth
 from openrelay.outbound import OutboundClient
@@ -796,7 +796,7 @@ class _Trip:
             if run is None:
                 continue
             if run.input is None:
-                run.input = open_content(File.objects.get(pk=run.input_file_id))
+                run.input = open_records(File.objects.get(pk=run.input_file_id))
             lines = claimed[pk] = []
             for record in batch_records:
                 # In line order: the reads walk the file forward.

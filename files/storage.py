@@ -1,0 +1,81 @@
+"""Where file bytes live (OPENRELAY_STORAGE_URL), and how the engines read records' lines from there.
+
+OPENRELAY_STORAGE_URL picks Django's default storage:
+- unset, or `file:///path`: a local folder (by default OPENRELAY_DATA_DIR/files);
+- `s3://bucket/prefix?endpoint_url=...&region=...&addressing_style=path`:
+  django-storages' S3 backend, on AWS or any S3-compatible store (MinIO,
+  Ceph, R2, ...). Credentials come from the environment, by boto3's own chain
+  (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a profile, an instance role),
+  never from the URL, so the URL can be shown.
+
+A worker reads the lines of its claimed records in line order: `open_records`
+reads object storage in ranges of RANGE_BYTES (one GET each), so a worker
+holds one range of a batch's input, not the file (django-storages' own file
+object downloads the whole object on the first read). Sequential readers
+(create's validation, content downloads) use the backend's file, which
+spools to a temporary file past SPOOL_BYTES instead of memory.
+"""
+
+from urllib.parse import parse_qs, urlsplit
+
+RANGE_BYTES = 4 * 1024 * 1024
+SPOOL_BYTES = 8 * 1024 * 1024
+S3_BACKEND = "storages.backends.s3.S3Storage"
+_S3_QUERY = {"endpoint_url": "endpoint_url", "region": "region_name", "addressing_style": "addressing_style",
+             "signature_version": "signature_version"}
+
+
+def storage_from_url(url, default_location):
+    """STORAGES["default"] for an OPENRELAY_STORAGE_URL value (pure: settings call it)."""
+    if not url:
+        return {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": default_location}}
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        return {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": parts.path}}
+    if parts.scheme != "s3" or not parts.netloc:
+        raise ValueError(f"OPENRELAY_STORAGE_URL must be s3://bucket[/prefix][?endpoint_url=...] or file:///path, "
+                         f"got {url!r}")
+    query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
+    unknown = set(query) - set(_S3_QUERY)
+    if unknown:
+        raise ValueError(f"OPENRELAY_STORAGE_URL: unknown parameter(s) {', '.join(sorted(unknown))}")
+    options = {"bucket_name": parts.netloc, "location": parts.path.strip("/"), "file_overwrite": False,
+               "max_memory_size": SPOOL_BYTES, "default_acl": None, "querystring_auth": True}
+    options.update({_S3_QUERY[key]: value for key, value in query.items()})
+    return {"BACKEND": S3_BACKEND, "OPTIONS": options}
+
+
+class RangedReader:
+    """seek() and read() over an S3 object, a range of RANGE_BYTES (or the read, if longer) at a time."""
+
+    def __init__(self, obj):
+        self.obj = obj
+        self.position = 0
+        self.start, self.buffer = 0, b""
+
+    def seek(self, offset):
+        self.position = offset
+
+    def read(self, length):
+        end = self.position + length
+        if not (self.start <= self.position and end <= self.start + len(self.buffer)):
+            first = self.position
+            last = first + max(length, RANGE_BYTES) - 1
+            self.start = first
+            self.buffer = self.obj.get(Range=f"bytes={first}-{last}")["Body"].read()
+        data = self.buffer[self.position - self.start:end - self.start]
+        self.position += len(data)
+        return data
+
+    def close(self):
+        self.buffer = b""
+
+
+def open_records(storage, name):
+    """A seekable reader of `name` for reading records' lines (see the module's docstring)."""
+    from storages.backends.s3 import S3Storage
+    from storages.utils import clean_name
+
+    if isinstance(storage, S3Storage):
+        return RangedReader(storage.bucket.Object(storage._normalize_name(clean_name(name))))
+    return storage.open(name, "rb")
