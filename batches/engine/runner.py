@@ -696,8 +696,15 @@ class Engine:
             if run.closing:
                 continue  # closed while the claim ran: the closer marks these records
             run.queue.extend(records)
-            if records:
-                run.cursor = max(run.cursor, records[-1][0].line)
+            # The cursor follows pending records only: a dead engine's record may lie past
+            # pending lines that no one has claimed yet.
+            pending_lines = [record.line for record, _ in records if not record.resumed]
+            if pending_lines:
+                run.cursor = max(run.cursor, pending_lines[-1])
+            if len(pending_lines) < len(records):
+                # A dead engine may have left more: take them at the claim rate, not one
+                # look a second (the 500 a kill -9 left took 30 s that way).
+                run.expired_check_at = 0.0
             if len(records) < limit:
                 run.recheck_at = now + RECHECK_S
         if claimed:

@@ -28,6 +28,7 @@ class ClaimedRecord:
     offset: int
     length: int
     checkpoint: bytes | None = None  # the loop state a resumed multi-step record continues from
+    resumed: bool = False  # claimed because its lease ran out (its engine died)
 
 
 # The outcome columns, in the order _result_row fills them (pk first).
@@ -113,17 +114,20 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=True):
         return []
     ops = connection.ops
     lease_until = ops.adapt_datetimefield_value(lease_until)
-    rows = []
+    records = []
     if expired:
         rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND lease_expires_at < %s",
                             [_RUNNING, ops.adapt_datetimefield_value(now)])
-    if len(rows) < limit:
-        rows += _claim_where(batch_pk, owner, limit - len(rows), lease_until, "status = %s AND line > %s",
-                             [_PENDING, after_line])
-    if not rows and after_line:
-        rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s", [_PENDING])
-    rows.sort(key=lambda row: row[1])
-    return [ClaimedRecord(*row) for row in rows]
+        records = [ClaimedRecord(*row, resumed=True) for row in rows]
+    if len(records) < limit:
+        rows = _claim_where(batch_pk, owner, limit - len(records), lease_until, "status = %s AND line > %s",
+                            [_PENDING, after_line])
+        records += [ClaimedRecord(*row) for row in rows]
+    if not records and after_line:
+        records = [ClaimedRecord(*row) for row in _claim_where(batch_pk, owner, limit, lease_until, "status = %s",
+                                                               [_PENDING])]
+    records.sort(key=lambda record: record.line)
+    return records
 
 
 def _claim_where(batch_pk, owner, limit, lease_until, condition, params):

@@ -169,6 +169,27 @@ def test_a_lost_lease_is_reclaimed_and_the_stale_worker_cannot_write(alice, mode
     assert set(Record.objects.filter(batch=batch).values_list("attempts", flat=True)) == {2}
 
 
+def test_a_dead_engines_many_records_are_taken_back_at_the_claim_rate(alice, model):
+    """What a kill -9 leaves: hundreds of records running under a dead engine's lapsed lease and
+    nothing pending. They were taken back one small claim a second (~16/s an engine: 400 took
+    25 s); an engine that finds some keeps claiming them at its claim rate."""
+    from datetime import timedelta
+
+    from tests.engine_tests.conftest import wait_for
+
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(400)])
+    store.claim(batch.pk, "dead-worker", 400, lease_s=1)
+    Record.objects.filter(batch=batch).update(lease_expires_at=batch.created_at - timedelta(seconds=1))
+    worker = threading.Thread(target=run_batch, args=(batch.pk,))
+    worker.start()
+    try:
+        wait_for(lambda: _finished(batch).status == "completed", 8, "the dead engine's records to be redone")
+    finally:
+        worker.join(timeout=60)
+    assert (batch.completed_count, batch.failed_count) == (400, 0)
+    assert set(Record.objects.filter(batch=batch).values_list("attempts", flat=True)) == {2}
+
+
 def test_finalizing_twice_writes_nothing_twice(alice, model, tmp_path):
     from batches.engine import finish
     from files.models import File

@@ -4,6 +4,7 @@ kill -9, SIGTERM and model servers that go away."""
 import time
 
 import pytest
+from django.db import connection
 
 from batches.models import Record
 from openrelay.models import Deployment
@@ -98,6 +99,13 @@ def test_sigterm_mid_batch_hands_everything_back_and_writes_nothing_off(alice, m
     assert not Record.objects.filter(batch=batch, attempts__gt=2).exists()
 
 
+# The production configuration (PostgreSQL + Redis) waits out the whole 90 s of a real
+# model-server restart; the SQLite pass runs the same scenario with a 20 s outage (one
+# probe backoff cycle past its 2 s cap, well over the old reruns' 4-8 s), so the suite
+# keeps under its 10 minutes a pass.
+OUTAGE_S = 90 if connection.vendor == "postgresql" else 20
+
+
 @pytest.mark.slow
 def test_the_model_server_stopped_for_90_s_then_restarted_every_record_succeeds(alice, model, clusters):
     slow = run_in_thread(SimulatorConfig(latency_ms=50))
@@ -112,7 +120,7 @@ def test_the_model_server_stopped_for_90_s_then_restarted_every_record_succeeds(
         wait_for(lambda: Deployment.objects.filter(health="unhealthy").exists(), 10, "the deployment to leave")
         time.sleep(1)  # noqa: records that finished before the stop are flushed
         down_at = succeeded(batch)
-        time.sleep(89)  # noqa: the outage itself is the scenario
+        time.sleep(OUTAGE_S - 1)  # noqa: the outage itself is the scenario
         assert succeeded(batch) == down_at
         assert not Record.objects.filter(batch=batch, status="failed").exists()
         slow = run_in_thread(SimulatorConfig(latency_ms=50), port=port)
