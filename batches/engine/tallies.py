@@ -85,7 +85,11 @@ def take(upstreams=()):
         in_flight = Counter()
         for upstream in upstreams:  # a replaced deployment's old Upstream may still carry calls
             in_flight[upstream.deployment_id] += upstream.in_use
-        calls = {str(pk): [n, *_minute[pk].last_minute()] for pk, n in in_flight.items()}
+        # A deployment's last minute outlives its lane: an engine closes a model's lane once its
+        # batches are done, and the operator page would read "0 calls a minute" at once.
+        recent = {pk: count.last_minute() for pk, count in _minute.items()}
+        calls = {str(pk): [in_flight.get(pk, 0), *recent.get(pk, (0, 0))]
+                 for pk in in_flight.keys() | {pk for pk, (n, _) in recent.items() if n}}
     return deltas, calls
 
 

@@ -278,6 +278,8 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         page.wait_for_selector("[data-no-running]", timeout=20_000)
         page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=in_flight]\").textContent === '0'")
         assert page.evaluate("window.__notReloaded") is True
+        # Every call of the batch, answered within the last minute (the model's lane has closed by now or soon).
+        page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent === '30'")
         shots(page, "03-idle")
 
 

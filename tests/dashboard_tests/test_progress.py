@@ -67,3 +67,17 @@ def test_records_done_in_the_last_minute_are_read_from_the_samples():
     assert progress.done_since(samples, 100.0, 450) == 350
     assert progress.done_since(samples, -60.0, 30) == 30  # began within the minute: everything so far
     assert progress.done_since([], 0.0, 5) == 0
+
+
+def test_an_engine_reports_a_deployments_last_minute_after_its_lane_closed():
+    from batches.engine import tallies
+    from batches.engine.calls import CallResult
+
+    class Upstream:
+        deployment_id, in_use = 991, 2
+
+    tallies.take()  # whatever earlier tests counted
+    for status in (200, 200, 500):
+        tallies.call(991, CallResult(kind="response", status_code=status), 0.01)
+    assert tallies.take([Upstream()])[1]["991"] == [2, 3, 1]
+    assert tallies.take([])[1]["991"] == [0, 3, 1]  # no Upstream any more: still the last minute's calls
