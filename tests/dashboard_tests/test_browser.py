@@ -2,7 +2,8 @@
 
 Debian's `chromium` (apt-get install chromium) driven by the `playwright`
 package; never `playwright install`. Screenshots of every step land in
-var/screenshots/ (ignored by git), so a failure can be looked at.
+<data dir>/screenshots/ (OPENRELAY_DATA_DIR, var/ by default; never committed),
+so a failure can be looked at.
 """
 
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, connections
 from playwright.sync_api import sync_playwright
@@ -29,7 +31,7 @@ from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch
 
 ROOT = Path(__file__).resolve().parents[2]
-SHOTS = ROOT / "var" / "screenshots"
+SHOTS = Path(settings.DATA_DIR) / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
