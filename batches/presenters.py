@@ -12,8 +12,9 @@ PRESENTER_RELATED = ("output_file", "error_file")
 
 def live_batches(queryset):
     """Batches for live snapshots (events, dashboard sockets): the create-time
-    rejections (up to 50,000 entries, never changing) are neither read nor sent."""
-    return queryset.select_related(*PRESENTER_RELATED).defer("errors")
+    rejections (up to 50,000 entries, never changing) are neither read nor sent,
+    nor the progress samples (up to ~3 KB; the Batch object does not carry them)."""
+    return queryset.select_related(*PRESENTER_RELATED).defer("errors", "progress")
 
 
 def live_batch_object(batch):
