@@ -66,6 +66,9 @@ def test_it_shows_every_deployment_with_the_live_engines_calls_queues_and_runnin
     assert '<td class="num" data-field="queued">83</td>' in gemma  # 150 - 55 done - 12 leased
     assert 'data-model="openrelay/embed"' in page
     assert "2 engines live" in page
+    # Deployments by number, linked to their admin pages: no address or upstream name on a dashboard page.
+    assert f'/admin/openrelay/deployment/{fleet["first"].pk}/change/' in first
+    assert "10.0.0." not in page
     alice_block = re.search(r'data-organization="alice-org".*?</table>', page, re.S).group(0)
     assert fleet["mine"].public_id in alice_block and fleet["theirs"].public_id not in alice_block
     assert 'data-organization="bob-org"' in page and page.count("data-running-batch=") == 2
