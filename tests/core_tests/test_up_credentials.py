@@ -16,7 +16,7 @@ from django.contrib.auth import get_user_model
 from openrelay.auth import authenticate_key
 from openrelay.management.commands.up import CREDENTIALS_FILE, KEPT, Command
 from openrelay.models import ApiKey
-from tests.core_tests.test_up import EMBEDDED_ONLY, ROOT, _free_port
+from tests.core_tests.test_up import EMBEDDED_ONLY, EMBEDDED_PASS_ONLY, ROOT, _free_port
 
 
 @pytest.fixture
@@ -100,6 +100,7 @@ def _kill(process):
     process.wait(timeout=10)
 
 
+@EMBEDDED_PASS_ONLY
 @pytest.mark.slow
 def test_a_restart_prints_the_same_key_last(tmp_path):
     seen = []

@@ -283,6 +283,8 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         shots(page, "03-idle")
 
 
+@pytest.mark.skipif(settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+                    reason="layout only, the same on every database: the SQLite pass measures it")
 def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes, browser, shots):
     page = browser
     Model.objects.create(name=MODEL)
