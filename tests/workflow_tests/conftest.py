@@ -31,6 +31,7 @@ class Reply:
     status: int = 200
     raw: bytes = b""
     hang: bool = False
+    headers: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -74,7 +75,8 @@ class CallbackServer:
             await asyncio.get_running_loop().create_future()  # cancelled when the client gives up
         call.answered_at = time.monotonic()
         if isinstance(answer, Reply):
-            return web.Response(status=answer.status, body=answer.raw, content_type="application/json")
+            return web.Response(status=answer.status, body=answer.raw, content_type="application/json",
+                                headers=answer.headers)
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
 

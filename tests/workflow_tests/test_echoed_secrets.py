@@ -1,15 +1,17 @@
 """A workflow callback that echoes the Authorization value it received (whole, re-cased or a piece
 of it) in its error message (anywhere around the 2,000-character cut), a request id, its status,
-a request's model or body, its output: no piece of it reaches the record's outcome."""
+a request's model or body, its output, an HTTP error's body or a header: no piece of it reaches
+the record's outcome."""
 
 import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.echoes import assert_no_piece, echoes
-from tests.workflow_tests.conftest import chat, run_workflow, workflow_body
+from tests.workflow_tests.conftest import Reply, chat, run_workflow, workflow_body
 
-POSITIONS = ["error message", "duplicate id", "status", "model", "output", "request body"]
+POSITIONS = ["error message", "duplicate id", "status", "model", "output", "request body", "http error body",
+             "header"]
 
 
 def _script(position, echoed, padding):
@@ -27,6 +29,11 @@ def _script(position, echoed, padding):
             return {"status": "continue", "requests": [{"id": "r1", "body": chat(f"say {echoed}")}]}
         if position == "request body":
             return {"status": "completed", "output": payload["results"]}
+        if position == "http error body":
+            return Reply(status=401, raw=orjson.dumps({"error": {"message": f"bad credentials: {echoed}"}}))
+        if position == "header":
+            answer = {"status": "completed", "output": "done"} if padding % 2 else {"status": "nope"}
+            return Reply(raw=orjson.dumps(answer), headers={"X-Echo": echoed, "WWW-Authenticate": echoed})
         return {"status": "completed", "output": {"echo": [echoed], echoed: 1}}
 
     return answer
