@@ -17,9 +17,10 @@ from tests.engine_tests.test_transport import JSON, Script, _ok, _post, _run
 class Proxy:
     """A forwarding HTTP proxy: absolute-form requests and CONNECT, each relayed to its target."""
 
-    def __init__(self, refuse=False):
+    def __init__(self, refuse=False, hosts=None):
         self.seen = []  # (request line, Proxy-Authorization or None)
         self.refuse = refuse
+        self.hosts = hosts or {}  # names only the proxy resolves (egress-restricted deployments)
         self.tasks = set()
 
     async def __aenter__(self):
@@ -47,12 +48,12 @@ class Proxy:
                 return
             if method == "CONNECT":
                 host, port = target.rsplit(":", 1)
-                up_reader, up_writer = await asyncio.open_connection(host, int(port))
+                up_reader, up_writer = await asyncio.open_connection(self.hosts.get(host, host), int(port))
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
             else:
                 authority, _, path = target.removeprefix("http://").partition("/")
                 host, port = authority.rsplit(":", 1)
-                up_reader, up_writer = await asyncio.open_connection(host, int(port))
+                up_reader, up_writer = await asyncio.open_connection(self.hosts.get(host, host), int(port))
                 up_writer.write(head.replace(target.encode(), b"/" + path.encode(), 1))
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
