@@ -207,7 +207,8 @@ def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member
     Model.objects.create(name=MODEL)
     wanted = make_batch(member, status="completed", completed=10, metadata={"team": "vision", "job": "menus"})
     make_batch(member, metadata={"team": "search"})
-    make_batch(member, endpoint="/v1/embeddings", model_name="openrelay/embed-small", metadata={"team": "vision"})
+    embedding = make_batch(member, endpoint="/v1/embeddings", model_name="openrelay/embed-small",
+                           metadata={"team": "vision"})
     for i in range(52):
         make_batch(member, status="completed", completed=10, metadata={"run": "nightly", "n": str(i)})
     url = processes.web("uvicorn")
@@ -228,13 +229,36 @@ def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member
     assert page.input_value("input[name=q]") == "team=vision"
     assert page.locator("tbody[data-rows] tr[data-batch]").count() == 1
 
+    # The batch found shows its metadata on its own page.
+    page.click(f"tr[data-batch='{wanted.public_id}'] a")
+    page.wait_for_url(re.compile(rf"/batches/{wanted.public_id}$"))
+    pairs = dict(zip(page.locator(".metadata th").all_inner_texts(), page.locator(".metadata td").all_inner_texts()))
+    assert pairs == {"team": "vision", "job": "menus"}
+    shots(page, "03-metadata")
+    page.go_back()
+
+    # Endpoint and model filters, kept in the URL with the search.
+    page.select_option("select[name=status]", "")
+    page.select_option("select[name=endpoint]", "/v1/embeddings")
+    page.click(".filters button[type=submit]")
+    page.wait_for_url(re.compile(r"endpoint=%2Fv1%2Fembeddings"))
+    rows = page.locator("tbody[data-rows] tr[data-batch]")
+    assert rows.count() == 1 and rows.first.get_attribute("data-batch") == embedding.public_id
+    page.select_option("select[name=endpoint]", "")
+    page.select_option("select[name=model]", MODEL)
+    page.click(".filters button[type=submit]")
+    page.wait_for_url(re.compile(r"model=openrelay%2F"))
+    assert "q=team%3Dvision" in page.url
+    rows = page.locator("tbody[data-rows] tr[data-batch]")
+    assert rows.count() == 1 and rows.first.get_attribute("data-batch") == wanted.public_id
+
     page.goto(url + "/?q=nightly")
     assert page.locator("tbody[data-rows] tr[data-batch]").count() == 50
     page.click("[data-page=older]")
     page.wait_for_url(re.compile(r"after=batch_"))
     assert "q=nightly" in page.url and page.input_value("input[name=q]") == "nightly"
     assert page.locator("tbody[data-rows] tr[data-batch]").count() == 2
-    shots(page, "03-older-page")
+    shots(page, "04-older-page")
     page.click("[data-page=newer]")
     page.wait_for_url(re.compile(r"before=batch_"))
     assert page.locator("tbody[data-rows] tr[data-batch]").count() == 50
@@ -264,12 +288,18 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         assert text(page, f"{row} [data-field=in_flight]") == "0"
         page.evaluate("window.__notReloaded = true")
 
+        # Every tenth record is refused by the model (400): an answer that is not 2xx counts as an error.
         batch = services.create_batch(organization=member, endpoint=CHAT, requests=[
-            chat_line(f"o-{i}", f"slow {i} [[latency:700]]") for i in range(30)])
+            chat_line(f"o-{i}", f"slow {i} [[latency:700]]" + (" [[status:400]]" if i % 10 == 0 else ""))
+            for i in range(30)])
         page.wait_for_function(f"() => Number(document.querySelector(\"{row} [data-field=in_flight]\").textContent) > 0",
                                timeout=20_000)
         page.wait_for_selector(f"[data-running-batch='{batch.public_id}']")
         assert int(text(page, f"{row} [data-field=in_flight]")) <= 3  # never past the deployment's limit
+        # The model's queue: records neither finished nor claimed, 30 at most, drained as it runs.
+        queued = f"tbody[data-model='{MODEL}'] [data-field=queued]"
+        page.wait_for_function(f"() => Number(document.querySelector(\"{queued}\").textContent) > 0")
+        assert int(text(page, queued)) <= 30
         # Calls counted as they are answered (each engine's last minute, summed), within the 30 made.
         page.wait_for_function(f"() => Number(document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent) > 0")
         assert int(text(page, f"{row} [data-field=calls_a_minute]")) <= 30
@@ -280,6 +310,8 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         assert page.evaluate("window.__notReloaded") is True
         # Every call of the batch, answered within the last minute (the model's lane has closed by now or soon).
         page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent === '30'")
+        assert text(page, f"{row} [data-field=error_rate]") == "10.0%"  # the 3 refused of the 30 calls
+        assert text(page, queued) == "0"
         shots(page, "03-idle")
 
 
