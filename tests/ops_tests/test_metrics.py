@@ -115,3 +115,43 @@ def test_tallies_add_up_across_saves(db, token):
     figures = samples(scrape())
     assert value(figures, "openrelay_lease_losses_total") == 5
     assert value(figures, "openrelay_record_resumes_total") == 1
+
+
+def test_calls_in_flight_rise_while_real_workers_call_and_a_dead_deployment_reads_down(model, clusters, token):
+    from openrelay.models import Deployment
+    from tests.ops_tests.conftest import closed_port
+
+    alive = model.deployments.get()
+    dead = Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1",
+                                     upstream_model="m", max_concurrency=8)
+    pair = {"model": MODEL, "deployment": str(alive.pk)}
+    gone = {"model": MODEL, "deployment": str(dead.pk)}
+    alice = make_persona("alice-org")
+    batch = make_batch(alice.org, [chat(f"slow {i} [[latency:1500]]") for i in range(40)])
+    clusters()
+
+    # Engines publish their calls with each heartbeat (every 0.5 s): poll a scrape while the calls last.
+    wait_for(lambda: value(samples(scrape()), "openrelay_calls_in_flight", **pair) > 0, 30, "calls in flight")
+    figures = samples(scrape())
+    assert value(figures, "openrelay_calls_in_flight", **pair) <= 16  # never past the deployment's limit
+    wait_for(lambda: value(samples(scrape()), "openrelay_deployment_up", **gone) == 0
+             and value(samples(scrape()), "openrelay_model_calls_total", status_class="failed", **gone) > 0,
+             30, "the dead deployment read down, its failed calls counted")
+    assert value(samples(scrape()), "openrelay_deployment_up", **pair) == 1
+    wait_for(lambda: status_of(batch) == "completed", 60, "the batch to complete")
+    wait_for(lambda: value(samples(scrape()), "openrelay_calls_in_flight", **pair) == 0, 10, "no call in flight")
+
+
+def test_webhook_deliveries_are_counted_by_result(db, token):
+    from openrelay.webhooks.models import WebhookDelivery, WebhookEndpoint
+
+    alice = make_persona("alice-org")
+    endpoint = WebhookEndpoint.objects.create(organization=alice.org, name="hook", url="https://hooks.example/x",
+                                              event_types=["batch.completed"], signing_secret="whsec_test")
+    for status, n in (("pending", 1), ("delivered", 3), ("failed", 2)):
+        WebhookDelivery.objects.bulk_create([WebhookDelivery(endpoint=endpoint, event_type="batch.completed",
+                                                             payload="{}", status=status) for _ in range(n)])
+    figures = samples(scrape())
+    assert [value(figures, "openrelay_webhook_deliveries", result=result)
+            for result in ("pending", "delivered", "failed")] == [1, 3, 2]
+    assert "whsec_test" not in scrape() and "hooks.example" not in scrape()
