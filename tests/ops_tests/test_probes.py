@@ -1,6 +1,7 @@
 """GET /healthz and /readyz: unauthenticated, any Host, 503 naming what is unreachable and nothing more."""
 
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 
 from tests.ops_tests.conftest import closed_port
@@ -39,6 +40,17 @@ def test_it_turns_503_naming_the_database_when_it_is_unreachable(web, tmp_path, 
     assert ready.json() == {"status": "unavailable", "unavailable": ["database", "broker"]}
     for leak in (str(port), "hunter2", "openrelay:", "no-such-folder"):
         assert leak not in ready.text
+
+
+@pytest.mark.skipif(not django_settings.REDIS_URL, reason="the production configuration: needs Redis")
+def test_it_turns_503_naming_only_the_database_when_redis_still_answers(web, transactional_db):
+    # The production configuration: PostgreSQL gone, the Redis broker up.
+    process = web(DATABASE_URL=f"postgres://openrelay:hunter2-secret@127.0.0.1:{closed_port()}/openrelay",
+                  REDIS_URL=django_settings.REDIS_URL)
+    ready = process.get("/readyz")
+    assert ready.status_code == 503
+    assert ready.json() == {"status": "unavailable", "unavailable": ["database"]}
+    assert "hunter2" not in ready.text
 
 
 def test_it_turns_503_naming_the_broker_when_redis_is_unreachable(web, transactional_db):
