@@ -57,3 +57,12 @@ def test_the_formatter_masks_credentials_whatever_they_belong_to(settings):
     for leaked in ("tok-abcdef123456", "pw-9f8e7d6c", "a" * 43, KEY, SECRET_KEY.upper()):
         assert leaked not in line["message"], line["message"]
     assert "Bearer [redacted]" in line["message"]
+
+
+def test_the_development_secret_key_is_no_secret_to_mask(settings):
+    from openrelay.settings import _DEV_SECRET
+
+    settings.SECRET_KEY = _DEV_SECRET  # what `manage.py up` and a checkout run with
+    message = "model openrelay/gemma-4-31b failed under a call (see /srv/openrelay/development.log)"
+    record = logging.LogRecord("openrelay.engine", logging.WARNING, __file__, 1, "%s", (message,), None)
+    assert orjson.loads(logs.JsonFormatter().format(record))["message"] == message
