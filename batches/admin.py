@@ -59,6 +59,11 @@ def _figures(request):
     return request._operator_overview
 
 
+def _against_limit(in_flight, limit, ceiling):
+    """"12 / 16 (max 64)": calls in flight against the adaptive limit, and the ceiling when it is lower."""
+    return f"{in_flight} / {limit}" + (f" (max {ceiling})" if limit != ceiling else "")
+
+
 def _percent(value):
     return "-" if value is None else f"{value:.1f}%"
 
@@ -94,7 +99,7 @@ class DeploymentWithLoadAdmin(DeploymentAdmin):
     @admin.display(description="calls in flight / limit")
     def calls_in_flight(self, deployment):
         calls = getattr(deployment, "load", None) or operator.Calls()
-        return f"{calls.in_flight} / {deployment.max_concurrency}"
+        return _against_limit(calls.in_flight, calls.limit_of(deployment), deployment.max_concurrency)
 
     @admin.display(description="calls a minute")
     def calls_a_minute(self, deployment):
@@ -140,7 +145,9 @@ class ModelWithQueueAdmin(ModelAdmin):
 
     @admin.display(description="calls in flight / limit")
     def calls_in_flight(self, model):
-        return f"{model.load.calls.in_flight} / {model.load.limit}" if hasattr(model, "load") else "-"
+        if not hasattr(model, "load"):
+            return "-"
+        return _against_limit(model.load.calls.in_flight, model.load.limit, model.load.ceiling)
 
 
 admin.site.unregister(Deployment)

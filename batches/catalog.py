@@ -7,9 +7,9 @@ validation and the engine enforce, so what they say is what happens.
 from django.conf import settings
 from django.db.models import Q, Sum
 
-from batches import validation
+from batches import operator, validation
 from batches.services import PRICE_MULTIPLIER
-from openrelay.models import Model
+from openrelay.models import Deployment, Model
 
 
 def enabled_models():
@@ -19,8 +19,19 @@ def enabled_models():
     ).order_by("name")
 
 
-def model_object(model):
-    """OpenAI's Model object (`client.models.list()`), plus what OpenRelay knows of it."""
+def concurrency_now():
+    """{model pk: the calls its enabled deployments take at once now (their adaptive limits)}."""
+    calls, _ = operator.live_calls()
+    now = {}
+    for deployment in Deployment.objects.filter(enabled=True, model__enabled=True):
+        figures = calls.get(deployment.pk, operator.Calls())
+        now[deployment.model_id] = now.get(deployment.model_id, 0) + figures.limit_of(deployment)
+    return now
+
+
+def model_object(model, concurrency=None):
+    """OpenAI's Model object (`client.models.list()`), plus what OpenRelay knows of it.
+    `concurrency`: concurrency_now()."""
     price = getattr(model, "price", None)
     return {
         "id": model.name,
@@ -30,6 +41,9 @@ def model_object(model):
         "openrelay": {
             # Calls in flight at once over every batch on the model (its deployments' max_concurrency).
             "max_concurrency": model.capacity,
+            # What the engines hold it to now: each deployment's adaptive limit (batches.engine.flow),
+            # which moves between a floor and max_concurrency with the servers' answers.
+            "concurrency_limit": (concurrency or {}).get(model.pk, model.capacity),
             # USD per 1M tokens at the sync rate; a batch bills this times its priority's multiplier.
             # cached_input is the effective price: the input price unless an operator set a discount.
             "price_per_mtok": None if price is None else {

@@ -518,7 +518,8 @@ def _model_row(model):
         "deployment": deployment,
         "calls": calls,
         "error_rate": _percent_text(calls.error_rate),
-        "load": share(min(calls.in_flight, deployment.max_concurrency), deployment.max_concurrency),
+        "limit": calls.limit_of(deployment),
+        "load": share(min(calls.in_flight, calls.limit_of(deployment)), calls.limit_of(deployment)),
         "since": when(int(deployment.health_changed_at.timestamp())) if deployment.health_changed_at else "",
     } for deployment, calls in model.deployments]
     return {"model": model, "deployments": deployments, "error_rate": _percent_text(model.calls.error_rate),

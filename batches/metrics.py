@@ -91,6 +91,9 @@ def _deployments(overview, names):
     in_flight = GaugeMetricFamily("openrelay_calls_in_flight", "Model calls in flight, by deployment.", labels=labels)
     limit = GaugeMetricFamily("openrelay_deployment_concurrency_limit", "A deployment's max_concurrency "
                               "(0 when disabled).", labels=labels)
+    current = GaugeMetricFamily("openrelay_deployment_concurrency_current", "The calls a deployment takes at once "
+                                "now: the live engines' adaptive limits summed (its max_concurrency while no engine "
+                                "works it; 0 when disabled).", labels=labels)
     up = GaugeMetricFamily("openrelay_deployment_up", "1 while a deployment is in the rotation, 0 while it is "
                            "failing (out, probed) or disabled.", labels=labels)
     queued = GaugeMetricFamily("openrelay_pending_records", "Records of running batches neither finished nor "
@@ -105,9 +108,10 @@ def _deployments(overview, names):
             pair = [model.name, str(deployment.pk)]
             in_flight.add_metric(pair, calls.in_flight)
             limit.add_metric(pair, deployment.max_concurrency if deployment.enabled else 0)
+            current.add_metric(pair, calls.limit_of(deployment) if deployment.enabled else 0)
             up.add_metric(pair, int(deployment.enabled and deployment.health == DeploymentHealth.HEALTHY))
     engines = GaugeMetricFamily("openrelay_engines", "Live engines (one a worker process).", value=overview.engines)
-    return in_flight, limit, up, queued, in_work, engines
+    return in_flight, limit, current, up, queued, in_work, engines
 
 
 def _tallies(names):

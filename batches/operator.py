@@ -4,10 +4,11 @@ Everything is read from the database, so every web process shows the same
 figures whichever engines made them:
 - health, since when and the last error: the Deployment rows (engines write
   every change, batches.engine.health);
-- calls in flight, calls answered and failed in the last minute, by
-  deployment: the sum over the live engines' `Engine.calls`, which each
-  engine publishes with its heartbeat (every 0.5 s); a dead engine's figures
-  drop out with its heartbeat, after one lease;
+- calls in flight, calls answered and failed in the last minute, and the
+  adaptive concurrency limit (batches.engine.flow), by deployment: the sum
+  over the live engines' `Engine.calls`, which each engine publishes with
+  its heartbeat (every 0.5 s); a dead engine's figures drop out with its
+  heartbeat, after one lease;
 - records in flight (leased: claimed by an engine, running or about to),
   queued (neither finished nor leased) and finished in the last minute, by
   model and organization: the running batches' rows and their running
@@ -40,12 +41,19 @@ class Calls:
     in_flight: int = 0
     a_minute: int = 0
     failed_a_minute: int = 0
+    limit: int | None = None  # the live engines' adaptive limits, summed; None: no engine works it now
 
     def add(self, figures):
-        in_flight, a_minute, failed = (list(figures) + [0, 0, 0])[:3]
+        in_flight, a_minute, failed, limit = (list(figures) + [0, 0, 0, None])[:4]
         self.in_flight += in_flight
         self.a_minute += a_minute
         self.failed_a_minute += failed
+        if limit is not None:
+            self.limit = (self.limit or 0) + limit
+
+    def limit_of(self, deployment):
+        """The limit calls are held to now: the adaptive one, or max_concurrency while no engine works it."""
+        return deployment.max_concurrency if self.limit is None else self.limit
 
     @property
     def error_rate(self):
@@ -81,7 +89,8 @@ class ModelView:
     enabled: bool
     deployments: list = field(default_factory=list)  # [(Deployment, Calls)]
     calls: Calls = field(default_factory=Calls)
-    limit: int = 0
+    limit: int = 0  # calls its deployments take at once now (their adaptive limits)
+    ceiling: int = 0  # their max_concurrency
     work: Work = field(default_factory=Work)
 
 
@@ -103,7 +112,7 @@ class Overview:
 def overview(now=None):
     """Five queries: live engines, models with their deployments, running batches, their leased records."""
     now = now or timezone.now()
-    calls, engines = _calls(now)
+    calls, engines = live_calls(now)
     batches = _running_batches(now.timestamp())
     models = []
     for model in Model.objects.prefetch_related("deployments"):
@@ -112,8 +121,9 @@ def overview(now=None):
             figures = calls.get(deployment.pk, Calls())
             view.deployments.append((deployment, figures))
             if deployment.enabled:
-                view.limit += deployment.max_concurrency
-                view.calls.add((figures.in_flight, figures.a_minute, figures.failed_a_minute))
+                view.limit += figures.limit_of(deployment)
+                view.ceiling += deployment.max_concurrency
+                view.calls.add((figures.in_flight, figures.a_minute, figures.failed_a_minute, figures.limit))
         for batch in batches:
             if batch["model_id"] == model.pk:
                 view.work.add(batch)
@@ -121,8 +131,9 @@ def overview(now=None):
     return Overview(models, _by_organization(batches), engines, now)
 
 
-def _calls(now):
+def live_calls(now=None):
     """{deployment pk: Calls} summed over the live engines, and how many engines are live."""
+    now = now or timezone.now()
     live = Engine.objects.filter(seen_at__gte=now - timedelta(seconds=settings.OPENRELAY_LEASE_S))
     calls, engines = defaultdict(Calls), 0
     for published in live.values_list("calls", flat=True):

@@ -109,7 +109,8 @@ class ModelListView(APIView):
     @extend_schema(operation_id="models_list", summary="List the models a batch may use",
                    responses={200: openapi.ref("ModelList"), **openapi.errors(401)})
     def get(self, request):
-        data = [catalog.model_object(model) for model in catalog.enabled_models()]
+        concurrency = catalog.concurrency_now()
+        data = [catalog.model_object(model, concurrency) for model in catalog.enabled_models()]
         return Response({"object": "list", "data": data})
 
 
@@ -121,7 +122,7 @@ class ModelDetailView(APIView):
         if model is None:
             raise NotFound(f"The model '{model_id}' does not exist or is not enabled.", param="model",
                            code="model_not_found")
-        return Response(catalog.model_object(model))
+        return Response(catalog.model_object(model, catalog.concurrency_now()))
 
 
 class LimitsView(APIView):

@@ -277,6 +277,7 @@ COMPONENTS.update({
             "owned_by": {"type": "string"},
             "openrelay": {"type": "object", "properties": {
                 "max_concurrency": {"type": "integer"},
+                "concurrency_limit": {"type": "integer"},
                 "price_per_mtok": {"type": "object", "nullable": True, "properties": {
                     "input": {"type": "string"}, "cached_input": {"type": "string"}, "output": {"type": "string"}}},
                 "priority_multiplier": {"type": "object", "additionalProperties": {"type": "string"}},

@@ -14,6 +14,8 @@ front of a secret whose tail it dropped, and too little of it may be left to
 recognise (a 22-character token cut after 21 leaked those 21).
 """
 
+import functools
+
 MIN_PIECE = 8
 REDACTED = "[redacted]"
 # Case is folded for ASCII letters only, so positions in the folded text are
@@ -70,22 +72,33 @@ def _fold(text):
 
 
 def _pieces(secrets):
+    return _pieces_of(tuple(secrets))
+
+
+# A model server's request id is redacted on every call with the same few secrets: built once.
+@functools.lru_cache(maxsize=1024)
+def _pieces_of(secrets):
     pieces = set()
     for secret in secrets:
         if secret and len(secret) >= MIN_PIECE:
             folded = _fold(secret)
             pieces.update(folded[i:i + MIN_PIECE] for i in range(len(folded) - MIN_PIECE + 1))
-    return pieces
+    return frozenset(pieces)
 
 
 def _remove(text, pieces):
     folded = _fold(text)
-    spans = []
-    for piece in pieces:
-        start = folded.find(piece)
-        while start != -1:
-            spans.append((start, start + MIN_PIECE))
-            start = folded.find(piece, start + 1)
+    windows = len(folded) - MIN_PIECE + 1
+    if windows < len(pieces):
+        # Short text (a request id): each of its windows looked up, not each piece searched for.
+        spans = [(i, i + MIN_PIECE) for i in range(windows) if folded[i:i + MIN_PIECE] in pieces]
+    else:
+        spans = []
+        for piece in pieces:
+            start = folded.find(piece)
+            while start != -1:
+                spans.append((start, start + MIN_PIECE))
+                start = folded.find(piece, start + 1)
     if not spans:
         return text
     parts, kept_to = [], 0

@@ -232,10 +232,21 @@ OPENRELAY_LEASE_S = envint("OPENRELAY_LEASE_S", 10, minimum=1)
 # How long a worker waits for a lost database connection to come back before its engine gives up.
 OPENRELAY_DB_OUTAGE_S = envint("OPENRELAY_DB_OUTAGE_S", 60, minimum=0)
 OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)
-# How often a 429 (the server asks to wait) is waited out before it is the record's answer.
+# How often a 429 or a 503 with Retry-After (the server asks to wait) is waited out before it is the record's answer.
 OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
 # A stopping engine (SIGTERM) lets calls in flight finish for this long, then hands the rest back.
 OPENRELAY_STOP_GRACE_S = envfloat("OPENRELAY_STOP_GRACE_S", 30.0, minimum=0)
+# Adaptive concurrency (batches/engine/flow.py): a deployment's max_concurrency is a
+# ceiling; each engine's limit starts at START, stays at or above FLOOR, and backs off
+# when calls take more than TOLERANCE x their baseline. Off: the limit is the ceiling.
+OPENRELAY_ADAPTIVE_CONCURRENCY = envbool("OPENRELAY_ADAPTIVE_CONCURRENCY", True)
+OPENRELAY_CONCURRENCY_FLOOR = envint("OPENRELAY_CONCURRENCY_FLOOR", 1, minimum=1)
+OPENRELAY_CONCURRENCY_START = envint("OPENRELAY_CONCURRENCY_START", 8, minimum=1)
+OPENRELAY_LATENCY_TOLERANCE = envfloat("OPENRELAY_LATENCY_TOLERANCE", 2.0, minimum=1.1)
+# Prefix-aware dispatch (batches/engine/prefixes.py): records whose prompts share their
+# first PREFIX_BYTES bytes are sent together (0: off), from a claim-ahead of PREFIX_WINDOW.
+OPENRELAY_PREFIX_BYTES = envint("OPENRELAY_PREFIX_BYTES", 1024, minimum=0)
+OPENRELAY_PREFIX_WINDOW = envint("OPENRELAY_PREFIX_WINDOW", 512, minimum=1)
 # A deployment out of the rotation is probed with backoff up to this interval.
 OPENRELAY_PROBE_MAX_S = envfloat("OPENRELAY_PROBE_MAX_S", 10.0, minimum=0.1)
 # Run an engine in each q2 worker process (off: the cluster runs only tasks).

@@ -28,9 +28,10 @@ import orjson
 from django.conf import settings
 
 from batches.engine import tallies
+from batches.engine.flow import FlowControl, MetricsReader
 from batches.engine.health import Health, server_failed
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
-from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, Origin, TransportError
+from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, IdleTimeout, Origin, TransportError
 from batches.engine.usage import Usage  # noqa: F401 (the engine's modules import it from here)
 from openrelay.redaction import redact, redact_json, secrets_of
 
@@ -38,6 +39,8 @@ from openrelay.redaction import redact, redact_json, secrets_of
 logger = logging.getLogger("openrelay.engine")
 
 MAX_RETRY_AFTER_S = 60.0
+# Answers that tell the adaptive limit (batches.engine.flow) to back off.
+OVERLOAD_STATUSES = (429, 503)
 # A request in flight at this many server failures fails alone: it may be
 # what takes the server down (a "poison" record).
 POISON_FAILURES = 3
@@ -48,6 +51,7 @@ MAX_WATCH_EVERY_S = 1.0
 MIN_WATCH_EVERY_S = 0.01
 DEFAULT_IDLE_TIMEOUT_S = 60.0
 MAX_RAW_ERROR_CHARS = 500
+MAX_REQUEST_ID_CHARS = 200
 
 
 SERVER_WORDS = "the model server"
@@ -99,6 +103,7 @@ class CallResult:
     request_id: str = ""
     usage: Usage = field(default_factory=Usage)
     message: str = ""
+    overload: bool = False  # cut by the idle timeout or the call limit: the server may be overloaded
 
     @property
     def ok(self):
@@ -108,18 +113,30 @@ class CallResult:
 class Upstream:
     """A deployment as the engine needs it (no ORM objects inside the loop).
 
-    `share` is this engine's part of the deployment's max_concurrency (the
-    live engines split it, scheduler.split); `in_use` the calls in flight
-    on it; `healthy` whether it is in the rotation (health.Health decides).
+    `allotted` is this engine's part of the deployment's max_concurrency
+    (the live engines split it, scheduler.split); `share` the calls the gate
+    may send it now: the adaptive limit (`flow`, batches.engine.flow) within
+    that part; `in_use` the calls in flight on it; `healthy` whether it is
+    in the rotation (health.Health decides).
     """
 
-    def __init__(self, base_url, upstream_model, api_key, concurrency, deployment_id=None, max_answer_bytes=None):
+    def __init__(self, base_url, upstream_model, api_key, concurrency, deployment_id=None, max_answer_bytes=None,
+                 adaptive=None):
         self.base_url = base_url
         self.upstream_model = upstream_model
         self.api_key = api_key
         self.concurrency = max(1, concurrency)
         self.deployment_id = deployment_id
-        self.share = self.concurrency
+        if adaptive is None:
+            adaptive = getattr(settings, "OPENRELAY_ADAPTIVE_CONCURRENCY", False)
+        self.flow = FlowControl(
+            self.concurrency, adaptive=adaptive,
+            floor=getattr(settings, "OPENRELAY_CONCURRENCY_FLOOR", 1),
+            start=getattr(settings, "OPENRELAY_CONCURRENCY_START", None),
+            tolerance=getattr(settings, "OPENRELAY_LATENCY_TOLERANCE", 2.0),
+        )
+        self.allotted = self.concurrency
+        self.share = self.flow.limit
         self.part = 0  # the engine's split of max_concurrency, published before it becomes the share
         self.published = False
         self.in_use = 0
@@ -139,6 +156,27 @@ class Upstream:
             self.origin, self.problem = None, str(exc)
         self._heads = {}
         self._concealers = {}  # the catalog name asked for -> its pattern (Upstream.conceal)
+        self.metrics = MetricsReader(self)
+        # Prefix keys hash to a deployment by this (batches.engine.prefixes.home_of): the same on every engine.
+        self.affinity_seed = str(deployment_id if deployment_id is not None else base_url).encode()
+
+    def allot(self, calls):
+        """This engine's part of max_concurrency is now `calls`: the adaptive limit stays within it."""
+        self.allotted = calls
+        self.flow.set_ceiling(calls)
+        self.share = self.flow.limit
+
+    def observed(self, seconds, in_flight, now):
+        """An answer came after `seconds` with `in_flight` calls here: the limit may move."""
+        flow = self.flow
+        flow.observe(seconds, in_flight, now)
+        self.share = flow.limit
+        if self.metrics.task is None and flow.adaptive:
+            self.metrics.ensure()
+
+    def overloaded(self, sent_at, now):
+        self.flow.overloaded(sent_at, now)
+        self.share = self.flow.limit
 
     @property
     def settings(self):
@@ -156,6 +194,7 @@ class Upstream:
         return head
 
     def close(self):
+        self.metrics.close()
         if self.origin is not None:
             self.origin.close()
 
@@ -205,8 +244,10 @@ class ModelCaller:
     rotation and is probed until it answers again; the call waits for a
     healthy deployment and is sent again there. A request that was in
     flight at POISON_FAILURES failures fails alone (it may be what takes
-    the server down). A 429 is the server saying "later": the call waits
-    Retry-After and tries again, up to `retries` times.
+    the server down). A 429, or a 503 with Retry-After, is the server saying
+    "later": the call waits Retry-After and tries again, up to `retries`
+    times. Every answer moves the deployment's adaptive limit
+    (batches.engine.flow); those and calls cut for time cut it.
     """
 
     def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None,
@@ -281,10 +322,21 @@ class ModelCaller:
             sent = time.monotonic()
             try:
                 result = await self._attempt(upstream, endpoint, body)
-            finally:
+            except BaseException:
                 self.gate.release(ticket, upstream)
-            tallies.call(upstream.deployment_id, result, time.monotonic() - sent)
-            failure = server_failed(result)
+                raise
+            now = time.monotonic()
+            # Before the slot goes back, so the gate hands out slots by the limit it leads to.
+            if result.overload or (result.kind == "response" and result.status_code in OVERLOAD_STATUSES):
+                upstream.overloaded(sent, now)
+            elif result.kind == "response":
+                upstream.observed(now - sent, upstream.in_use, now)
+            self.gate.release(ticket, upstream)
+            tallies.call(upstream.deployment_id, result, now - sent)
+            # A 503 that says when to come back is an overloaded server, like a 429; without
+            # Retry-After it is a failed one (a proxy whose backend is down answers so).
+            busy_answer = result.status_code == 429 or (result.status_code == 503 and result.message)
+            failure = "" if busy_answer else server_failed(result)
             if failure:
                 failures += 1
                 self.health.failed(self.gate, upstream, failure)
@@ -295,7 +347,7 @@ class ModelCaller:
                                 f"({failure}); it is not sent again.",
                     )
                 continue  # the gate hands out only healthy deployments: this waits for one
-            if result.status_code == 429 and busy < self.retries:
+            if busy_answer and busy < self.retries:
                 busy += 1
                 await asyncio.sleep(self._delay(result, busy))
                 continue
@@ -330,11 +382,13 @@ class ModelCaller:
             if task in self._cut:
                 self._cut.discard(task)
                 if task.uncancel() == 0:
-                    return CallResult(kind="time_limit",
+                    return CallResult(kind="time_limit", overload=True,
                                       message=f"The model call did not return within {self.time_limit_s:g} seconds.")
             raise
         except (TransportError, OSError) as exc:  # OSError covers TimeoutError, e.g. connecting timed out
-            return self._failed(upstream, exc)
+            result = self._failed(upstream, exc)
+            result.overload = isinstance(exc, IdleTimeout)
+            return result
         finally:
             del self._deadlines[task]
             if task in self._cut:  # cut, but the call ended another way: take the cancel back
@@ -352,7 +406,12 @@ class ModelCaller:
     async def _send(self, upstream, head, payload):
         response = await upstream.origin.post(head, orjson.dumps(payload))
         raw, status = response.body, response.status
-        request_id = response.headers.get("x-request-id") or _request_id()
+        request_id = response.headers.get("x-request-id")
+        if request_id is None:
+            request_id = _request_id()
+        elif upstream.secrets:
+            # It goes to the result file as the server wrote it: a server may echo the key there too (~3 µs).
+            request_id = redact(request_id, upstream.secrets, MAX_REQUEST_ID_CHARS)
         try:
             parsed = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
@@ -365,7 +424,7 @@ class ModelCaller:
         elif not 200 <= status < 300:
             # An error answer is stored as the record's result: a server that quotes the key must not hand it on.
             parsed = redact_json(parsed, upstream.secrets)
-        retry_after = response.headers.get("retry-after", "") if status == 429 else ""
+        retry_after = response.headers.get("retry-after", "") if status in OVERLOAD_STATUSES else ""
         return CallResult(
             kind="response",
             status_code=status,

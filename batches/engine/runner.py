@@ -24,7 +24,7 @@ import os
 import secrets
 import socket
 import time
-from collections import defaultdict, deque
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,7 +35,7 @@ from django.db import close_old_connections, connections
 from django.utils import timezone
 
 from batches import events, lifecycle, progress
-from batches.engine import checkpoints, dbretry, dispatch, finish, samples, store, tallies
+from batches.engine import checkpoints, dbretry, dispatch, finish, prefixes, samples, store, tallies
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.health import Health
 from batches.engine.outcomes import RecordOutcome
@@ -122,7 +122,7 @@ class BatchRun:
             checkpoints=checkpoint_writer,
         )
         self.input = None
-        self.queue = deque()  # claimed (ClaimedRecord, line bytes), not started yet
+        self.queue = prefixes.RecordQueue()  # claimed (ClaimedRecord, line bytes), not started yet
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
         self.cursor = 0  # the last line claimed: claims continue past it
         self.recheck_at = 0.0  # while > now, nothing is left to claim
@@ -133,6 +133,7 @@ class BatchRun:
         self.rate_mark = (time.monotonic(), 0)
         self.target = min(MIN_PREFETCH, max(1, lane.gate.capacity))
         self.closing = False
+        self.shared_prefixes = False  # its claims showed records sharing a prompt prefix
         self.last_event = 0.0
         self.sampled_at = -math.inf  # when this engine last took a progress sample of the batch
 
@@ -149,6 +150,9 @@ class BatchRun:
         rate = (self.started - started) / (now - since)
         floor = min(MIN_PREFETCH, max(1, self.lane.gate.capacity))
         self.target = max(floor, min(settings.OPENRELAY_CLAIM_CHUNK, math.ceil(rate * (2 * hop_s + PREFETCH_S))))
+        if self.shared_prefixes:
+            # Enough claimed ahead that records sharing a prefix wait here together (batches.engine.prefixes).
+            self.target = max(self.target, settings.OPENRELAY_PREFIX_WINDOW)
         self.rate_mark = (now, self.started)
 
 
@@ -523,7 +527,7 @@ class Engine:
             # An engine publishes its part (heartbeat's `holding`) before it takes it.
             upstream.part = split(upstream.concurrency, self.rank + index, self.engines)
             left = upstream.concurrency - self.others_holding.get(row["pk"], 0)
-            upstream.share = max(0, min(upstream.part, left)) if upstream.published else 0
+            upstream.allot(max(0, min(upstream.part, left)) if upstream.published else 0)
             self._adopt_health(lane, upstream, row)
             current[row["pk"]] = upstream
         for pk, upstream in lane.upstreams.items():
@@ -540,7 +544,7 @@ class Engine:
     def _retire(self, lane, upstream):
         self.health.forget(upstream)
         upstream.healthy = False  # no new calls; those in flight finish
-        upstream.share = 0
+        upstream.allot(0)
         lane.retired.append(upstream)
 
     def _adopt_health(self, lane, upstream, row):
@@ -613,6 +617,7 @@ class Engine:
         while work is not None:
             run, record, raw = work
             self.running[task] = (run, record)
+            prefixes.current_key.set(record.prefix)
             bound = logs.working_on(run.public_id, run.pk, record.line)
             try:
                 outcome = await self._execute(run, record, raw)
@@ -696,6 +701,9 @@ class Engine:
             if run.closing:
                 continue  # closed while the claim ran: the closer marks these records
             run.queue.extend(records)
+            if not run.shared_prefixes and run.queue.shared():
+                run.shared_prefixes = True
+                run.target = max(run.target, settings.OPENRELAY_PREFIX_WINDOW)  # claim the wider window at once
             # The cursor follows pending records only: a dead engine's record may lie past
             # pending lines that no one has claimed yet.
             pending_lines = [record.line for record, _ in records if not record.resumed]
@@ -805,10 +813,13 @@ class _Trip:
             if run.input is None:
                 run.input = open_records(File.objects.get(pk=run.input_file_id))
             lines = claimed[pk] = []
+            size = settings.OPENRELAY_PREFIX_BYTES
             for record in batch_records:
                 # In line order: the reads walk the file forward.
                 run.input.seek(record.offset)
-                lines.append((record, run.input.read(record.length)))
+                line = run.input.read(record.length)
+                record.prefix = prefixes.prefix_key(line, size)
+                lines.append((record, line))
         return written, claimed, finished
 
 

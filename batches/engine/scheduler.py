@@ -20,6 +20,8 @@ Work-conserving: a slot nobody else waits for goes to whoever waits.
 import asyncio
 from collections import defaultdict, deque
 
+from batches.engine import prefixes
+
 
 def split(total, rank, count):
     """This engine's part of `total` when `count` live engines share it; `rank` is its place among them.
@@ -95,7 +97,7 @@ class CallGate:
         caps.gates.append(self)
         self.upstreams = []
         self.waiting = 0
-        # expedited? -> organization id -> batch pk -> deque of (future, ticket)
+        # expedited? -> organization id -> batch pk -> deque of (future, ticket, prefix key)
         self._queues = {True: {}, False: {}}
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
 
@@ -126,12 +128,17 @@ class CallGate:
                     ready += sum(len(queue) for queue in by_batch.values())
         return ready
 
-    def _free_upstream(self):
-        """The healthy deployment with the most of its share free (by fraction, so calls
-        spread over deployments in proportion to their concurrency)."""
+    def _free_upstream(self, key=None):
+        """The deployment `key` (a prompt prefix's, batches.engine.prefixes) prefers if it has room,
+        else the healthy deployment with the most of its share free (by fraction, so calls spread
+        over deployments in proportion to their concurrency)."""
         if len(self.upstreams) == 1:
             upstream = self.upstreams[0]
             return upstream if upstream.healthy and upstream.in_use < upstream.share else None
+        if key is not None:
+            home = prefixes.home_of(key, [u for u in self.upstreams if u.healthy and u.allotted > 0])
+            if home is not None and home.in_use < home.share:
+                return home
         best, room = None, 0.0
         for upstream in self.upstreams:
             if upstream.healthy and upstream.in_use < upstream.share:
@@ -141,13 +148,14 @@ class CallGate:
         return best
 
     async def acquire(self, ticket):
+        key = prefixes.current_key.get()
         if not self.waiting and self.caps.allows(ticket.organization_id):
-            upstream = self._free_upstream()
+            upstream = self._free_upstream(key)
             if upstream is not None:
                 self._take(ticket, upstream)
                 return upstream
         future = asyncio.get_running_loop().create_future()
-        entry = (future, ticket)
+        entry = (future, ticket, key)
         by_org = self._queues[ticket.expedited].setdefault(ticket.organization_id, {})
         by_org.setdefault(ticket.batch_pk, deque()).append(entry)
         self.waiting += 1
@@ -197,15 +205,15 @@ class CallGate:
         """Hand free slots to waiters: expedited first, then the organization with the fewest
         calls on this model (within its cap), then that organization's least-served batch."""
         while self.waiting:
-            upstream = self._free_upstream()
-            if upstream is None:
+            if self._free_upstream() is None:
                 return
             entry = self._next()
             if entry is None:
                 return  # every waiter's organization is at its cap
-            future, ticket = entry
+            future, ticket, key = entry
             if future.done():
                 continue  # its task was cancelled; its own handler finds nothing left to forget
+            upstream = self._free_upstream(key)
             self._take(ticket, upstream)
             future.set_result(upstream)
 

@@ -20,7 +20,7 @@ from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 from openrelay.models import Deployment
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClaimedRecord:
     pk: int
     line: int
@@ -29,6 +29,7 @@ class ClaimedRecord:
     length: int
     checkpoint: bytes | None = None  # the loop state a resumed multi-step record continues from
     resumed: bool = False  # claimed because its lease ran out (its engine died)
+    prefix: int | None = None  # its prompt prefix's key (batches.engine.prefixes), read with its line
 
 
 # The outcome columns, in the order _result_row fills them (pk first).

@@ -2,8 +2,9 @@
 
 Two figures, two homes:
 - `Engine.calls` (the operator page and GET /metrics sum the live engines'
-  rows): each deployment's calls in flight here and those of the last minute
-  (batches.engine.callcount), as fresh as the heartbeat (0.5 s);
+  rows): each deployment's calls in flight here, those of the last minute
+  (batches.engine.callcount) and the adaptive limit here, as fresh as the
+  heartbeat (0.5 s);
 - `Tally` rows (GET /metrics): running totals of what leaves no row of its
   own: model calls by deployment and answer class, their durations (a
   histogram), flushed outcomes dropped for a lost lease, records resumed at a
@@ -76,19 +77,23 @@ def flushed(outcomes, written, claimed):
 
 
 def take(upstreams=()):
-    """(the deltas counted since the last take, this engine's {deployment: [in flight, calls, failed]}).
+    """(the deltas counted since the last take, this engine's {deployment: [in flight, calls, failed, limit]}).
+
+    `limit` is the engine's adaptive concurrency limit at the deployment now (batches.engine.flow);
+    None once its lane has closed.
 
     Runs on the engine's loop, so the calls in flight are read where they change."""
     global _deltas
     with _lock:
         deltas, _deltas = _deltas, Counter()
-        in_flight = Counter()
+        in_flight, limits = Counter(), Counter()
         for upstream in upstreams:  # a replaced deployment's old Upstream may still carry calls
             in_flight[upstream.deployment_id] += upstream.in_use
+            limits[upstream.deployment_id] += upstream.share
         # A deployment's last minute outlives its lane: an engine closes a model's lane once its
         # batches are done, and the operator page would read "0 calls a minute" at once.
         recent = {pk: count.last_minute() for pk, count in _minute.items()}
-        calls = {str(pk): [in_flight.get(pk, 0), *recent.get(pk, (0, 0))]
+        calls = {str(pk): [in_flight.get(pk, 0), *recent.get(pk, (0, 0)), limits[pk] if pk in in_flight else None]
                  for pk in in_flight.keys() | {pk for pk, (n, _) in recent.items() if n}}
     return deltas, calls
 

@@ -141,10 +141,11 @@ class Origin:
         self._idle = []  # _Connection, most recently used last
         self._busy = set()  # _Connection in an exchange
 
-    def prepare(self, path, headers, method="POST"):
+    def prepare(self, path, headers, method="POST", root=False):
         """The request head up to the body's length, for `method` (POST; GET for health probes)
-        to `path` (below the base URL's path)."""
-        lines = [f"{method} {self._target}{path} HTTP/1.1", f"Host: {self.authority}"]
+        to `path` (below the base URL's path; `root`: below the server's root, as /metrics is)."""
+        target = self._target.removesuffix(self.prefix) if root and self.prefix else self._target
+        lines = [f"{method} {target}{path} HTTP/1.1", f"Host: {self.authority}"]
         if self.proxy and not self.ssl and self.proxy.authorization:
             lines.append(f"Proxy-Authorization: {self.proxy.authorization}")
         for name, value in headers.items():

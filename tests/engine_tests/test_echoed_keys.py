@@ -65,8 +65,6 @@ def test_no_piece_of_the_key_comes_back_from_the_model_server(server, echo, posi
         assert_no_piece(text, authorization, token)
 
 
-@pytest.mark.xfail(strict=True, reason="calls.py keeps a model server's x-request-id as it came (not redacted): "
-                                       "ModelCaller._send should redact it with upstream.secrets")
 def test_an_echoed_key_in_x_request_id_stays_out_of_the_result():
     echoing = EchoingServer()
     token = "sk-upstream-0123456789abcdef"

@@ -119,6 +119,9 @@ TARGETS = {
     "fairness": "< 5 s",
     "recovery": "< 15 s",
     "many": "< 2 s, RSS within 20%",
+    "flow_high": ">= 95% of max, <= 1% 503s",
+    "flow_low": ">= 90% of max within 30 s",
+    "prefix": ">= 1.5x faster, >= 3x cached share",
 }
 
 
@@ -133,6 +136,8 @@ PARTS = {
     "fairness": ("fairness",),
     "recovery": ("recovery",),
     "many": ("many_batches",),
+    "flow": ("flow_too_high", "flow_too_low"),
+    "prefix": ("prefix_aware",),
 }
 
 
@@ -522,13 +527,13 @@ class Stack:
 
     # -- the pieces
 
-    def start_simulator(self, latency_ms, probe=False):
+    def start_simulator(self, latency_ms, probe=False, extra=(), name=None):
         port = _free_port()
         module = "tests.perf.bench_probe" if probe else "openrelay.simulator"
         argv = [PYTHON, "-m", module, "--port", str(port), "--latency-ms", str(latency_ms)]
         if not probe:
-            argv += ["--host", "127.0.0.1", "--no-record"]
-        process = self.spawn("probe" if probe else f"sim{latency_ms}", argv)
+            argv += ["--host", "127.0.0.1", "--no-record", *extra]
+        process = self.spawn(name or ("probe" if probe else f"sim{latency_ms}"), argv)
         url = f"http://127.0.0.1:{port}"
         wait_http(process, f"{url}/v1/models")
         return url
@@ -1057,6 +1062,22 @@ class Bench:
         self.report(f"11: first progress worst {worst:.2f} s, median {median:.2f} s (in progress: worst "
                     f"{max(starts):.2f} s, median {statistics.median(starts):.2f} s); "
                     f"RSS {one_mb:.0f} vs {many_mb:.0f} MB")
+
+    # 12-14: adaptive concurrency and prefix-aware dispatch (tests/perf/bench_flow.py)
+    def flow_too_high(self):
+        from tests.perf.bench_flow import FlowRuns
+
+        FlowRuns(self).too_high()
+
+    def flow_too_low(self):
+        from tests.perf.bench_flow import FlowRuns
+
+        FlowRuns(self).too_low()
+
+    def prefix_aware(self):
+        from tests.perf.bench_flow import FlowRuns
+
+        FlowRuns(self).prefix_aware()
 
     def steps(self, only=None):
         """The runs to do: all, or those of the measurements in `only` (see PARTS)."""

@@ -57,7 +57,7 @@ def test_bench_only_names_the_parts_it_knows():
     result = subprocess.run([sys.executable, "manage.py", "bench", "--only", "e2e", "everything"], cwd=ROOT,
                             capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
-    assert "--only takes big, e2e, first_call, latency, scale, fairness, recovery, many; not everything." in result.stderr
+    assert "--only takes big, e2e, first_call, latency, scale, fairness, recovery, many, flow, prefix; not everything." in result.stderr
 
 
 def test_bench_steps_follow_only():

@@ -32,7 +32,8 @@ class Command(BaseCommand):
                             help="the ASGI server of the web process (default uvicorn, as `manage.py up` and production run it)")
         parser.add_argument("--only", nargs="+", default=None, metavar="PART",
                             help="run only these parts: big (measurements 1, 2, 6, 8), e2e (3), first_call (4), "
-                                 "latency (5), scale (7), fairness (9), recovery (10), many (11)")
+                                 "latency (5), scale (7), fairness (9), recovery (10), many (11), flow (12, 13: adaptive "
+                                 "concurrency), prefix (14: prefix-aware dispatch)")
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 

@@ -1,0 +1,256 @@
+"""Adaptive concurrency: how many calls this engine keeps in flight at one deployment.
+
+A deployment's `max_concurrency` is a ceiling, not a target. Each engine
+keeps a `FlowControl` for its part of it (scheduler.split) and moves the
+limit between a floor and that part, from what the server's answers say:
+
+- **Overload** (a 429, a 503, a call cut by the idle timeout or the call
+  limit, a failed server): the limit is multiplied by BACKOFF, at most once
+  a window, and only for calls sent after the last cut (they saw the old
+  limit).
+- **Latency** (Vegas-like): each window (as many answers as the limit, about
+  one round trip of every slot) gives a mean call time. The baseline is the
+  lowest window mean of the last BASELINE_S. A mean above
+  OPENRELAY_LATENCY_TOLERANCE x the baseline means calls queue inside the
+  server: the limit shrinks towards the level where they would not.
+  Otherwise the limit grows, by doubling while it has never been cut (slow
+  start), then by one a window; it only grows while calls actually fill it.
+- **The server's own figures**, when GET /metrics answers (vLLM:
+  `vllm:num_requests_waiting`, `vllm:num_requests_running`, KV-cache usage;
+  llama.cpp: `llamacpp:requests_deferred`, `llamacpp:requests_processing`):
+  they replace the latency rule. The limit moves so that a short line waits
+  in the server (WAIT_SHARE of what runs, at least one request, so no slot
+  idles between an answer and the next call) and no longer, by this
+  engine's part of the server's load; a full KV cache stops growth.
+
+Why these: measured against the capacity-model simulator (16 slots), a
+fixed limit 8x too high kept 112 requests queued in the server (or drew
+503s past its queue limit); AIMD on errors alone saws between the queue
+limit and half of it, an error each cycle; the latency rule settles where
+the slots are full and little queues; the server's waiting count does that
+directly, without a latency baseline to learn. README's "Flow control"
+section has the benchmark rows.
+"""
+
+import asyncio
+import logging
+import math
+import time
+from collections import deque
+
+from django.conf import settings
+
+from batches.engine.transport import TransportError
+
+logger = logging.getLogger("openrelay.engine")
+
+BACKOFF = 0.7  # an overload signal multiplies the limit by this
+SLOW_START_EXIT = 1.25  # slow start ends once calls take this much over their baseline
+BASELINE_S = 60.0  # the latency baseline is the lowest window mean this recent
+# Below this, a rise in call time is noise, not a queue: a fast server's calls take
+# 1-10 ms, and their mean doubles with scheduling jitter alone.
+MIN_QUEUE_DELAY_S = 0.05
+METRICS_EVERY_S = 0.5
+METRICS_TIMEOUT_S = 2.0
+METRICS_RETRY_S = 60.0  # a server with no usable /metrics is asked again this much later
+METRICS_FRESH_S = 3.0  # figures older than this no longer steer the limit
+WAIT_SHARE = 1 / 8  # the line the server should keep: this share of what it runs
+KV_FULL = 0.95
+
+WAITING = ("vllm:num_requests_waiting", "llamacpp:requests_deferred")
+RUNNING = ("vllm:num_requests_running", "llamacpp:requests_processing")
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio")
+
+
+def floor_and_start():
+    return settings.OPENRELAY_CONCURRENCY_FLOOR, settings.OPENRELAY_CONCURRENCY_START
+
+
+class FlowControl:
+    """One deployment's adaptive limit in this engine.
+
+    `limit` (an int, between `floor` and `ceiling`) is what the gate hands
+    out; `observe` is called with every answer, `overloaded` with every
+    overload signal, `metrics` with the server's figures.
+    """
+
+    def __init__(self, ceiling, *, floor=1, start=None, tolerance=2.0, adaptive=True):
+        self.ceiling = max(0, ceiling)
+        self.floor = max(1, floor)
+        self.adaptive = adaptive
+        self.tolerance = tolerance
+        self.value = float(self.ceiling if start is None or not adaptive else start)
+        self.slow_start = True
+        self.cut_at = -math.inf  # when the limit was last cut (time.monotonic): older calls don't cut again
+        self.means = deque()  # (when, window mean) for the baseline
+        self.server = None  # (when, waiting, running, kv usage) from /metrics
+        self.steered_at = -math.inf  # the reading the limit last moved by: each moves it once
+        self._clamp()
+        self._reset_window()
+
+    @property
+    def limit(self):
+        return self._limit
+
+    def set_ceiling(self, ceiling):
+        self.ceiling = max(0, ceiling)
+        if not self.adaptive:
+            self.value = float(self.ceiling)
+        self._clamp()
+
+    def _clamp(self):
+        # `value` keeps its place while the ceiling moves (an engine's part is 0 until it has
+        # published it, and shrinks while another engine joins); growth stops at the ceiling.
+        self.value = max(self.value, self.floor)
+        self._limit = min(int(self.value), self.ceiling)
+
+    def _grow(self, step):
+        self.value = min(self.value + step, max(self.ceiling, self.floor))
+
+    # ------------------------------------------------------------ signals
+
+    def observe(self, seconds, in_flight, now):
+        """An answer that took `seconds`, with `in_flight` calls (this one included) at the deployment."""
+        if not self.adaptive:
+            return
+        self.window_calls += 1
+        self.window_seconds += seconds
+        if in_flight > self.window_peak:
+            self.window_peak = in_flight
+        if self.slow_start and in_flight >= self._limit:
+            # One more a full answer: the limit doubles every round trip while nothing pushes back.
+            self._grow(1)
+            self._clamp()
+        if self.window_calls >= self.window_size:
+            self._end_window(now)
+
+    def overloaded(self, sent_at, now):
+        """The server said it is overloaded to a call sent at `sent_at` (time.monotonic)."""
+        if not self.adaptive or sent_at < self.cut_at:
+            return
+        self.slow_start = False
+        self.value *= BACKOFF
+        self.cut_at = now
+        self._clamp()
+        self._reset_window()
+
+    def metrics(self, waiting, running, kv_usage, now):
+        """The server's own figures (waiting and running requests, KV-cache usage 0..1 or None)."""
+        self.server = (now, waiting, running, kv_usage)
+
+    # ------------------------------------------------------------ windows
+
+    def _reset_window(self):
+        # A window is as many answers as the limit when it began (slow start grows it meanwhile).
+        self.window_size = max(1, self._limit)
+        self.window_calls = 0
+        self.window_seconds = 0.0
+        self.window_peak = 0
+
+    def _end_window(self, now):
+        mean = self.window_seconds / self.window_calls
+        filled = self.window_peak >= self._limit  # the limit, not the work, held calls back
+        if self.server is not None and now - self.server[0] <= METRICS_FRESH_S:
+            if self.server[0] > self.steered_at:  # a window is shorter than a reading's interval
+                self.steered_at = self.server[0]
+                self._steer_by_server(filled)
+        else:
+            self._steer_by_latency(mean, filled, now)
+        self._clamp()
+        self._reset_window()
+
+    def _steer_by_latency(self, mean, filled, now):
+        means = self.means
+        means.append((now, mean))
+        while means and now - means[0][0] > BASELINE_S:
+            means.popleft()
+        baseline = min(m for _, m in means)
+        queueing = mean - baseline > MIN_QUEUE_DELAY_S
+        if self.slow_start and queueing and mean > SLOW_START_EXIT * baseline:
+            # Calls begin to wait: stop doubling before the burst overshoots (HyStart's rule).
+            self.slow_start = False
+        if mean > self.tolerance * baseline and queueing:
+            # Calls queue in the server: shrink towards where they would take `tolerance` x the baseline.
+            self.slow_start = False
+            self.value = max(self.value * BACKOFF, self.value * self.tolerance * baseline / mean)
+        elif filled and not self.slow_start:
+            self._grow(1)
+
+    def _steer_by_server(self, filled):
+        _, waiting, running, kv_usage = self.server
+        if kv_usage is not None and kv_usage >= KV_FULL:
+            self.slow_start = False  # the server has no room left for more, whatever its line says
+        wanted = max(1.0, running * WAIT_SHARE)
+        load = max(1, running + waiting)
+        ours = min(1.0, self.value / load)  # this engine's part of what the server holds
+        if waiting > 2 * wanted:
+            self.slow_start = False
+            self.value -= (waiting - wanted) * ours
+        elif waiting < wanted and filled and not self.slow_start and (kv_usage is None or kv_usage < KV_FULL):
+            self._grow(max(1.0, (wanted - waiting) * ours))
+
+
+# ---------------------------------------------------------------- the server's /metrics
+
+
+def read_metrics(text):
+    """(waiting, running, kv usage or None) from a Prometheus text page, or None when it has none of them."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    found = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in WAITING + RUNNING + KV_USAGE:
+                    found[sample.name] = found.get(sample.name, 0.0) + sample.value
+    except ValueError:
+        return None
+    waiting = next((found[name] for name in WAITING if name in found), None)
+    running = next((found[name] for name in RUNNING if name in found), None)
+    if waiting is None or running is None:
+        return None
+    kv = next((found[name] for name in KV_USAGE if name in found), None)
+    return waiting, running, kv
+
+
+class MetricsReader:
+    """Reads one deployment's GET /metrics (at the server's root, beside /v1) every METRICS_EVERY_S
+    while the engine has calls for it, and hands the figures to its FlowControl."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.task = None
+        self.retry_at = 0.0
+
+    def ensure(self):
+        """Start reading unless already reading or the server showed it has nothing to read."""
+        if self.task is None and time.monotonic() >= self.retry_at and self.upstream.origin is not None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self):
+        upstream = self.upstream
+        try:
+            head = upstream.origin.prepare("/metrics", {"Authorization": upstream.headers["Authorization"]}
+                                           if "Authorization" in upstream.headers else {}, "GET", root=True)
+            while upstream.healthy or upstream.in_use:
+                figures = await self._read(head)
+                if figures is None:
+                    self.retry_at = time.monotonic() + METRICS_RETRY_S
+                    return
+                upstream.flow.metrics(*figures, time.monotonic())
+                await asyncio.sleep(METRICS_EVERY_S)
+        except (ValueError, TransportError, OSError):
+            self.retry_at = time.monotonic() + METRICS_RETRY_S
+        finally:
+            self.task = None
+
+    async def _read(self, head):
+        async with asyncio.timeout(METRICS_TIMEOUT_S):
+            response = await self.upstream.origin.post(head, b"")
+        if response.status != 200:
+            return None
+        return read_metrics(response.body.decode("utf-8", "replace"))
+
+    def close(self):
+        if self.task is not None:
+            self.task.cancel()

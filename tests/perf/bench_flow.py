@@ -1,0 +1,191 @@
+"""The bench's flow-control rows (12-14): adaptive concurrency and prefix-aware dispatch, against the
+simulator's capacity model (openrelay.simulator: N decode slots, a queue, a prefix cache).
+
+Each run starts its own simulator with the shape below, registers a model on it through the bench's
+database, runs one batch through a fresh cluster and reads the simulator's own figures
+(`GET /_sim/stats`: requests completed, 503s from its queue limit, cached prompt tokens).
+"""
+
+import random
+import time
+
+import httpx
+import orjson
+
+from openrelay.simulator import SimulatorConfig, capacity_per_second, count_tokens
+
+SLOTS = 16
+QUEUE_LIMIT = 16  # past 16 waiting, the server answers 503 (with Retry-After)
+PREFILL_MS, DECODE_MS, CONTENTION = 0.02, 2.0, 0.5
+OUTPUT_TOKENS = 32
+TOO_HIGH = 8 * SLOTS  # row 12: max_concurrency 8x what the server can run
+LOW_CEILING, LOW_START = 2 * SLOTS, SLOTS // 4  # row 13: a ceiling above the slots, starting 4x below them
+FLOW_SECONDS = 30  # each flow run's length at the server's capacity
+# Row 14: 20 system prompts shuffled through the batch; the server's prefix cache holds four of them.
+PREFIX_PROMPTS, PREFIX_PROMPT_TOKENS, PREFIX_CACHE_PROMPTS = 20, 1_000, 4
+PREFIX_PREFILL_MS, PREFIX_OUTPUT_TOKENS = 0.05, 16
+
+
+def _flow_config(**kw):
+    return SimulatorConfig(slots=SLOTS, queue_limit=QUEUE_LIMIT, prefill_ms_per_token=PREFILL_MS,
+                           decode_ms_per_token=DECODE_MS, decode_contention=CONTENTION, **kw)
+
+
+def _argv(config, metrics=""):
+    argv = ["--slots", str(config.slots), "--prefill-ms-per-token", str(config.prefill_ms_per_token),
+            "--decode-ms-per-token", str(config.decode_ms_per_token),
+            "--decode-contention", str(config.decode_contention)]
+    if config.queue_limit is not None:
+        argv += ["--queue-limit", str(config.queue_limit)]
+    if config.prefix_cache_tokens:
+        argv += ["--prefix-cache-tokens", str(config.prefix_cache_tokens)]
+    if metrics:
+        argv += ["--metrics", metrics]
+    return argv
+
+
+def _write(path, bodies, model):
+    with open(path, "wb") as out:
+        for i, body in enumerate(bodies, 1):
+            out.write(orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
+                                    "body": {"model": model, **body}}) + b"\n")
+
+
+def _stats(url):
+    return httpx.get(f"{url}/_sim/stats", timeout=10).json()
+
+
+class FlowRuns:
+    """Rows 12-14, given the bench (its stack, API client, rows and reporting)."""
+
+    def __init__(self, bench):
+        self.bench = bench
+        self.stack = bench.stack
+
+    def _model(self, name, url, concurrency):
+        self.stack.manage("set_model", name, "--base-url", url + "/v1", "--upstream-model", "sim",
+                          "--concurrency", str(concurrency), "--input-price", "0.20", "--output-price", "0.80")
+
+    def _run(self, name, url, concurrency, bodies, timeout_s, sample=None, **cluster_env):
+        """One batch of `bodies` on a fresh 2-worker cluster; (seconds from create's answer to completed, batch row)."""
+        bench = self.bench
+        self._model(name, url, concurrency)
+        path = bench.tmp / f"{name.replace('/', '-')}.jsonl"
+        _write(path, bodies, name)
+        file_id, _ = bench.api.upload(path)
+        cluster = self.stack.start_cluster(2, **cluster_env)
+        try:
+            httpx.post(f"{url}/_sim/reset", timeout=10)
+            batch, _, answered = bench.api.create(file_id)
+            if sample is not None:
+                sample(batch["id"], answered)
+            row = bench.wait_done(batch["id"], timeout_s)
+        finally:
+            self.stack.stop_cluster(cluster)
+        return row["completed_at"] - answered, batch["id"], row
+
+    # 12: max_concurrency 8x too high
+    def too_high(self):
+        bench = self.bench
+        prompt = f"Summarise the ticket. [[tokens:{OUTPUT_TOKENS}]]"
+        capacity = capacity_per_second(_flow_config(), count_tokens(prompt), OUTPUT_TOKENS)
+        records = max(200, int(capacity * (5 if bench.scale.quick else FLOW_SECONDS)))
+        results = {}
+        for metrics in ("", "vllm"):
+            url = self.stack.start_simulator(0, extra=_argv(_flow_config(), metrics), name=f"flow-high{metrics}")
+            bodies = [{"messages": [{"role": "user", "content": f"{prompt} #{i}"}]} for i in range(records)]
+            seconds, _, _ = self._run(f"bench/flow-high{metrics or '-latency'}", url, TOO_HIGH, bodies,
+                                      120 + 4 * records / capacity)
+            stats = _stats(url)
+            calls = stats["completed"] + stats["rejected"]
+            results[metrics or "latency"] = (records / seconds / capacity, stats["rejected"] / max(1, calls),
+                                             stats["max_waiting"], stats["rejected"], calls)
+        worst_share = min(r[0] for r in results.values())
+        worst_503 = max(r[1] for r in results.values())
+        from tests.perf.bench_engine import TARGETS, Row
+
+        bench.rows["flow_high"] = Row(
+            "flow_high", 12, f"max_concurrency 8x too high ({TOO_HIGH} on {SLOTS} slots), {records:,} records",
+            f"{worst_share:.0%} of max, {worst_503:.2%} 503s", TARGETS["flow_high"],
+            worst_share >= 0.95 and worst_503 <= 0.01,
+            "; ".join(f"{how}: {share:.0%} of {capacity:.0f}/s, {rejected} 503s of {calls} calls, at most {waiting} "
+                      f"waiting" for how, (share, _, waiting, rejected, calls) in results.items())
+            + f"; server: {SLOTS} slots, queue limit {QUEUE_LIMIT}, {DECODE_MS} ms a token (contention {CONTENTION}), "
+              f"{OUTPUT_TOKENS} tokens an answer; latency = no /metrics, vllm = the server's /metrics read",
+            {how: {"share": r[0], "rejected_share": r[1], "max_waiting": r[2]} for how, r in results.items()})
+        bench.report(f"12: {bench.rows['flow_high'].result} ({bench.rows['flow_high'].detail})")
+
+    # 13: the ceiling right, the start 4x too low
+    def too_low(self):
+        bench = self.bench
+        prompt = f"Classify the review. [[tokens:{OUTPUT_TOKENS}]]"
+        capacity = capacity_per_second(_flow_config(), count_tokens(prompt), OUTPUT_TOKENS)
+        records = max(200, int(capacity * (8 if bench.scale.quick else FLOW_SECONDS + 10)))
+        url = self.stack.start_simulator(0, extra=_argv(_flow_config()), name="flow-low")
+        bodies = [{"messages": [{"role": "user", "content": f"{prompt} #{i}"}]} for i in range(records)]
+        reached = {}
+
+        def sample(public_id, answered):
+            # Finished records every 0.5 s from the database: when does the rate over 2 s reach 90%?
+            marks = []
+            deadline = answered + 120 + 2 * records / capacity
+            while time.time() < deadline:
+                row = self.stack.db.batch(public_id)
+                done = row["completed"] + row["failed"]
+                marks.append((time.time(), done))
+                window = [m for m in marks if m[0] >= marks[-1][0] - 2.0]
+                if len(window) >= 4 and window[-1][0] > window[0][0]:
+                    rate = (window[-1][1] - window[0][1]) / (window[-1][0] - window[0][0])
+                    if rate >= 0.9 * capacity:
+                        reached["s"] = window[-1][0] - answered
+                        return
+                if done >= records:
+                    return
+                time.sleep(0.5)
+
+        self._run("bench/flow-low", url, LOW_CEILING, bodies, 120 + 4 * records / capacity, sample=sample,
+                  OPENRELAY_CONCURRENCY_START=str(LOW_START // 2))  # two engines: 2 each, 4 in all
+        took = reached.get("s")
+        from tests.perf.bench_engine import TARGETS, Row
+
+        bench.rows["flow_low"] = Row(
+            "flow_low", 13, f"start 4x too low ({LOW_START} of {SLOTS} slots, ceiling {LOW_CEILING}), {records:,} records",
+            "never" if took is None else f"{took:.1f} s", TARGETS["flow_low"], took is not None and took <= 30,
+            f"create's answer -> finished records' rate over 2 s >= 90% of {capacity:.0f}/s (the server's maximum)",
+            {"seconds_to_90": took, "capacity": capacity})
+        bench.report(f"13: {bench.rows['flow_low'].result}")
+
+    # 14: prefix-aware dispatch against file order
+    def prefix_aware(self):
+        bench = self.bench
+        records = 1_000 if bench.scale.quick else 10_000
+        rng = random.Random(14)
+        prompts = [f"System prompt {p}: " + " ".join(f"rule{p}-{i}" for i in range(PREFIX_PROMPT_TOKENS // 2))
+                   for p in range(PREFIX_PROMPTS)]
+        tokens = count_tokens(prompts[0])
+        config = SimulatorConfig(slots=SLOTS, prefill_ms_per_token=PREFIX_PREFILL_MS, decode_ms_per_token=DECODE_MS,
+                                 decode_contention=CONTENTION, prefix_cache_tokens=PREFIX_CACHE_PROMPTS * tokens)
+        bodies = [{"messages": [{"role": "system", "content": rng.choice(prompts)},
+                                {"role": "user", "content": f"Question {i} [[tokens:{PREFIX_OUTPUT_TOKENS}]]"}]}
+                  for i in range(records)]
+        worst_rate = capacity_per_second(config, tokens, PREFIX_OUTPUT_TOKENS)
+        results = {}
+        for how, size in (("file order", "0"), ("prefix-aware", "1024")):
+            url = self.stack.start_simulator(0, extra=_argv(config), name=f"prefix-{size}")
+            seconds, _, row = self._run(f"bench/prefix-{size}", url, SLOTS, bodies, 120 + 3 * records / worst_rate,
+                                        OPENRELAY_PREFIX_BYTES=size)
+            stats = _stats(url)
+            results[how] = (seconds, stats["cached_tokens"] / max(1, stats["prompt_tokens"]))
+            bench.report(f"14: {how}: {seconds:.1f} s, cached share {results[how][1]:.1%}")
+        (plain_s, plain_share), (aware_s, aware_share) = results["file order"], results["prefix-aware"]
+        faster, more = plain_s / aware_s, aware_share / max(plain_share, 1e-9)
+        from tests.perf.bench_engine import TARGETS, Row
+
+        bench.rows["prefix"] = Row(
+            "prefix", 14, f"{PREFIX_PROMPTS} system prompts shuffled through {records:,} records",
+            f"{faster:.2f}x faster, {more:.1f}x cached share", TARGETS["prefix"], faster >= 1.5 and more >= 3,
+            f"file order {plain_s:.1f} s, {plain_share:.1%} cached; prefix-aware {aware_s:.1f} s, {aware_share:.1%} "
+            f"cached; ~{tokens} tokens a system prompt, prefix cache of {PREFIX_CACHE_PROMPTS} prompts, "
+            f"{SLOTS} slots, {PREFIX_PREFILL_MS} ms a prompt token, {DECODE_MS} ms an output token",
+            {"file_order": {"seconds": plain_s, "cached_share": plain_share},
+             "prefix_aware": {"seconds": aware_s, "cached_share": aware_share}})
