@@ -15,7 +15,10 @@ Endpoints
   `{"path", "headers", "body"}`; secret headers (`authorization`, `api-key`,
   `x-api-key`, `proxy-authorization`, `cookie`) are never recorded. Only the
   last `record_limit` (10,000) calls are kept; `record=False` turns it off.
-- `POST /_sim/reset`: forget the recorded calls and the per-body counters.
+- `POST /_sim/reset`: forget the recorded calls and the per-body counters
+  (and zero the capacity model's figures, empty its prefix cache).
+- `GET /_sim/stats`: the capacity model's figures (see "Capacity model").
+- `GET /metrics`: only with `metrics` set (404 otherwise, as before).
 
 Token rule
 ----------
@@ -24,11 +27,16 @@ Token rule
 - Chat `prompt_tokens` count the text of every message (string content or the
   `text` of content parts, plus the name and arguments of earlier tool calls).
 - `cached_tokens` = `prompt_tokens // 2` rounded down to a multiple of 64
-  (so prompts under 128 tokens have none); `reasoning_tokens` is always 0.
+  (so prompts under 128 tokens have none) without the capacity model; with
+  it, what its prefix cache held. `reasoning_tokens` is always 0.
 - `completion_tokens` count the answer text (for tool calls: each function's
   name plus its arguments). `max_tokens` / `max_completion_tokens` cap them;
   a capped answer is cut to `4 * cap` characters and ends with
   `finish_reason: "length"`. Tool-call turns are never capped.
+- `[[tokens:N]]` in the text (for completions, in that prompt) makes the
+  answer exactly N completion tokens: the echo padded with " sim" (one token
+  each) or cut to `4 * N` characters; the caps above still apply. Tool-call
+  turns ignore it.
 
 Answers
 -------
@@ -94,19 +102,82 @@ Server-wide knobs (`SimulatorConfig`, or the command-line flags):
 `drop_rate`, `hang_rate`, `retry_after_s`, `seed`, `fail_all_status` (every
 request gets that status: a dead deployment), `drop_all` (every connection is
 dropped), `api_key` (when set, a request without `Authorization: Bearer <it>`
-gets 401, as vLLM's `--api-key` answers), `record`, `record_limit`, `models` (listed by `/v1/models`).
+gets 401, as vLLM's `--api-key` answers), `record`, `record_limit`, `models` (listed by `/v1/models`),
+and the capacity model's (below).
 The random draw for a request is seeded by (seed, body hash, how many times
 that body was seen), so a run is reproducible even when requests arrive
 concurrently in a different order, and a retried body gets a fresh draw.
+
+Capacity model
+--------------
+Off while `slots` is 0: then every request is answered as soon as it arrives
+(after `latency_ms`), however many there are. With `slots` N > 0 the server
+has one GPU's shape (vLLM's `max_num_seqs`, llama.cpp's `--parallel`):
+- At most N requests hold a slot at once; the others wait in a FIFO queue.
+  When `queue_limit` requests are already waiting, a new one gets 503 at
+  once ("The server is overloaded: N requests are waiting.", the error
+  envelope, `Retry-After: <retry_after_s or 1>`); `queue_limit` None queues
+  without limit, as llama.cpp defers.
+- A request holding a slot prefills, `prefill_ms_per_token` for each
+  uncached prompt token, then decodes, for each completion token it produces
+  `decode_ms_per_token * (1 + decode_contention * (busy - 1) / N)`, where
+  busy is the slots held when its decode starts (itself included). Queueing
+  and prefill count in the latency a client sees. Throughput still grows
+  with busy slots up to N (continuous batching) while `decode_contention`
+  is below N, and past N requests only queue. `capacity_per_second()` gives
+  the most requests a second of a given shape. `latency_ms` and
+  `[[latency:MS]]` wait before the queue: they add latency, take no capacity.
+- `prefix_cache_tokens` > 0 adds a prefix cache of that many tokens, like
+  vLLM's automatic prefix caching. The cache reads a chat as each message's
+  role, a newline, its text, a newline; a completion as its prompt; a
+  response as "instructions", a newline, its instructions, a newline, then
+  its input items as chat messages (embeddings and moderations skip it).
+  That text is cut into whole blocks of 64 characters (16 tokens), at most
+  `prompt_tokens // 16` of them, each keyed by a hash chained over all the
+  blocks before it. A request's `cached_tokens` is 16 times its leading
+  blocks found in the cache when it takes its slot; only the rest is
+  prefilled. When its prefill ends its blocks go in (or are refreshed) tail
+  first, and past capacity the least recently used blocks go out, so a
+  shared head outlives the tails behind it. Without a prefix cache nothing
+  is cached. Chat and completions report it in
+  `usage.prompt_tokens_details.cached_tokens`, responses in
+  `usage.input_tokens_details.cached_tokens`.
+- `[[status:...]]`, `[[drop]]`, `[[hang]]` and the random faults, a 400 or
+  a 401 are answered without a slot. A request whose caller goes away
+  leaves the queue or frees its slot; shutdown ends them all.
+- A request with several prompts or `n` choices is one request: it holds one
+  slot and decodes all its completion tokens.
+- `GET /_sim/stats` (and `SimulatorThread.stats()`): `completed`,
+  `rejected` (503s of the queue limit), `running`, `waiting`, `max_running`,
+  `max_waiting`, `busy_slot_seconds` (busy slots integrated over time),
+  `prompt_tokens`, `cached_tokens`, `completion_tokens` of completed
+  requests, `prefix_cache_queries` (prompt tokens looked up),
+  `prefix_cache_used_tokens`, `slots`, `queue_limit`; the figures stay 0
+  while `slots` is 0.
+- `metrics="vllm"` serves `GET /metrics` with vLLM's names and types: gauges
+  `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+  `vllm:kv_cache_usage_perc` and its older name `vllm:gpu_cache_usage_perc`
+  (busy slots / N: the simulator keeps no KV blocks), counters
+  `vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
+  `vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total` (tokens),
+  labelled `model_name` (the first of `models`) and `engine="0"`.
+  `metrics="llamacpp"` serves llama-server's: counters
+  `llamacpp:prompt_tokens_total` (uncached tokens, what it processed),
+  `llamacpp:tokens_predicted_total`, gauges `llamacpp:requests_processing`,
+  `llamacpp:requests_deferred`, `llamacpp:kv_cache_usage_ratio`, without
+  labels and behind `api_key` (vLLM's key guards /v1 only).
 
 Usage
 -----
     python -m openrelay.simulator --port 8001 --error-rate 503=0.1
     python manage.py simulate_model --port 8001 --latency-ms 50
+    python -m openrelay.simulator --slots 16 --decode-ms-per-token 20 \
+        --prefill-ms-per-token 0.2 --prefix-cache-tokens 200000 --metrics vllm
 
     with run_in_thread(SimulatorConfig()) as sim:
         sim.base_url   # "http://127.0.0.1:PORT/v1"
         sim.requests() # recorded calls
+        sim.stats()    # the capacity model's figures
         sim.reset()
 
 This module must not import Django: it runs standalone too.
@@ -117,6 +188,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import math
@@ -130,7 +202,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +221,7 @@ DEFAULT_EMBEDDING_DIMENSIONS = 16
 # long benchmark with error rates from growing memory without bound.
 SEEN_BODIES_LIMIT = 200_000
 MODELS_CREATED = 1_700_000_000
+METRICS_STYLES = ("", "vllm", "llamacpp")
 
 
 # ---------------------------------------------------------------- config
@@ -168,6 +241,14 @@ class SimulatorConfig:
     record: bool = True
     record_limit: int = 10_000
     models: tuple[str, ...] = DEFAULT_MODELS
+    # The capacity model (off while slots is 0; see "Capacity model" above).
+    slots: int = 0
+    queue_limit: int | None = None
+    prefill_ms_per_token: float = 0.0
+    decode_ms_per_token: float = 0.0
+    decode_contention: float = 0.0
+    prefix_cache_tokens: int = 0
+    metrics: str = ""  # "", "vllm" or "llamacpp"
 
     def __post_init__(self):
         self.error_rates = {int(s): float(p) for s, p in dict(self.error_rates).items()}
@@ -175,6 +256,15 @@ class SimulatorConfig:
         if self.drop_rate + self.hang_rate + sum(self.error_rates.values()) > 1:
             raise ValueError("drop_rate + hang_rate + error_rates must not exceed 1")
         self.models = tuple(self.models)
+        self._check_capacity()
+
+    def _check_capacity(self) -> None:
+        if self.slots < 0 or self.prefix_cache_tokens < 0 or (self.queue_limit or 0) < 0:
+            raise ValueError("slots, queue_limit and prefix_cache_tokens must not be negative")
+        if min(self.prefill_ms_per_token, self.decode_ms_per_token, self.decode_contention) < 0:
+            raise ValueError("the per-token costs and decode_contention must not be negative")
+        if self.metrics not in METRICS_STYLES:
+            raise ValueError(f"metrics must be one of {', '.join(repr(m) for m in METRICS_STYLES)}")
 
     @property
     def draws_at_random(self) -> bool:
@@ -229,9 +319,12 @@ _FAULT_DIRECTIVE = re.compile(
 _TOOL_ROUNDS = re.compile(r"\[\[tool_rounds:(\d+)\]\]")
 _TOOL_CALLS = re.compile(r"\[\[tool_calls:(\d+)\]\]")
 _TOOL_ARGS_OPENING = "[[tool_args:"
+_TOKENS = re.compile(r"\[\[tokens:(\d+)\]\]")
 _ANY_DIRECTIVE = re.compile(
-    r"\[\[(?:status|drop|hang|latency|tool_rounds|tool_calls|tool_args)\b.*?\]\]", re.S
+    r"\[\[(?:status|drop|hang|latency|tool_rounds|tool_calls|tool_args|tokens)\b.*?\]\]", re.S
 )
+# Four characters are one token, so " sim" pads an answer one token at a time.
+PADDING = " sim"
 
 
 @dataclass
@@ -298,6 +391,24 @@ def _literal_tool_arguments(text: str) -> dict | None:
     if not text.startswith("]]", end) or not isinstance(value, dict):
         return None
     return value
+
+
+def wanted_tokens(text: str) -> int | None:
+    """The N of a `[[tokens:N]]` directive (at least 1), or None."""
+    if "[[" not in text:
+        return None
+    match = _TOKENS.search(text)
+    return max(1, int(match[1])) if match else None
+
+
+def sized_answer(text: str, tokens: int | None) -> str:
+    """The answer padded with " sim" (or cut) to exactly `tokens` tokens."""
+    if tokens is None:
+        return text
+    chars = 4 * tokens
+    if len(text) < chars:
+        text += PADDING * ((chars - len(text)) // len(PADDING) + 1)
+    return text[:chars]
 
 
 def strip_directives(text: str) -> str:
@@ -470,7 +581,8 @@ def answer_chat(body: dict) -> dict:
 
 def _content_choices(body: dict, messages: list) -> tuple[list, int]:
     cap = _token_cap(body, "max_completion_tokens", "max_tokens")
-    text, tokens, finish_reason = cap_answer(chat_answer_text(messages), cap)
+    answer = sized_answer(chat_answer_text(messages), wanted_tokens(chat_text(body)))
+    text, tokens, finish_reason = cap_answer(answer, cap)
     message = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
     n = _choice_count(body)
     choices = [_chat_choice(i, message, finish_reason) for i in range(n)]
@@ -623,7 +735,8 @@ def answer_completion(body: dict) -> dict:
 def _completion_text_for(prompt: str | list) -> str:
     if isinstance(prompt, list):
         return f"Simulated completion of {len(prompt)} tokens"
-    return "Simulated completion of: " + strip_directives(prompt)[:ECHO_CHARS]
+    answer = "Simulated completion of: " + strip_directives(prompt)[:ECHO_CHARS]
+    return sized_answer(answer, wanted_tokens(prompt))
 
 
 # ---------------------------------------------------------------- responses
@@ -643,8 +756,8 @@ def answer_responses(body: dict) -> dict:
     last_user = next((message_text(i) for i in reversed(inputs) if i.get("role", "user") == "user"), "")
     cap = _token_cap(body, "max_output_tokens")
     reasoning = _reasoning_tokens(body)
-    text, tokens, finish_reason = cap_answer("Simulated response to: " + strip_directives(last_user)[:ECHO_CHARS],
-                                             cap)
+    answer = "Simulated response to: " + strip_directives(last_user)[:ECHO_CHARS]
+    text, tokens, finish_reason = cap_answer(sized_answer(answer, wanted_tokens(response_text(body))), cap)
     output = [] if not reasoning else [{"type": "reasoning", "id": _new_id("rs_"), "summary": []}]
     output.append({"type": "message", "id": _new_id("msg_"), "status": "completed", "role": "assistant",
                    "content": [{"type": "output_text", "text": text, "annotations": []}]})
@@ -898,6 +1011,327 @@ def failure_response(config: SimulatorConfig, status: int, model: Any = None) ->
     return json_response(error_envelope(status, message), status=status, headers=headers)
 
 
+# ---------------------------------------------------------------- capacity model
+
+BLOCK_TOKENS = 16  # vLLM's default KV block size
+BLOCK_CHARS = 4 * BLOCK_TOKENS
+
+
+class Overloaded(Exception):
+    """The queue is full: answered 503 at once."""
+
+    def __init__(self, waiting: int):
+        super().__init__(f"The server is overloaded: {waiting} requests are waiting.")
+
+
+def capacity_per_second(
+    config: SimulatorConfig, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0
+) -> float:
+    """The most requests a second of this shape the server finishes, all N slots busy.
+
+    Each request holds a slot for
+        prefill_ms_per_token * (prompt_tokens - cached_tokens)
+        + completion_tokens * decode_ms_per_token * (1 + decode_contention * (N - 1) / N)
+    milliseconds, so N slots finish N * 1000 / that many a second. Time spent
+    queued does not count (nothing runs then) and neither does `latency_ms`,
+    which the server waits before a request queues. Infinite without a
+    capacity model (slots 0) or when a request costs no time.
+    """
+    if config.slots <= 0:
+        return math.inf
+    slot_ms = prefill_ms(config, prompt_tokens - cached_tokens) + completion_tokens * decode_ms_per_token(
+        config, config.slots
+    )
+    return math.inf if slot_ms <= 0 else config.slots * 1000 / slot_ms
+
+
+def prefill_ms(config: SimulatorConfig, uncached_tokens: int) -> float:
+    return config.prefill_ms_per_token * max(0, uncached_tokens)
+
+
+def decode_ms_per_token(config: SimulatorConfig, busy: int) -> float:
+    """One output token's time with `busy` slots held (continuous batching slows each a little)."""
+    return config.decode_ms_per_token * (1 + config.decode_contention * (busy - 1) / config.slots)
+
+
+def chat_prefix_text(body: dict) -> str:
+    """What the prefix cache sees of a chat: each message's role and text, in order."""
+    return "".join(
+        f"{m.get('role')}\n{message_text(m)}\n" for m in chat_messages(body) if isinstance(m, dict)
+    )
+
+
+def completion_prefix_text(body: dict) -> str:
+    return "\n".join(
+        p if isinstance(p, str) else ",".join(map(str, p)) for p in completion_prompts(body)
+    )
+
+
+def response_prefix_text(body: dict) -> str:
+    instructions = body.get("instructions")
+    text = f"instructions\n{instructions}\n" if isinstance(instructions, str) else ""
+    return text + "".join(
+        f"{item.get('role', 'user')}\n{message_text(item)}\n" for item in response_inputs(body)
+    )
+
+
+def prefix_blocks(text: str, max_blocks: int) -> list[int]:
+    """Keys of the text's whole 64-character blocks, each chained over all before it.
+
+    Like vLLM's block hashes: equal keys mean equal text up to and including
+    that block. Python's hash() is enough (the cache lives in one process)
+    and costs ~0.2 µs a block.
+    """
+    keys, key = [], 0
+    for start in range(0, min(len(text) // BLOCK_CHARS, max_blocks) * BLOCK_CHARS, BLOCK_CHARS):
+        key = hash((key, text[start : start + BLOCK_CHARS]))
+        keys.append(key)
+    return keys
+
+
+class PrefixCache:
+    """Blocks of recently prefilled prompts, least recently used evicted first.
+
+    Not locked: the capacity model holds its lock around every call.
+    """
+
+    def __init__(self, capacity_tokens: int):
+        self.capacity_blocks = capacity_tokens // BLOCK_TOKENS
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def used_tokens(self) -> int:
+        return len(self._blocks) * BLOCK_TOKENS
+
+    def cached_tokens(self, keys: Sequence[int]) -> int:
+        """Tokens of the request's leading blocks found in the cache."""
+        found = 0
+        for key in keys:
+            if key not in self._blocks:
+                break
+            found += 1
+        return found * BLOCK_TOKENS
+
+    def insert(self, keys: Sequence[int]) -> None:
+        # Tail first, so the shared head of a prompt is the most recently
+        # used and a request's tail is evicted before its head (as vLLM
+        # frees a request's blocks).
+        for key in reversed(keys):
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+            else:
+                self._blocks[key] = None
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+
+    def clear(self) -> None:
+        self._blocks.clear()
+
+
+class CapacityModel:
+    """N slots, a FIFO queue before them, a prefix cache, and the figures of all three.
+
+    Requests run on the server's event loop; tests and /_sim/stats read the
+    figures from any thread, so every change holds the lock. A request costs
+    one lock round and at most two timers (prefill, decode) beyond a plain
+    answer.
+    """
+
+    def __init__(self, config: SimulatorConfig):
+        self.config = config
+        self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
+        self.running = 0
+        self.waiting = 0
+        self._waiters: deque[asyncio.Future] = deque()
+        self._lock = threading.Lock()
+        self._clear_figures()
+
+    async def serve(self, prompt_tokens: int, completion_tokens: int, keys: list[int] | None) -> int:
+        """Hold a slot for the request's prefill and decode; return its cached tokens.
+
+        `keys` are the prompt's block keys, None when the prefix cache does
+        not look at this request. Raises Overloaded when the queue is full.
+        """
+        await self._take_slot()
+        try:
+            with self._lock:
+                cached = self.prefix_cache.cached_tokens(keys or ())
+            await _pause(prefill_ms(self.config, prompt_tokens - cached))
+            with self._lock:
+                self.prefix_cache.insert(keys or ())
+                busy = self.running
+            await _pause(completion_tokens * decode_ms_per_token(self.config, busy))
+        finally:
+            self._give_slot_back()
+        self._count(prompt_tokens, cached, completion_tokens, queried=0 if keys is None else prompt_tokens)
+        return cached
+
+    def stats(self) -> dict:
+        with self._lock:
+            self._add_busy_time()
+            return {
+                "slots": self.config.slots,
+                "queue_limit": self.config.queue_limit,
+                "completed": self.completed,
+                "rejected": self.rejected,
+                "running": self.running,
+                "waiting": self.waiting,
+                "max_running": self.max_running,
+                "max_waiting": self.max_waiting,
+                "busy_slot_seconds": self.busy_slot_seconds,
+                "prompt_tokens": self.prompt_tokens,
+                "cached_tokens": self.cached_tokens,
+                "completion_tokens": self.completion_tokens,
+                "prefix_cache_queries": self.prefix_cache_queries,
+                "prefix_cache_used_tokens": self.prefix_cache.used_tokens,
+            }
+
+    def reset(self) -> None:
+        """Zero the figures and empty the prefix cache; requests in flight carry on."""
+        with self._lock:
+            self._clear_figures()
+            self.prefix_cache.clear()
+
+    def _clear_figures(self) -> None:
+        self.completed = self.rejected = 0
+        self.prompt_tokens = self.cached_tokens = self.completion_tokens = 0
+        self.prefix_cache_queries = 0
+        self.max_running, self.max_waiting = self.running, self.waiting
+        self.busy_slot_seconds = 0.0
+        self._busy_since = time.monotonic()
+
+    async def _take_slot(self) -> None:
+        with self._lock:
+            # While a slot is free nobody waits (a freed slot goes straight
+            # to the first live waiter), so taking it keeps the queue FIFO.
+            if self.running < self.config.slots:
+                self._set_running(self.running + 1)
+                return
+            limit = self.config.queue_limit
+            if limit is not None and self.waiting >= limit:
+                self.rejected += 1
+                raise Overloaded(self.waiting)
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            self.waiting += 1
+            self.max_waiting = max(self.max_waiting, self.waiting)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self._leave_queue(waiter)
+            raise
+
+    def _leave_queue(self, waiter: asyncio.Future) -> None:
+        if waiter.done() and not waiter.cancelled():
+            # Handed a slot just as the caller went away: pass it on.
+            self._give_slot_back()
+            return
+        with self._lock:
+            self.waiting -= 1
+            try:
+                self._waiters.remove(waiter)
+            except ValueError:  # already skipped by _give_slot_back
+                pass
+
+    def _give_slot_back(self) -> None:
+        with self._lock:
+            while self._waiters:
+                waiter = self._waiters.popleft()
+                if not waiter.done():  # a cancelled waiter counts itself out
+                    waiter.set_result(None)
+                    self.waiting -= 1
+                    return
+            self._set_running(self.running - 1)
+
+    def _set_running(self, running: int) -> None:
+        self._add_busy_time()
+        self.running = running
+        self.max_running = max(self.max_running, running)
+
+    def _add_busy_time(self) -> None:
+        now = time.monotonic()
+        self.busy_slot_seconds += self.running * (now - self._busy_since)
+        self._busy_since = now
+
+    def _count(self, prompt_tokens: int, cached: int, completion_tokens: int, queried: int) -> None:
+        with self._lock:
+            self.completed += 1
+            self.prompt_tokens += prompt_tokens
+            self.cached_tokens += cached
+            self.completion_tokens += completion_tokens
+            self.prefix_cache_queries += queried
+
+
+async def _pause(milliseconds: float) -> None:
+    if milliseconds > 0:
+        await asyncio.sleep(milliseconds / 1000)
+
+
+def usage_counts(payload: dict) -> tuple[int | None, int]:
+    """(prompt, completion) tokens of an answer's usage; (None, 0) without usage."""
+    usage = payload.get("usage")
+    if not isinstance(usage, dict):
+        return None, 0
+    if "input_tokens" in usage:
+        return usage["input_tokens"], usage["output_tokens"]
+    return usage["prompt_tokens"], usage.get("completion_tokens", 0)
+
+
+def report_cached_tokens(payload: dict, cached: int) -> None:
+    usage = payload.get("usage") or {}
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    if details is not None:
+        details["cached_tokens"] = cached
+
+
+# ---------------------------------------------------------------- metrics
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def render_metrics(config: SimulatorConfig, stats: dict) -> str:
+    """Prometheus text with vLLM's or llama.cpp's metric names and types, from the live figures.
+
+    KV-cache usage is busy slots / slots (the simulator keeps no KV blocks).
+    """
+    usage = stats["running"] / config.slots if config.slots else 0.0
+    if config.metrics == "llamacpp":
+        # llama-server's prompt counter counts the tokens it processed, so
+        # cached ones are left out; its lines carry no labels.
+        return "".join([
+            _metric("llamacpp:prompt_tokens_total", "counter", "Prompt tokens processed (uncached).",
+                    stats["prompt_tokens"] - stats["cached_tokens"]),
+            _metric("llamacpp:tokens_predicted_total", "counter", "Tokens generated.", stats["completion_tokens"]),
+            _metric("llamacpp:kv_cache_usage_ratio", "gauge", "Busy slots / slots (0 to 1).", usage),
+            _metric("llamacpp:requests_processing", "gauge", "Requests holding a slot.", stats["running"]),
+            _metric("llamacpp:requests_deferred", "gauge", "Requests waiting for a slot.", stats["waiting"]),
+        ])
+    # vLLM writes through prometheus_client: float values, model_name and engine labels.
+    model = (config.models[0] if config.models else "").replace("\\", "\\\\").replace('"', '\\"')
+    labels = f'{{engine="0",model_name="{model}"}}'
+    gauges = [
+        ("vllm:num_requests_running", "Requests holding a slot.", stats["running"]),
+        ("vllm:num_requests_waiting", "Requests waiting for a slot.", stats["waiting"]),
+        ("vllm:kv_cache_usage_perc", "Busy slots / slots (0 to 1).", usage),
+        ("vllm:gpu_cache_usage_perc", "The older name of vllm:kv_cache_usage_perc.", usage),
+    ]
+    counters = [
+        ("vllm:prompt_tokens_total", "Prompt tokens, cached or not.", stats["prompt_tokens"]),
+        ("vllm:generation_tokens_total", "Tokens generated.", stats["completion_tokens"]),
+        ("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
+         stats["prefix_cache_queries"]),
+        ("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", stats["cached_tokens"]),
+    ]
+    return "".join(
+        [_metric(name, "gauge", text, float(value), labels) for name, text, value in gauges]
+        + [_metric(name, "counter", text, float(value), labels) for name, text, value in counters]
+    )
+
+
+def _metric(name: str, kind: str, help_text: str, value: float, labels: str = "") -> str:
+    return f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n{name}{labels} {value}\n"
+
+
 # ---------------------------------------------------------------- the server
 
 
@@ -905,13 +1339,14 @@ def failure_response(config: SimulatorConfig, status: int, model: Any = None) ->
 class ModelEndpoint:
     text_of: Any  # body -> the text searched for fault directives
     answer: Any  # body -> answer payload (raises BadRequest)
+    prefix_of: Any = None  # body -> the text the prefix cache sees (None: no cache)
 
 
 MODEL_ENDPOINTS = {
-    "/v1/chat/completions": ModelEndpoint(chat_text, answer_chat),
-    "/v1/completions": ModelEndpoint(completion_text, answer_completion),
+    "/v1/chat/completions": ModelEndpoint(chat_text, answer_chat, chat_prefix_text),
+    "/v1/completions": ModelEndpoint(completion_text, answer_completion, completion_prefix_text),
     "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings),
-    "/v1/responses": ModelEndpoint(response_text, answer_responses),
+    "/v1/responses": ModelEndpoint(response_text, answer_responses, response_prefix_text),
     "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations),
 }
 
@@ -922,6 +1357,7 @@ class ModelServer:
     def __init__(self, config: SimulatorConfig):
         self.config = config
         self.state = SimulatorState(config)
+        self.capacity = CapacityModel(config)
         self._parked: set[asyncio.Task] = set()
 
     async def model_call(self, request: web.Request) -> web.StreamResponse:
@@ -938,11 +1374,14 @@ class ModelServer:
             return json_response(error_envelope(401, "Invalid API key."), 401)
         if not isinstance(body, dict):
             return json_response(error_envelope(400, "The body must be a JSON object."), 400)
-        directives = parse_fault_directives(endpoint.text_of(body))
+        text = endpoint.text_of(body)
+        directives = parse_fault_directives(text)
         outcome, status = self._decide(directives, raw)
         delay_ms = self.config.latency_ms + directives.latency_ms
         if delay_ms > 0 and outcome != HANG:
             await self._park(delay_ms / 1000)
+        if outcome == ANSWER and self.config.slots:
+            return await self._answer_in_a_slot(endpoint, body, text)
         if outcome == ANSWER:
             return self._answer(endpoint, body)
         if outcome == FAIL:
@@ -966,6 +1405,30 @@ class ModelServer:
         except BadRequest as exc:
             return json_response(error_envelope(400, str(exc), exc.param), 400)
 
+    async def _answer_in_a_slot(self, endpoint: ModelEndpoint, body: dict, text: str) -> web.Response:
+        # The answer is known before the slot (a 400 never queues); the slot
+        # only decides when it goes out and how much of the prompt was cached.
+        try:
+            payload = endpoint.answer(body)
+        except BadRequest as exc:
+            return json_response(error_envelope(400, str(exc), exc.param), 400)
+        prompt_tokens, completion_tokens = usage_counts(payload)
+        if prompt_tokens is None:  # moderations carry no usage
+            prompt_tokens = count_tokens(text)
+        keys = None
+        if self.config.prefix_cache_tokens and endpoint.prefix_of is not None:
+            keys = prefix_blocks(endpoint.prefix_of(body), prompt_tokens // BLOCK_TOKENS)
+        try:
+            with self._parking():
+                cached = await self.capacity.serve(prompt_tokens, completion_tokens, keys)
+        except Overloaded as exc:
+            # Retry-After, as an overloaded server says when to come back (RFC 9110, 503).
+            retry_after = self.config.retry_after_s if self.config.retry_after_s is not None else 1
+            headers = {"Retry-After": f"{retry_after:g}"}
+            return json_response(error_envelope(503, str(exc)), 503, headers=headers)
+        report_cached_tokens(payload, cached)
+        return json_response(payload)
+
     async def _drop(self, request: web.Request) -> web.StreamResponse:
         # abort() rather than close(): no graceful shutdown, the client sees
         # the connection end without a response, like a crashed upstream.
@@ -979,19 +1442,25 @@ class ModelServer:
 
     async def _park(self, seconds: float | None) -> None:
         """Sleep (forever when seconds is None) where shutdown can cut it short."""
-        task = asyncio.current_task()
-        self._parked.add(task)
-        try:
+        with self._parking():
             if seconds is None:
                 await asyncio.get_running_loop().create_future()
             else:
                 await asyncio.sleep(seconds)
+
+    @contextlib.contextmanager
+    def _parking(self):
+        """Let wake_parked cancel this task while it waits inside the block."""
+        task = asyncio.current_task()
+        self._parked.add(task)
+        try:
+            yield
         finally:
             self._parked.discard(task)
 
     async def wake_parked(self, app: web.Application | None = None) -> None:
-        # Hung and sleeping handlers would otherwise hold shutdown for the
-        # whole shutdown timeout.
+        # Hung, sleeping, queued and slot-holding handlers would otherwise
+        # hold shutdown for the whole shutdown timeout.
         for task in list(self._parked):
             task.cancel()
 
@@ -1015,8 +1484,27 @@ class ModelServer:
         return json_response(self.state.requests(request.query.get("path")))
 
     async def reset(self, request: web.Request) -> web.Response:
-        self.state.reset()
+        self.forget()
         return json_response({"reset": True})
+
+    def forget(self) -> None:
+        """Recorded calls, per-body counters, capacity figures and prefix cache."""
+        self.state.reset()
+        self.capacity.reset()
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return json_response(self.capacity.stats())
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        # llama-server asks for its API key on /metrics; vLLM's key guards /v1 only.
+        if self.config.metrics == "llamacpp" and not self._authorized(request):
+            return json_response(error_envelope(401, "Invalid API key."), 401)
+        if self.config.drop_all:
+            return await self._drop(request)
+        if self.config.fail_all_status:
+            return failure_response(self.config, self.config.fail_all_status)
+        text = render_metrics(self.config, self.capacity.stats())
+        return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
     async def not_found(self, request: web.Request) -> web.Response:
         message = f"Invalid URL ({request.method} {request.path})"
@@ -1041,6 +1529,9 @@ def build_app(config: SimulatorConfig | None = None) -> web.Application:
     app.router.add_get("/v1/models", server.list_models)
     app.router.add_get("/_sim/requests", server.recorded_requests)
     app.router.add_post("/_sim/reset", server.reset)
+    app.router.add_get("/_sim/stats", server.stats)
+    if server.config.metrics:
+        app.router.add_get("/metrics", server.metrics)
     app.router.add_route("*", "/{tail:.*}", server.not_found)
     app.on_shutdown.append(server.wake_parked)
     return app
@@ -1162,7 +1653,11 @@ class SimulatorThread(AppThread):
         return self.state.request_count
 
     def reset(self) -> None:
-        self.state.reset()
+        self.app[SERVER_KEY].forget()
+
+    def stats(self) -> dict:
+        """The capacity model's figures, as `GET /_sim/stats` answers."""
+        return self.app[SERVER_KEY].capacity.stats()
 
 
 def run_in_thread(
@@ -1242,6 +1737,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model", action="append", default=[], help="listed by /v1/models (repeatable)"
     )
+    capacity = parser.add_argument_group("capacity model (off while --slots is 0)")
+    capacity.add_argument("--slots", type=int, default=0, help="requests decoded at once")
+    capacity.add_argument(
+        "--queue-limit", type=int, default=None,
+        help="waiting requests past which a new one gets 503 (default: no limit)",
+    )
+    capacity.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="per uncached prompt token")
+    capacity.add_argument("--decode-ms-per-token", type=float, default=0.0, help="per output token, one slot busy")
+    capacity.add_argument(
+        "--decode-contention", type=float, default=0.0,
+        help="a token takes (1 + C * (busy - 1) / slots) times as long",
+    )
+    capacity.add_argument("--prefix-cache-tokens", type=int, default=0, help="prefix cache size (LRU)")
+    capacity.add_argument(
+        "--metrics", choices=METRICS_STYLES[1:], default="", help="serve GET /metrics in this server's style"
+    )
 
 
 def parse_error_rates(text: str) -> dict[int, float]:
@@ -1272,6 +1783,13 @@ def config_from_options(options: Mapping[str, Any]) -> SimulatorConfig:
         record=not options.get("no_record"),
         record_limit=options.get("record_limit") or 10_000,
         models=tuple(options.get("model") or DEFAULT_MODELS),
+        slots=options.get("slots") or 0,
+        queue_limit=options.get("queue_limit"),
+        prefill_ms_per_token=options.get("prefill_ms_per_token") or 0.0,
+        decode_ms_per_token=options.get("decode_ms_per_token") or 0.0,
+        decode_contention=options.get("decode_contention") or 0.0,
+        prefix_cache_tokens=options.get("prefix_cache_tokens") or 0,
+        metrics=options.get("metrics") or "",
     )
 
 
