@@ -137,6 +137,8 @@ class FlowControl:
     def metrics(self, waiting, running, kv_usage, now):
         """The server's own figures (waiting and running requests, KV-cache usage 0..1 or None)."""
         self.server = (now, waiting, running, kv_usage)
+        if self.slow_start and waiting > 2 * max(1.0, running * WAIT_SHARE):
+            self.slow_start = False  # a line formed: stop doubling now, not a window later
 
     # ------------------------------------------------------------ windows
 
@@ -150,21 +152,27 @@ class FlowControl:
     def _end_window(self, now):
         mean = self.window_seconds / self.window_calls
         filled = self.window_peak >= self._limit  # the limit, not the work, held calls back
+        baseline = self._baseline(mean, now)
         if self.server is not None and now - self.server[0] <= METRICS_FRESH_S:
+            if self.slow_start and mean - baseline > MIN_QUEUE_DELAY_S and mean > SLOW_START_EXIT * baseline:
+                self.slow_start = False  # calls begin to wait before the next reading says so
             if self.server[0] > self.steered_at:  # a window is shorter than a reading's interval
                 self.steered_at = self.server[0]
                 self._steer_by_server(filled)
         else:
-            self._steer_by_latency(mean, filled, now)
+            self._steer_by_latency(mean, baseline, filled)
         self._clamp()
         self._reset_window()
 
-    def _steer_by_latency(self, mean, filled, now):
+    def _baseline(self, mean, now):
+        """The lowest window mean of the last BASELINE_S, this one included."""
         means = self.means
         means.append((now, mean))
         while means and now - means[0][0] > BASELINE_S:
             means.popleft()
-        baseline = min(m for _, m in means)
+        return min(m for _, m in means)
+
+    def _steer_by_latency(self, mean, baseline, filled):
         queueing = mean - baseline > MIN_QUEUE_DELAY_S
         if self.slow_start and queueing and mean > SLOW_START_EXIT * baseline:
             # Calls begin to wait: stop doubling before the burst overshoots (HyStart's rule).
