@@ -161,6 +161,7 @@ def display(batch, not_run=0):
         "tokens": f"{usage.get('total_tokens', 0):,}",
         "input_tokens": f"{usage.get('input_tokens', 0):,}",
         "cached_tokens": f"{(usage.get('input_tokens_details') or {}).get('cached_tokens', 0):,}",
+        "cached_share": _cached_share(usage),
         "output_tokens": f"{usage.get('output_tokens', 0):,}",
         "reasoning_tokens": f"{(usage.get('output_tokens_details') or {}).get('reasoning_tokens', 0):,}",
         "cost": money(cost.get("total"), cost.get("currency")),
@@ -525,6 +526,12 @@ def _model_row(model):
     return {"model": model, "deployments": deployments, "error_rate": _percent_text(model.calls.error_rate),
             "load": share(min(model.calls.in_flight, model.limit), model.limit),
             "a_minute": f"{model.work.a_minute:,}"}
+
+
+def _cached_share(usage):
+    """The share of input tokens the model server served from its prefix cache ("—" before any)."""
+    cached = (usage.get("input_tokens_details") or {}).get("cached_tokens", 0)
+    return _percent_text(100 * cached / usage["input_tokens"] if usage.get("input_tokens") else None)
 
 
 def _percent_text(value):

@@ -14,6 +14,11 @@
 
   // ---------------------------------------------------------------- format
 
+  // The share of input tokens the model server served from its prefix cache (batches/dashboard_views.py says the same).
+  function cachedShare(cached, input) {
+    return input ? (100 * (cached || 0) / input).toFixed(1) + "%" : "\u2014";
+  }
+
   function int(n) {
     return (n || 0).toLocaleString("en-US");
   }
@@ -79,6 +84,7 @@
       tokens: int(usage.total_tokens),
       input_tokens: int(usage.input_tokens),
       cached_tokens: int((usage.input_tokens_details || {}).cached_tokens),
+      cached_share: cachedShare((usage.input_tokens_details || {}).cached_tokens, usage.input_tokens),
       output_tokens: int(usage.output_tokens),
       reasoning_tokens: int((usage.output_tokens_details || {}).reasoning_tokens),
       cost: money(cost.total, cur),

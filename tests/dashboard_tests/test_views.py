@@ -140,6 +140,15 @@ def test_the_batch_page_shows_timeline_counts_usage_and_files(alice_client, alic
     assert f'data-socket="/ws/batches/{batch.public_id}"' in page
 
 
+def test_the_batch_page_shows_the_cached_share_of_input_tokens(alice_client, alice):
+    batch = make_batch(alice.org, status="in_progress", total=4, completed=2, input_tokens=7290, output_tokens=40,
+                       cached_tokens=7090)
+    page = _page(alice_client.get(f"/batches/{batch.public_id}"))
+    assert re.search(r'data-field="cached_share">97\.3%<', page)
+    fresh = make_batch(alice.org, status="in_progress", total=4)
+    assert re.search(r'data-field="cached_share">\u2014<', _page(alice_client.get(f"/batches/{fresh.public_id}")))
+
+
 def test_cancel_calls_the_cancel_service(alice_client, alice):
     batch = make_batch(alice.org, status="in_progress")
     response = alice_client.post(f"/batches/{batch.public_id}/cancel", follow=True)
