@@ -101,3 +101,33 @@ def test_the_limit_grows_back_once_the_server_stops_pushing_back(adaptive):
         results = run(upstream, [chat(f"calm {i}") for i in range(1500)], callers=32)
     assert all(result.ok for result in results)
     assert upstream.share > cut + 8  # one more a full window, from the cut level
+
+
+def test_two_organizations_share_an_adapting_model_evenly(alice, model, adaptive):
+    """The limit adapts (8 slots, max_concurrency 64) while the gate still splits it between
+    organizations: each gets about half of the calls, and the server keeps a short line."""
+    from batches.models import Batch
+    from tests.conftest import make_persona
+    from tests.engine_tests.conftest import chat as record, make_batch, status_of, wait_for
+    from tests.engine_tests.test_shares import Engines
+
+    adaptive.OPENRELAY_CONCURRENCY_START = 4
+    bob = make_persona("bob-org")
+    with capacity_server(slots=8) as server:
+        model.deployments.update(base_url=server.base_url, max_concurrency=64)
+        a = make_batch(alice.org, [record(f"a{i} [[tokens:25]]") for i in range(1500)])
+        b = make_batch(bob.org, [record(f"b{i} [[tokens:25]]") for i in range(300)])
+
+        def done(batch):
+            return Batch.objects.get(pk=batch.pk).completed_count
+
+        with Engines(2) as engines:
+            wait_for(lambda: status_of(b) == "completed", 60, "bob's batch")
+            alice_done = done(a)
+            limit = sum(upstream.share for engine in engines.engines for lane in list(engine.lanes.values())
+                        for upstream in list(lane.upstreams.values()))
+            stats = server.stats()
+    # Bob's 300 finished while Alice's backlog ran beside: she got about as many, not all of the model.
+    assert 150 <= alice_done <= 600, alice_done
+    assert stats["max_running"] == 8
+    assert 4 <= limit <= 32, limit  # the two engines' limits together, adapted well below 64
