@@ -142,6 +142,9 @@ def test_the_batch_page_moves_rate_and_eta_counts_failures_shows_retry_live_and_
         shots(page, "02-completed-live")
         error_file = download(page, "[data-file=error_file_id]")
         assert shown_failures(page) == error_codes(error_file) == {"http_400": 16, "http_404": 7}
+        bars = {code: page.get_attribute(f"[data-failures] tr[data-code={code}] svg rect", "width")
+                for code in ("http_400", "http_404")}
+        assert bars == {"http_400": "100.0", "http_404": "43.8"}  # drawn against the most common code
         lines_400 = download(page, "[data-failures] tr[data-code=http_400] a")
         assert len(lines_400) == 16
         assert {orjson.loads(line)["response"]["status_code"] for line in lines_400} == {400}
