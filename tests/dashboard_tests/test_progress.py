@@ -74,10 +74,10 @@ def test_an_engine_reports_a_deployments_last_minute_after_its_lane_closed():
     from batches.engine.calls import CallResult
 
     class Upstream:
-        deployment_id, in_use = 991, 2
+        deployment_id, in_use, share = 991, 2, 6
 
     tallies.take()  # whatever earlier tests counted
     for status in (200, 200, 500):
         tallies.call(991, CallResult(kind="response", status_code=status), 0.01)
-    assert tallies.take([Upstream()])[1]["991"] == [2, 3, 1]
-    assert tallies.take([])[1]["991"] == [0, 3, 1]  # no Upstream any more: still the last minute's calls
+    assert tallies.take([Upstream()])[1]["991"] == [2, 3, 1, 6]  # in flight, a minute, failed, the limit now
+    assert tallies.take([])[1]["991"] == [0, 3, 1, None]  # no Upstream any more: still the last minute's calls
