@@ -272,5 +272,9 @@ LOGGING = {
         "django.server": {"level": "WARNING"},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
+        # uvicorn gives its loggers handlers of its own before it loads the application; in json,
+        # theirs become ours too, so a web process writes no plain line ("Started server process").
+        **({name: {"handlers": ["console"], "propagate": False} for name in ("uvicorn", "uvicorn.access")}
+           if OPENRELAY_LOG_FORMAT == "json" else {}),
     },
 }

@@ -42,6 +42,21 @@ def test_a_clusters_lines_parse_carry_batch_and_record_ids_and_no_secret(model, 
         assert secret not in text
 
 
+def test_a_web_processs_lines_are_json_uvicorns_own_too(web):
+    # PostgreSQL unreachable: /readyz logs why, and an API call logs the failed request with a traceback.
+    process = web(DATABASE_URL=f"postgres://openrelay:hunter2-secret@127.0.0.1:{closed_port()}/openrelay",
+                  REDIS_URL="", SECRET_KEY=SECRET_KEY, OPENRELAY_LOG_FORMAT="json")
+    assert process.get("/readyz").status_code == 503
+    process.get("/v1/batches", headers={"Authorization": f"Bearer or_{'b' * 43}"})
+    process.stop()
+    lines = json_lines(process.log.name)
+    loggers = {line["logger"] for line in lines}
+    assert {"uvicorn.error", "openrelay.probes", "django.request"} <= loggers, loggers
+    text = Path(process.log.name).read_text()
+    for secret in ("hunter2-secret", "b" * 43, SECRET_KEY):
+        assert secret not in text
+
+
 def test_the_formatter_masks_credentials_whatever_they_belong_to(settings):
     settings.SECRET_KEY = SECRET_KEY
     formatter = logs.JsonFormatter()
