@@ -8,7 +8,7 @@ durations, lease losses, resumes) the engines add to `Tally` rows with their
 heartbeats (batches.engine.tallies). Any web process answers a scrape with
 the same figures. Its cost does not grow with the records stored: records
 are read only where they failed, through the batch/status/line index
-(tests/perf/metrics_scrape.py measures it with 1,000,000 records).
+(tests/perf/bench_metrics_scrape.py measures it with 1,020,000 records).
 
 Labels are models, deployments (their id), statuses, outcome codes and
 answer classes: never an organization, a batch or a custom_id.
