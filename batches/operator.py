@@ -44,7 +44,8 @@ class Calls:
     limit: int | None = None  # the live engines' adaptive limits, summed; None: no engine works it now
 
     def add(self, figures):
-        in_flight, a_minute, failed, limit = (list(figures) + [0, 0, 0, None])[:4]
+        # An older engine publishes three figures (no limit).
+        in_flight, a_minute, failed, limit = (list(figures) + [0, 0, 0, None][len(figures):])[:4]
         self.in_flight += in_flight
         self.a_minute += a_minute
         self.failed_a_minute += failed

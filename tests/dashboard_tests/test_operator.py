@@ -55,13 +55,13 @@ def test_it_shows_every_deployment_with_the_live_engines_calls_queues_and_runnin
     with django_assert_max_num_queries(9):
         page = client.get("/operator").content.decode()
     first = re.search(rf'data-deployment="{fleet["first"].pk}".*?</tr>', page, re.S).group(0)
-    assert "17</span> / 32" in first  # 10 + 7 in flight; the dead engine's 99 not counted
+    assert "17</span> / <span data-field=\"limit\">32</span>" in first  # 10 + 7 in flight; the dead engine's 99 not counted
     assert '<td class="num" data-field="calls_a_minute">1000</td>' in first
     assert '<td class="num" data-field="error_rate">1.0%</td>' in first
     second = re.search(rf'data-deployment="{fleet["second"].pk}".*?</tr>', page, re.S).group(0)
     assert "unhealthy" in second and "ConnectError" in second and "100.0%" in second
     gemma = re.search(r'data-model="openrelay/gemma-4-31b".*?</tr>', page, re.S).group(0)
-    assert "17</span> / 48" in gemma  # against both deployments' limits
+    assert "17</span> / <span data-field=\"limit\">48</span>" in gemma  # against both deployments' limits
     assert '<td class="num" data-field="records_in_flight">12</td>' in gemma
     assert '<td class="num" data-field="queued">83</td>' in gemma  # 150 - 55 done - 12 leased
     assert 'data-model="openrelay/embed"' in page
@@ -86,7 +86,21 @@ def test_the_operator_socket_is_for_staff_only_and_pushes_the_figures(alice_user
         ws = socket("/ws/operator", staff)
         assert (await ws.connect())[0]
         message = await ws.receive_json_from(timeout=5)
-        assert message["type"] == "operator.updated" and "17</span> / 32" in message["html"]
+        assert message["type"] == "operator.updated" and "17</span> / <span data-field=\"limit\">32</span>" in message["html"]
         await ws.disconnect()
 
     async_to_sync(test)()
+
+
+def test_it_shows_the_adaptive_limit_and_the_ceiling_it_is_under(client, operator_user, db):
+    """Engines publish their adaptive limit at each deployment (the fourth figure): the page shows
+    calls in flight against it, and max_concurrency beside it while it is lower."""
+    gemma = Model.objects.create(name="openrelay/gemma-4-31b")
+    deployment = Deployment.objects.create(model=gemma, base_url="http://10.0.0.1:8000/v1", max_concurrency=64)
+    now = timezone.now()
+    Engine.objects.create(owner="host:1:a", seen_at=now, calls={str(deployment.pk): [9, 100, 0, 10]})
+    Engine.objects.create(owner="host:2:b", seen_at=now, calls={str(deployment.pk): [8, 100, 0, 12]})
+    client.force_login(operator_user)
+    page = client.get("/operator").content.decode()
+    row = re.search(rf'data-deployment="{deployment.pk}".*?</tr>', page, re.S).group(0)
+    assert '17</span> / <span data-field="limit">22</span> <span class="muted">(max 64)</span>' in row
