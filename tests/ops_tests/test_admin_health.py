@@ -24,7 +24,14 @@ def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, ad
     clusters()
     wait_for(lambda: Deployment.objects.get(pk=dead.pk).health == "unhealthy", 30, "the dead deployment to leave")
     wait_for(lambda: status_of(batch) == "completed", 60, "the batch to complete on the live deployment")
-    wait_for(lambda: any(calls for calls in Engine.objects.values_list("calls", flat=True)), 10, "published calls")
+    live = model.deployments.exclude(pk=dead.pk).get()
+
+    def calls_a_minute(deployment):
+        return sum((calls.get(str(deployment.pk)) or [0, 0])[1] for calls in Engine.objects.values_list("calls",
+                                                                                                        flat=True))
+
+    # Each engine publishes its last minute with its heartbeat (every 0.5 s): a beat after the batch ends.
+    wait_for(lambda: calls_a_minute(dead) > 0 and calls_a_minute(live) == 30, 10, "published calls")
     client = Client()
     client.force_login(admin_user)
 
@@ -33,10 +40,13 @@ def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, ad
     assert dead.last_error and dead.health_changed_at
     assert "unhealthy" in page and dead.last_error in page
     assert KEY not in page and KEY.lower() not in page
-    live = model.deployments.exclude(pk=dead.pk).get()
     assert "calls in flight / limit" in page.lower() and "error rate" in page.lower()
     # In flight against the adaptive limit, and the ceiling (max_concurrency) when the limit is below it.
     assert re.search(r"/ (16|\d+ \(max 16\))</td>", page) and re.search(r"/ (8|\d+ \(max 8\))</td>", page)
+    # Since when, and the error rate of each: the dead one only failed, the live one only answered 2xx.
+    rows = {pk: re.search(rf'value="{pk}".*?</tr>', page, re.S).group(0) for pk in (dead.pk, live.pk)}
+    assert re.search(r'field-health_changed_at[^>]*>(?!-<)[^<]+<', rows[dead.pk])
+    assert 'field-error_rate">100.0%<' in rows[dead.pk] and 'field-error_rate">0.0%<' in rows[live.pk]
 
     change = client.get(f"/admin/openrelay/deployment/{dead.pk}/change/").content.decode()
     assert "unhealthy" in change.lower() and dead.last_error in change and KEY not in change
