@@ -39,6 +39,25 @@ def test_the_openai_sdk_lists_and_retrieves_the_enabled_models(alice, catalog, l
         client.models.retrieve("openrelay/retired")
 
 
+def test_the_concurrency_limit_is_what_the_live_engines_hold_now(alice, catalog):
+    """max_concurrency is the ceiling; concurrency_limit the engines' adaptive limits summed (batches.engine.flow),
+    the ceiling again for a deployment no engine works."""
+    from django.utils import timezone
+
+    from batches.models import Engine
+
+    a = Deployment.objects.get(base_url="http://a.example/v1")
+    now = timezone.now()
+    Engine.objects.create(owner="host:1:a", seen_at=now, calls={str(a.pk): [3, 10, 0, 12]})
+    Engine.objects.create(owner="host:2:b", seen_at=now, calls={str(a.pk): [2, 10, 0, 9]})
+    Engine.objects.create(owner="host:3:dead", seen_at=now - timezone.timedelta(minutes=5), calls={str(a.pk): [0, 0, 0, 40]})
+    extra = alice.client.get("/v1/models/openrelay/gemma-4-31b").json()["openrelay"]
+    assert (extra["max_concurrency"], extra["concurrency_limit"]) == (64, 12 + 9 + 16)
+    listed = {m["id"]: m["openrelay"] for m in alice.client.get("/v1/models").json()["data"]}
+    assert listed["openrelay/gemma-4-31b"]["concurrency_limit"] == 37
+    assert listed["openrelay/embed-small"]["concurrency_limit"] == 0  # no deployment
+
+
 def test_an_unknown_model_is_a_coded_404(alice, catalog):
     response = alice.client.get("/v1/models/nobody/unknown")
     assert response.status_code == 404
