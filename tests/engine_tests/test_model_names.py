@@ -109,3 +109,11 @@ def test_a_members_dashboard_never_shows_the_upstream_name_or_the_deployment(ali
                    for page in pages)
     assert all(page.status_code == 200 for page in pages)
     assert MODEL in text and "sim-upstream" not in text and sim.base_url.removeprefix("http://") not in text
+
+
+def test_the_catalog_routes_never_name_a_deployment(alice, model):
+    Deployment.objects.filter(model=model).update(base_url="http://gpu-7.internal:8000/v1", upstream_model="tiny-llama")
+    answers = [alice.client.get("/v1/models"), alice.client.get(f"/v1/models/{MODEL}"), alice.client.get("/v1/limits")]
+    text = "".join(answer.content.decode() for answer in answers)
+    assert all(answer.status_code == 200 for answer in answers)
+    assert MODEL in text and "gpu-7" not in text and "tiny-llama" not in text
