@@ -174,6 +174,11 @@ class Upstream:
         if self.metrics.task is None and flow.adaptive:
             self.metrics.ensure()
 
+    def level_with(self, others):
+        """Move the adaptive limit halfway to the other engines' (flow.FlowControl.level_with)."""
+        self.flow.level_with(sum(others) / len(others))
+        self.share = self.flow.limit
+
     def overloaded(self, sent_at, now):
         self.flow.overloaded(sent_at, now)
         self.share = self.flow.limit

@@ -134,6 +134,19 @@ class FlowControl:
         self._clamp()
         self._reset_window()
 
+    def level_with(self, level):
+        """Move halfway to `level`, the other engines' mean limit at this deployment (heartbeat).
+
+        Each engine learns from its own calls, and one whose baseline was measured on a quiet
+        server reads the queue another engine built as its own: measured with two engines on
+        one 8-slot server, one engine's limit sank to 1-2 while the other's grew, and the
+        records claimed by the first crawled (2 a second). Meeting halfway every heartbeat
+        keeps the sum and evens the parts, as the even split of max_concurrency assumes.
+        """
+        if self.adaptive:
+            self.value = (self.value + level) / 2
+            self._clamp()
+
     def metrics(self, waiting, running, kv_usage, now):
         """The server's own figures (waiting and running requests, KV-cache usage 0..1 or None)."""
         self.server = (now, waiting, running, kv_usage)

@@ -572,15 +572,22 @@ class Engine:
         await self.db(tallies.publish, self.owner, tallies.take(upstreams))
         for upstream in upstreams:
             upstream.published = True
-        owners = [owner for owner, _ in live]
+        owners = [owner for owner, _, _ in live]
         self.rank = owners.index(self.owner) if self.owner in owners else 0
         self.engines = max(1, len(owners))
         others = defaultdict(int)
-        for owner, held in live:
+        limits = defaultdict(list)  # deployment pk -> the other live engines' adaptive limits there
+        for owner, held, published in live:
             if owner != self.owner:
                 for deployment, calls in held.items():
                     others[int(deployment)] += calls
+                for deployment, figures in (published or {}).items():
+                    if len(figures) > 3 and figures[3] is not None:
+                        limits[int(deployment)].append(figures[3])
         self.others_holding = others
+        for upstream in upstreams:
+            if limits.get(upstream.deployment_id):
+                upstream.level_with(limits[upstream.deployment_id])
         for lane in self.lanes.values():
             self._reconcile(lane, lane.rows)
 

@@ -154,7 +154,8 @@ def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
 
 def heartbeat(owner, holding, *, host="", pid=0, lease_s=None):
     """Prove `owner` alive and publish what it holds of each deployment; return the live
-    engines as [(owner, holding)], sorted by owner (an engine's rank is its place).
+    engines as [(owner, holding, calls)], sorted by owner (an engine's rank is its place;
+    `calls` is what each published last with batches.engine.tallies, its adaptive limits among them).
 
     An engine whose heartbeat is older than one lease is dead: its records
     are claimable again, and what it held goes back to the others.
@@ -166,7 +167,7 @@ def heartbeat(owner, holding, *, host="", pid=0, lease_s=None):
     # Rows of engines long dead (kill -9) are dropped by whoever looks.
     Engine.objects.filter(seen_at__lt=now - timedelta(seconds=20 * lease_s)).delete()
     live = Engine.objects.filter(seen_at__gte=now - timedelta(seconds=lease_s))
-    return sorted(live.values_list("owner", "holding"))
+    return sorted(live.values_list("owner", "holding", "calls"))
 
 
 def renew(owner, batch_pks, lease_s=None):

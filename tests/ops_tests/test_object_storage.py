@@ -18,6 +18,10 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from files import storage
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import MODEL, Cluster, model, sim, status_of, wait_for  # noqa: F401 (fixtures)
+
+# 20 ms calls, so the batch lasts long enough for both machines' engines to join whichever
+# sees it first (40 instant calls could all go to one engine on a loaded machine).
+RECORDS = 200
 from tests.ops_tests.conftest import free_port
 
 BUCKET = "openrelay-files"
@@ -104,8 +108,9 @@ def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separa
     env = {"OPENRELAY_STORAGE_URL": on_s3, **CREDENTIALS}
     clusters = []
     body = b"".join(orjson.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": {"model": MODEL, "messages": [{"role": "user", "content": f"q {i}"}]}})
-                    + b"\n" for i in range(40))
+                                  "body": {"model": MODEL, "messages": [
+                                      {"role": "user", "content": f"q {i} [[latency:20]]"}]}})
+                    + b"\n" for i in range(RECORDS))
     for folder in machines:
         folder.mkdir()
         clusters.append(Cluster(folder, **env))
@@ -133,10 +138,10 @@ def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separa
         for cluster in clusters:
             cluster.stop()
     batch.refresh_from_db()
-    assert batch.completed_count == 40
+    assert batch.completed_count == RECORDS
     output = alice.client.get(f"/v1/files/{batch.output_file.public_id}/content")
     lines = [orjson.loads(line) for line in b"".join(output.streaming_content).splitlines()]
-    assert sorted(line["custom_id"] for line in lines) == sorted(f"req-{i}" for i in range(40))
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"req-{i}" for i in range(RECORDS))
     stored = keys(on_s3)
     assert batch.input_file.storage_name in [key.removeprefix("files/") for key in stored]
     assert batch.output_file.storage_name in [key.removeprefix("files/") for key in stored]
