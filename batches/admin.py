@@ -72,9 +72,9 @@ class DeploymentWithLoadAdmin(DeploymentAdmin):
     """Each deployment's health with its calls in flight against its limit, calls a minute and
     error rate: the live engines' figures (published every 0.5 s); a page load reads them."""
 
-    list_display = ("model", "base_url", "upstream_model", "enabled", "health", "health_changed_at", "last_error",
+    list_display = ("model", "base_url", "upstream_model", "enabled", "state", "health", "health_changed_at", "last_error",
                     "calls_in_flight", "calls_a_minute", "error_rate")
-    readonly_fields = (*DeploymentAdmin.readonly_fields, "calls_in_flight", "calls_a_minute", "error_rate")
+    readonly_fields = (*DeploymentAdmin.readonly_fields, "state", "calls_in_flight", "calls_a_minute", "error_rate")
 
     def get_changelist_instance(self, request):
         changelist = super().get_changelist_instance(request)
@@ -95,6 +95,11 @@ class DeploymentWithLoadAdmin(DeploymentAdmin):
                 if row.pk == deployment.pk:
                     return calls
         return operator.Calls()
+
+    @admin.display(description="state")
+    def state(self, deployment):
+        """up, failing (in the rotation, calls failed in the last minute), down (out, probed) or disabled."""
+        return operator.state(deployment, getattr(deployment, "load", None) or operator.Calls())
 
     @admin.display(description="calls in flight / limit")
     def calls_in_flight(self, deployment):

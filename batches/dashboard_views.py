@@ -520,6 +520,7 @@ def _model_row(model):
         "calls": calls,
         "error_rate": _percent_text(calls.error_rate),
         "limit": calls.limit_of(deployment),
+        "state": operator.state(deployment, calls),
         "load": share(min(calls.in_flight, calls.limit_of(deployment)), calls.limit_of(deployment)),
         "since": when(int(deployment.health_changed_at.timestamp())) if deployment.health_changed_at else "",
     } for deployment, calls in model.deployments]

@@ -62,6 +62,19 @@ class Calls:
         return self.failed_a_minute * 100 / self.a_minute if self.a_minute else None
 
 
+def state(deployment, calls):
+    """A deployment's state as an operator reads it: "down" (out of the rotation, probed until it
+    answers; batches.engine.health), "failing" (in the rotation, but calls failed in the last
+    minute), "up", or "disabled"."""
+    from openrelay.models import DeploymentHealth
+
+    if not deployment.enabled:
+        return "disabled"
+    if deployment.health == DeploymentHealth.UNHEALTHY:
+        return "down"
+    return "failing" if calls.failed_a_minute else "up"
+
+
 @dataclass
 class Work:
     """Records of running batches: by model or by organization."""

@@ -60,6 +60,8 @@ def test_it_shows_every_deployment_with_the_live_engines_calls_queues_and_runnin
     assert '<td class="num" data-field="error_rate">1.0%</td>' in first
     second = re.search(rf'data-deployment="{fleet["second"].pk}".*?</tr>', page, re.S).group(0)
     assert "unhealthy" in second and "ConnectError" in second and "100.0%" in second
+    # In the rotation but with calls failed in the last minute: marked failing; the one out of it is not "failing".
+    assert 'data-field="state"' in first and ">failing<" in first and ">failing<" not in second
     gemma = re.search(r'data-model="openrelay/gemma-4-31b".*?</tr>', page, re.S).group(0)
     assert "17</span> / <span data-field=\"limit\">48</span>" in gemma  # against both deployments' limits
     assert '<td class="num" data-field="records_in_flight">12</td>' in gemma

@@ -9,14 +9,22 @@ from batches.models import Engine
 from openrelay.models import Deployment
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
-    MODEL, _storage, chat, clusters, make_batch, model, sim, status_of, wait_for,
+    MODEL,
+    _storage,
+    chat,
+    clusters,
+    make_batch,
+    model,
+    sim,
+    status_of,
+    wait_for,
 )
 from tests.ops_tests.conftest import closed_port
 
 KEY = "sk-upstream-Secret-0123456789abcdef"
 
 
-def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, admin_user):
+def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, admin_user):  # noqa: F811
     dead = Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1",
                                      upstream_model="m", api_key=KEY, max_concurrency=8)
     alice = make_persona("alice-org")
@@ -47,6 +55,8 @@ def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, ad
     rows = {pk: re.search(rf'value="{pk}".*?</tr>', page, re.S).group(0) for pk in (dead.pk, live.pk)}
     assert re.search(r'field-health_changed_at[^>]*>(?!-<)[^<]+<', rows[dead.pk])
     assert 'field-error_rate">100.0%<' in rows[dead.pk] and 'field-error_rate">0.0%<' in rows[live.pk]
+    # up, failing (in the rotation, calls failed in the last minute), down (out, probed) or disabled.
+    assert 'field-state">down<' in rows[dead.pk] and 'field-state">up<' in rows[live.pk]
 
     change = client.get(f"/admin/openrelay/deployment/{dead.pk}/change/").content.decode()
     assert "unhealthy" in change.lower() and dead.last_error in change and KEY not in change
@@ -58,7 +68,7 @@ def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, ad
     assert "queue depth" in models.lower() and re.search(r"0 / (24|\d+ \(max 24\))<", models)
 
 
-def test_it_shows_each_models_queue_depth(model, admin_user):
+def test_it_shows_each_models_queue_depth(model, admin_user):  # noqa: F811
     alice = make_persona("alice-org")
     batch = make_batch(alice.org, [chat(f"q {i}") for i in range(7)])
     batch.status = "in_progress"
