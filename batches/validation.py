@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from openrelay.errors import ApiError
+from openrelay.params import invalid_type, missing_parameter, request_object, shown, type_name
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
 # Tool loops and workflows read and extend a chat conversation: no other endpoint has one.
@@ -104,49 +105,9 @@ class FileRejected(Exception):
         self.message = message
 
 
-def type_name(value):
-    """OpenAI's wording for a JSON value's type: 'a string', 'an array', ..."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def invalid_type(param, expected, value):
-    return ApiError(
-        f"Invalid type for '{param}': expected {expected}, but got {type_name(value)} instead.",
-        param=param, code="invalid_type",
-    )
-
-
-def missing_parameter(param):
-    return ApiError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
-
-
 def _quoted_list(values):
     quoted = [f"'{v}'" for v in values]
     return ", ".join(quoted[:-1]) + f", and {quoted[-1]}" if len(quoted) > 2 else " and ".join(quoted)
-
-
-def shown(value, limit=100):
-    """A user value for a message: repr of a scalar, cut short; the type of anything else.
-
-    Never repr() a parsed container: one nested 1,000 levels deep would
-    exhaust Python's recursion limit (a 500 instead of a 400).
-    """
-    if isinstance(value, (list, dict)):
-        return type_name(value)
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _invalid_choice(param, value, allowed):
@@ -169,18 +130,6 @@ class CreateParams:
     metadata: dict | None = None
     output_expires_after_s: int | None = None
     priority: str = "standard"
-
-
-def request_object(data, known):
-    """A JSON request body that must be an object of only the `known` keys; returns it."""
-    if not isinstance(data, dict):
-        raise ApiError(
-            f"The request body must be a JSON object, but got {type_name(data)} instead.", code="invalid_type"
-        )
-    for key in data:
-        if key not in known:
-            raise ApiError(f"Unrecognized request argument supplied: {key}", param=key, code="unknown_parameter")
-    return data
 
 
 def parse_create_params(data):

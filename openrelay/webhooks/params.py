@@ -2,9 +2,9 @@
 
 from django.conf import settings
 
-from batches.validation import invalid_type, missing_parameter, request_object, shown
 from openrelay.errors import ApiError
 from openrelay.outbound import OutboundError, check_url
+from openrelay.params import invalid_type, missing_parameter, request_object, shown
 from openrelay.webhooks.models import EVENT_TYPES
 
 ENDPOINT_FIELDS = ("name", "url", "event_types")
