@@ -12,7 +12,8 @@ racing to move one batch cannot both win.
 from django.db import transaction
 from django.utils import timezone
 
-from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus as S
+from batches.models import TERMINAL_BATCH_STATUSES, Batch
+from batches.models import BatchStatus as S
 from openrelay.webhooks import services as webhooks
 
 ALLOWED = {

@@ -100,7 +100,7 @@ class BillingOrganizationAdmin(OrganizationAdmin):
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
         csv_url = path("<path:object_id>/billing.csv", self.admin_site.admin_view(self.billing_csv),
-                       name="%s_%s_billing_csv" % info)
+                       name="{}_{}_billing_csv".format(*info))
         # Ahead of the inherited patterns: their "<path:object_id>/" catch-all would take it.
         return [csv_url, *super().get_urls()]
 

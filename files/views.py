@@ -6,8 +6,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from files import params, selectors, services
-from files.responses import download_response
 from files.presenters import present_deleted, present_file, present_file_list
+from files.responses import download_response
 from files.uploads import receive_upload
 from openrelay import openapi
 from openrelay.api import IgnoreAcceptNegotiation

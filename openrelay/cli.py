@@ -19,10 +19,10 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from enum import Enum
+from enum import StrEnum
 from importlib import metadata as importlib_metadata
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 from urllib.parse import quote
 
 import httpx
@@ -50,7 +50,7 @@ POLL_RETRIES = 5
 PLAIN_WIDTH = 200  # tables in pipes and logs: wide enough that ids never wrap
 
 
-class Priority(str, Enum):
+class Priority(StrEnum):
     standard = "standard"
     expedited = "expedited"
 
@@ -260,9 +260,9 @@ files_app.add_typer(content_app, name="content")
 @app.callback()
 def root(
     ctx: typer.Context,
-    api_key: Annotated[Optional[str], typer.Option(
+    api_key: Annotated[str | None, typer.Option(
         "--api-key", help="API key (default: $OPENRELAY_API_KEY, which ps can't see).", show_default=False)] = None,
-    base_url: Annotated[Optional[str], typer.Option(
+    base_url: Annotated[str | None, typer.Option(
         "--base-url", help=f"API base URL (default: $OPENRELAY_BASE_URL or {DEFAULT_BASE_URL}).",
         show_default=False)] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the API objects as JSON.")] = False,
@@ -660,7 +660,7 @@ def _metadata_pairs(values):
 
 
 PollInterval = Annotated[float, typer.Option("--poll-interval", min=0.05, help="Seconds between polls.")]
-DownloadDir = Annotated[Optional[Path], typer.Option(
+DownloadDir = Annotated[Path | None, typer.Option(
     "--download", file_okay=False, help="Save the output and error files into this directory.")]
 
 
@@ -671,9 +671,9 @@ def batches_create(
         "--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests.")],
     endpoint: Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")],
     completion_window: Annotated[str, typer.Option("--completion-window")] = "24h",
-    metadata: Annotated[Optional[list[str]], typer.Option(
+    metadata: Annotated[list[str] | None, typer.Option(
         "--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs.")] = None,
-    priority: Annotated[Optional[Priority], typer.Option("--priority")] = None,
+    priority: Annotated[Priority | None, typer.Option("--priority")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch to finish, with a progress bar.")] = False,
     poll_interval: PollInterval = 1.0,
     download_dir: DownloadDir = None,
@@ -727,9 +727,9 @@ def batches_get(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(meta
 @batches_app.command("list")
 def batches_list(
     ctx: typer.Context,
-    limit: Annotated[Optional[int], typer.Option(
+    limit: Annotated[int | None, typer.Option(
         "--limit", min=1, max=100, help="Page size (server default 20).")] = None,
-    after: Annotated[Optional[str], typer.Option("--after", help="Start after this batch id.")] = None,
+    after: Annotated[str | None, typer.Option("--after", help="Start after this batch id.")] = None,
     all_pages: Annotated[bool, typer.Option("--all", help="Follow has_more through every page.")] = False,
 ):
     """List batches, newest first."""
@@ -823,9 +823,9 @@ def files_create(
 @files_app.command("list")
 def files_list(
     ctx: typer.Context,
-    purpose: Annotated[Optional[str], typer.Option("--purpose", help="batch or batch_output")] = None,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1)] = None,
-    after: Annotated[Optional[str], typer.Option("--after", help="Start after this file id.")] = None,
+    purpose: Annotated[str | None, typer.Option("--purpose", help="batch or batch_output")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1)] = None,
+    after: Annotated[str | None, typer.Option("--after", help="Start after this file id.")] = None,
 ):
     """List files, newest first."""
     state = ctx.obj
@@ -916,8 +916,8 @@ BATCH_EVENTS = ["batch.completed", "batch.failed", "batch.expired", "batch.cance
 def webhooks_create(
     ctx: typer.Context,
     url: Annotated[str, typer.Argument(metavar="URL", help="Where the events are POSTed.")],
-    name: Annotated[Optional[str], typer.Option("--name", help="A name for it (default: the URL).")] = None,
-    events: Annotated[Optional[list[str]], typer.Option(
+    name: Annotated[str | None, typer.Option("--name", help="A name for it (default: the URL).")] = None,
+    events: Annotated[list[str] | None, typer.Option(
         "--event", help="An event to send (repeatable; default: every batch event).")] = None,
 ):
     """Register an endpoint; prints its signing secret, once."""
@@ -929,8 +929,8 @@ def webhooks_create(
 @webhooks_app.command("list")
 def webhooks_list(
     ctx: typer.Context,
-    limit: Annotated[Optional[int], typer.Option("--limit", min=1, max=100)] = None,
-    after: Annotated[Optional[str], typer.Option("--after", help="Start after this endpoint id.")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, max=100)] = None,
+    after: Annotated[str | None, typer.Option("--after", help="Start after this endpoint id.")] = None,
 ):
     """List endpoints, newest first."""
     state = ctx.obj

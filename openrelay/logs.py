@@ -19,7 +19,7 @@ import hashlib
 import logging
 import os
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from urllib.parse import urlsplit
 
 import orjson
@@ -81,7 +81,7 @@ class JsonFormatter(logging.Formatter):
         if self._secrets is None:
             self._secrets = _own_secrets()
         line = {
-            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,
             "logger": record.name,
             "message": scrub(record.getMessage(), self._secrets),

@@ -28,7 +28,7 @@ def database_ready():
             cursor.execute("SELECT 1")
             cursor.fetchone()
         return True
-    except Exception as exc:  # any driver's error means "not ready"
+    except Exception as exc:  # noqa: BLE001 - any driver's error means "not ready"
         logger.warning("readiness: the database is not reachable: %s", type(exc).__name__)
         # A broken connection must not be reused by the next request of this thread.
         connection.close_if_unusable_or_obsolete()
@@ -40,7 +40,7 @@ def broker_ready():
 
     try:
         return get_broker().ping() is not False
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any broker's error means "not ready"
         logger.warning("readiness: the task broker is not reachable: %s", type(exc).__name__)
         return False
 

@@ -241,7 +241,7 @@ OPENRELAY_STOP_GRACE_S = envfloat("OPENRELAY_STOP_GRACE_S", 30.0, minimum=0)
 # when calls take more than TOLERANCE x their baseline. Off: the limit is the ceiling.
 OPENRELAY_ADAPTIVE_CONCURRENCY = envbool("OPENRELAY_ADAPTIVE_CONCURRENCY", True)
 OPENRELAY_CONCURRENCY_FLOOR = envint("OPENRELAY_CONCURRENCY_FLOOR", 1, minimum=1)
-OPENRELAY_CONCURRENCY_START = envint("OPENRELAY_CONCURRENCY_START", 8, minimum=1)
+OPENRELAY_CONCURRENCY_START = envint("OPENRELAY_CONCURRENCY_START", 16, minimum=1)
 OPENRELAY_LATENCY_TOLERANCE = envfloat("OPENRELAY_LATENCY_TOLERANCE", 2.0, minimum=1.1)
 # Prefix-aware dispatch (batches/engine/prefixes.py): records whose prompts share their
 # first PREFIX_BYTES bytes are sent together (0: off), from a claim-ahead of PREFIX_WINDOW.

@@ -1611,7 +1611,7 @@ class AppThread:
         runner = make_runner(self.app)
         try:
             loop.run_until_complete(_start_site(runner, sock))
-        except BaseException as exc:  # reported to start() in the caller's thread
+        except BaseException as exc:  # noqa: BLE001 - reported to start() in the caller's thread
             self._startup_error = exc
             self._ready.set()
             sock.close()

@@ -56,7 +56,7 @@ class OrganizationRateThrottle(SimpleRateThrottle):
         self.num_requests, self.duration = self.parse_rate(self.rate)
         try:
             return super().allow_request(request, view)
-        except Exception:  # noqa: BLE001 - the cache (Redis) is down
+        except Exception:  # the cache (Redis) is down
             # A rate limit is a guard, not a dependency: while its counters
             # can't be read, requests go through rather than fail.
             logger.warning("rate limit %s not checked: the cache is unavailable", self.scope, exc_info=True)

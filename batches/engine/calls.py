@@ -19,8 +19,8 @@ deployment's key before it becomes a message or an error line.
 import asyncio
 import logging
 import random
-import time
 import re
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -32,9 +32,8 @@ from batches.engine.flow import FlowControl, MetricsReader
 from batches.engine.health import Health, server_failed
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
 from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, IdleTimeout, Origin, TransportError
-from batches.engine.usage import Usage  # noqa: F401 (the engine's modules import it from here)
+from batches.engine.usage import Usage  # the engine's modules import it from here too
 from openrelay.redaction import redact, redact_json, secrets_of
-
 
 logger = logging.getLogger("openrelay.engine")
 

@@ -96,7 +96,7 @@ class CheckpointWriter:
                 try:
                     held = await self.engine.db(store.save_checkpoints, self.engine.owner,
                                                 {pk: data for pk, (data, _) in batch.items()})
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error; the writer goes on
                     _settle(batch, exc=exc)
                     continue
                 self.written += len(batch)

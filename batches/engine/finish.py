@@ -18,8 +18,8 @@ from batches.engine import results, store
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from billing import ledger
 from files import services as file_services
-from files.responses import stream_size
 from files.models import Purpose
+from files.responses import stream_size
 
 logger = logging.getLogger("openrelay.engine")
 

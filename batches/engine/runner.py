@@ -632,7 +632,7 @@ class Engine:
                 if not run.closing:
                     self.handback.append(record.pk)  # stopping: back to pending for any engine
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a crash fails its record, not the engine
                 logger.error("record %s of %s crashed: %r", record.line, run.public_id, exc)
                 outcome = RecordOutcome.error("internal_error", "The record failed inside the worker.")
             finally:

@@ -6,7 +6,7 @@ import pytest
 from batches.models import Batch
 from batches.validation import MAX_RECORDS
 from files.models import File
-from tests.batches_api_tests.helpers import CHAT, chat_line, create, error_of, jsonl, upload
+from tests.batches_api_tests.helpers import chat_line, create, error_of, jsonl, upload
 
 
 def _file(alice):

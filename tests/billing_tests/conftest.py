@@ -4,10 +4,9 @@ Batches here are created with POST /v1/batches (not tests/engine_tests'
 make_batch) so every test runs on the prices create snapshots.
 """
 
+import threading
 from decimal import Decimal
 from fractions import Fraction
-
-import threading
 
 import orjson
 import pytest
@@ -18,6 +17,7 @@ from batches.models import Batch
 from billing.models import Price
 from files.services import open_content
 from openrelay.models import Deployment, Model
+
 # The tool executor and workflow callback servers of tests/tool_tests and
 # tests/workflow_tests, reused as they are (real servers on 127.0.0.1).
 from tests.tool_tests.conftest import executor, executor_server  # noqa: F401

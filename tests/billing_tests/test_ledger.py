@@ -16,7 +16,14 @@ from batches.models import Batch
 from billing import ledger
 from billing.models import LedgerEntry, Price
 from tests.billing_tests.conftest import (
-    LONG, MODEL, as_usd, chat, create, oracle_cost, read_lines, usage_of_lines,
+    LONG,
+    MODEL,
+    as_usd,
+    chat,
+    create,
+    oracle_cost,
+    read_lines,
+    usage_of_lines,
 )
 
 USAGE = {"input_tokens": 1000, "cached_tokens": 256, "output_tokens": 300, "reasoning_tokens": 12}
@@ -89,7 +96,7 @@ def test_it_bills_once_when_a_second_caller_races_in_its_own_transaction(alice, 
         try:
             started.set()
             entries["second"] = ledger.bill_batch(Batch.objects.get(pk=batch.pk)).pk
-        except Exception as exc:  # reported by the assertion below
+        except Exception as exc:  # noqa: BLE001 - reported by the assertion below
             errors.append(exc)
         finally:
             connection.close()

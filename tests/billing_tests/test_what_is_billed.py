@@ -14,7 +14,16 @@ from batches.models import Record, RecordStatus
 from billing.models import LedgerEntry
 from openrelay.simulator import answer_chat
 from tests.billing_tests.conftest import (
-    CHAT, LONG, MODEL, as_usd, chat, create, oracle_cost, read_lines, run_batch_in_thread, usage_of_lines,
+    CHAT,
+    LONG,
+    MODEL,
+    as_usd,
+    chat,
+    create,
+    oracle_cost,
+    read_lines,
+    run_batch_in_thread,
+    usage_of_lines,
 )
 from tests.tool_tests.conftest import per_record, status
 

@@ -65,7 +65,8 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
             assert time.monotonic() < deadline, "the web server never answered"
             time.sleep(0.2)
         client = OpenAI(base_url=f"{base}/v1", api_key=key)
-        line = b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "hi"}]}}\n'
+        line = (b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", '
+                b'"body": {"model": "openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "hi"}]}}\n')
         file = client.files.create(file=("in.jsonl", line), purpose="batch")
         batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
         deadline = time.monotonic() + 60

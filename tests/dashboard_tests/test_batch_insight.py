@@ -4,7 +4,6 @@ import re
 from datetime import timedelta
 
 import orjson
-import pytest
 from django.utils import timezone
 
 from batches.engine.runner import run_batch

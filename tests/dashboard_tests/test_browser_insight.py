@@ -22,7 +22,14 @@ from openrelay.models import Deployment, Membership, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.dashboard_tests.conftest import CHAT, MODEL, chat_line, jsonl, make_batch
 from tests.dashboard_tests.test_browser import (  # noqa: F401  (fixtures)
-    PASSWORD, _fast_passwords, _wait_for, browser, member, processes, sign_in, text,
+    PASSWORD,
+    _fast_passwords,
+    _wait_for,
+    browser,
+    member,
+    processes,
+    sign_in,
+    text,
 )
 
 pytestmark = pytest.mark.slow
@@ -42,7 +49,7 @@ def shots(request):
 
 
 @pytest.fixture
-def staff(member):
+def staff(member):  # noqa: F811
     user = get_user_model().objects.create_user(STAFF, password=PASSWORD, is_staff=True, is_superuser=True)
     Membership.objects.create(user=user, organization=member)
     return user
@@ -84,7 +91,7 @@ def download(page, selector):
 
 
 def test_the_batch_page_moves_rate_and_eta_counts_failures_shows_retry_live_and_redraws_after_reload(
-        member, processes, browser, shots):
+        member, processes, browser, shots):  # noqa: F811
     page = browser
     records = 160
     with run_in_thread(SimulatorConfig()) as sim:
@@ -172,7 +179,7 @@ def test_the_batch_page_moves_rate_and_eta_counts_failures_shows_retry_live_and_
         shots(page, "04-retry")
 
 
-def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, processes, browser, shots):
+def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, processes, browser, shots):  # noqa: F811
     page = browser
     with run_in_thread(SimulatorConfig()) as sim:
         catalog(sim, concurrency=2)
@@ -205,7 +212,7 @@ def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, processes
         shots(page, "02-list")
 
 
-def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member, processes, browser, shots):
+def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member, processes, browser, shots):  # noqa: F811
     page = browser
     Model.objects.create(name=MODEL)
     wanted = make_batch(member, status="completed", completed=10, metadata={"team": "vision", "job": "menus"})
@@ -267,7 +274,7 @@ def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member
     assert page.locator("tbody[data-rows] tr[data-batch]").count() == 50
 
 
-def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staff, processes, browser, shots):
+def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staff, processes, browser, shots):  # noqa: F811
     page = browser
     with run_in_thread(SimulatorConfig()) as sim:
         model = catalog(sim, concurrency=3)
@@ -320,7 +327,7 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
 
 @pytest.mark.skipif(settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
                     reason="layout only, the same on every database: the SQLite pass measures it")
-def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes, browser, shots):
+def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes, browser, shots):  # noqa: F811
     page = browser
     Model.objects.create(name=MODEL)
     for i in range(3):
@@ -328,7 +335,7 @@ def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes
             organization=member, filename=f"invoices-2026-q4-scanned-pages-batch-{i:03d}-with-a-long-name.jsonl",
             purpose="batch", chunks=[b'{"custom_id": "a"}\n' * (1000 * (i + 1))],
             expires_at=file_services.default_expiry("batch"))
-    for i in range(3):
+    for _ in range(3):
         batch = make_batch(member, status="completed", total=50_000, completed=49_990, failed=10,
                            input_tokens=123_456_789, output_tokens=9_876_543)
         LedgerEntry.objects.create(

@@ -2,7 +2,6 @@
 
 import re
 
-import pytest
 from django.test import Client
 
 from batches.models import Batch

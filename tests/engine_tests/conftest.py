@@ -125,7 +125,6 @@ def clusters(tmp_path, settings):
         "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
     if django_settings.REDIS_URL:
         import redis
-
         from django_q.conf import Conf
 
         redis.Redis.from_url(django_settings.REDIS_URL).delete(f"django_q:{Conf.PREFIX}:q")  # stale tasks of other tests

@@ -1,7 +1,6 @@
 """Checkpoints through real worker clusters: kill -9 in the middle of tool loops and workflows,
 cancel and expiry mid-workflow."""
 
-import time
 from collections import defaultdict
 
 import pytest
@@ -18,15 +17,15 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 FAST = {"OPENRELAY_LEASE_S": 2}
 
 
-def tool_line(executor, i):
+def tool_line(executor, i):  # noqa: F811
     return chat(f"weather {i} [[tool_rounds:6]]", tools=[TOOL], openrelay={"tool_config": {"url": executor.url}})
 
 
-def workflow_line(callback, context):
+def workflow_line(callback, context):  # noqa: F811
     return {**chat("start"), "openrelay": {"workflow": {"url": callback.url, "context": context}}}
 
 
-def rounds_seen(executor):
+def rounds_seen(executor):  # noqa: F811
     """(custom_id, the round's tool_call ids) -> the Idempotency-Key of every POST of that round."""
     seen = defaultdict(list)
     for request in list(executor.received):
@@ -36,11 +35,12 @@ def rounds_seen(executor):
 
 
 @pytest.mark.slow
-def test_kill_9_mid_tool_loop_resumes_at_the_round_in_flight(alice, model, executor, clusters):
+def test_kill_9_mid_tool_loop_resumes_at_the_round_in_flight(alice, model, executor, clusters):  # noqa: F811
     executor.answer(sleep(0.3))
     batch = make_batch(alice.org, [tool_line(executor, i) for i in range(6)])
     first = clusters(**FAST)
-    per_record = lambda: [sum(1 for cid, _ in rounds_seen(executor) if cid == f"req-{i}") for i in range(1, 7)]
+    def per_record():
+        return [sum(1 for cid, _ in rounds_seen(executor) if cid == f"req-{i}") for i in range(1, 7)]
     wait_for(lambda: min(per_record()) >= 2, 30, "every record to reach round 2")
     first.kill()
     assert max(per_record()) < 6, "a record finished before the kill; the test proves nothing"
@@ -55,7 +55,7 @@ def test_kill_9_mid_tool_loop_resumes_at_the_round_in_flight(alice, model, execu
     assert any(len(keys) == 2 for keys in seen.values()), "no round was in flight at the kill"
 
 
-def steps_by_record(callback):
+def steps_by_record(callback):  # noqa: F811
     steps = defaultdict(list)
     for call in list(callback.calls):
         steps[call.payload["custom_id"]].append((call.payload["step"], call.headers["Idempotency-Key"]))
@@ -63,7 +63,7 @@ def steps_by_record(callback):
 
 
 @pytest.mark.slow
-def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback, clusters):
+def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback, clusters):  # noqa: F811
     alice.org.workflows_enabled = True
     alice.org.save(update_fields=["workflows_enabled"])
     hang = {"at_step_3": True}
@@ -78,7 +78,8 @@ def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback
     callback.answer(script)
     batch = make_batch(alice.org, [workflow_line(callback, None) for _ in range(4)])
     first = clusters(**FAST)
-    at_step_3 = lambda: sum(any(s == 3 for s, _ in steps) for steps in steps_by_record(callback).values())
+    def at_step_3():
+        return sum(any(s == 3 for s, _ in steps) for steps in steps_by_record(callback).values())
     wait_for(lambda: at_step_3() == 4, 30, "every record's callback at step 3")
     first.kill()
     hang["at_step_3"] = False
@@ -95,7 +96,7 @@ def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback
 
 
 @pytest.mark.slow
-def test_cancel_and_expiry_mid_workflow_bill_exactly_the_succeeded_requests(alice, model, callback, clusters):
+def test_cancel_and_expiry_mid_workflow_bill_exactly_the_succeeded_requests(alice, model, callback, clusters):  # noqa: F811
     alice.org.workflows_enabled = True
     alice.org.save(update_fields=["workflows_enabled"])
 
@@ -109,7 +110,8 @@ def test_cancel_and_expiry_mid_workflow_bill_exactly_the_succeeded_requests(alic
     cancelled = make_batch(alice.org, [workflow_line(callback, "cancel") for _ in range(3)])
     expired = make_batch(alice.org, [workflow_line(callback, "expire") for _ in range(3)])
     clusters(**FAST)
-    at_step_2 = lambda: [c.payload for c in list(callback.calls) if c.payload["step"] == 2]
+    def at_step_2():
+        return [c.payload for c in list(callback.calls) if c.payload["step"] == 2]
     wait_for(lambda: len(at_step_2()) == 6, 30, "every record's callback at step 2")
     services.cancel_batch(cancelled)
     Batch.objects.filter(pk=expired.pk).update(expires_at=expired.created_at)

@@ -19,7 +19,7 @@ def _private_urls(settings):
     settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # the executor and the callback listen on 127.0.0.1
 
 
-def tool_body(executor, rounds):
+def tool_body(executor, rounds):  # noqa: F811
     return chat(f"weather [[tool_rounds:{rounds}]]", tools=[TOOL],
                 openrelay={"tool_config": {"url": executor.url}})
 
@@ -46,7 +46,7 @@ def key(batch, *parts):
     return checkpoints.idempotency_key(":".join(map(str, (batch.public_id, 1, *parts))))
 
 
-def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor):
+def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor):  # noqa: F811
     batch = make_batch(alice.org, [tool_body(executor, 3)])
     hand_back_with(batch, {"kind": "tools", "rounds": 2, "usage": [100, 0, 10, 0], "added": round_messages(2),
                            "pending": None})
@@ -62,7 +62,7 @@ def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor):
     assert Record.objects.get(batch=batch).checkpoint is None
 
 
-def test_it_runs_the_checkpointed_turns_tool_calls_without_asking_the_model_again(alice, model, executor):
+def test_it_runs_the_checkpointed_turns_tool_calls_without_asking_the_model_again(alice, model, executor):  # noqa: F811
     batch = make_batch(alice.org, [tool_body(executor, 2)])
     added = round_messages(2)
     hand_back_with(batch, {"kind": "tools", "rounds": 1, "usage": [100, 0, 10, 0], "added": added[:2],
@@ -76,7 +76,7 @@ def test_it_runs_the_checkpointed_turns_tool_calls_without_asking_the_model_agai
     assert line["response"]["body"]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_it_resumes_a_workflow_at_its_step_in_flight(alice, model, callback):
+def test_it_resumes_a_workflow_at_its_step_in_flight(alice, model, callback):  # noqa: F811
     alice.org.workflows_enabled = True
     alice.org.save(update_fields=["workflows_enabled"])
     body = {**chat("start"), "openrelay": {"workflow": {"url": callback.url}}}

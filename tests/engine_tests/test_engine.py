@@ -36,8 +36,8 @@ def test_it_runs_a_batch_to_completed_in_openai_shapes(alice, model, sim):
     assert batch.output_file.purpose == "batch_output"
     assert batch.output_file.filename == f"{batch.public_id}_output.jsonl"
     # usage rolled up from the lines
-    assert batch.input_tokens == sum(l["response"]["body"]["usage"]["prompt_tokens"] for l in lines)
-    assert batch.output_tokens == sum(l["response"]["body"]["usage"]["completion_tokens"] for l in lines)
+    assert batch.input_tokens == sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in lines)
+    assert batch.output_tokens == sum(line["response"]["body"]["usage"]["completion_tokens"] for line in lines)
     # the model saw the upstream name, never the openrelay object
     bodies = sim.bodies("/v1/chat/completions")
     assert len(bodies) == 30 and all(b["model"] == "sim-upstream" for b in bodies)
@@ -114,8 +114,8 @@ def test_429_waits_for_retry_after(alice, model, sim):
 def test_expiry_keeps_finished_work_and_expires_the_rest(alice, model):
     batch = make_batch(alice.org, [chat("a"), chat("b"), chat("c")])
     done = store.claim(batch.pk, "w1", 1)
-    from batches.engine.outcomes import RecordOutcome
     from batches.engine.calls import Usage
+    from batches.engine.outcomes import RecordOutcome
 
     store.flush(batch.pk, "w1", [(done[0], RecordOutcome(True, 200, "req_1", {"ok": True}, usage=Usage(10, 0, 5, 0)))])
     Batch.objects.filter(pk=batch.pk).update(status="in_progress", expires_at=batch.created_at)

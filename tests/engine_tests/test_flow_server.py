@@ -113,7 +113,8 @@ def test_two_organizations_share_an_adapting_model_evenly(alice, model, adaptive
     an even split would be ~300: the gap is the engine's, not the limit's, and is noted for later)."""
     from batches.models import Batch
     from tests.conftest import make_persona
-    from tests.engine_tests.conftest import chat as record, make_batch, status_of, wait_for
+    from tests.engine_tests.conftest import chat as record
+    from tests.engine_tests.conftest import make_batch, status_of, wait_for
     from tests.engine_tests.test_shares import Engines
 
     adaptive.OPENRELAY_CONCURRENCY_START = 4

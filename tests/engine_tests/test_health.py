@@ -23,9 +23,9 @@ def test_the_only_model_server_away_for_seconds_is_a_pause_not_failed_records(al
             wait_for(lambda: Deployment.objects.filter(health="unhealthy").exists(), 10, "the deployment to leave")
             deployment = Deployment.objects.get()
             assert deployment.health_changed_at is not None and deployment.last_error
-            time.sleep(0.5)  # noqa: records that finished before the stop are flushed
+            time.sleep(0.5)  # a deliberate sleep: records that finished before the stop are flushed
             stalled = succeeded(batch)
-            time.sleep(2.5)  # noqa: the outage is the scenario; nothing may fail meanwhile
+            time.sleep(2.5)  # a deliberate sleep: the outage is the scenario; nothing may fail meanwhile
             assert succeeded(batch) == stalled
             assert not Record.objects.filter(batch=batch, status="failed").exists()
             server = run_in_thread(SimulatorConfig(latency_ms=30, record=False), port=port).start()
@@ -46,7 +46,7 @@ def test_a_wrong_upstream_key_holds_the_records_until_the_operator_fixes_it(alic
             wait_for(lambda: Deployment.objects.filter(health="unhealthy").exists(), 10, "the deployment to leave")
             deployment = Deployment.objects.get()
             assert deployment.last_error.startswith("HTTP 401") and "wrong-key" not in deployment.last_error
-            time.sleep(1)  # noqa: probes keep failing; the records wait
+            time.sleep(1)  # a deliberate sleep: probes keep failing; the records wait
             assert not Record.objects.filter(batch=batch, status__in=("failed", "succeeded")).exists()
             model.deployments.update(api_key="right-key")
             wait_for(lambda: status_of(batch) == "completed", 30, "the batch to complete")

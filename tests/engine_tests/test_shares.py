@@ -3,7 +3,6 @@ expedited before standard, organization caps, and tools that hang."""
 
 import asyncio
 import threading
-import time
 
 import pytest
 from aiohttp import web
@@ -14,7 +13,7 @@ from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.conftest import make_persona
-from tests.engine_tests.conftest import MODEL, chat, make_batch, status_of, wait_for
+from tests.engine_tests.conftest import chat, make_batch, status_of, wait_for
 from tests.tool_tests.conftest import ExecutorServer, sleep
 
 

@@ -10,7 +10,12 @@ from batches.models import Record
 from openrelay.models import Deployment
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import (
-    assert_exactly_once, chat, make_batch, read_lines, status_of, succeeded, wait_for,
+    assert_exactly_once,
+    chat,
+    make_batch,
+    status_of,
+    succeeded,
+    wait_for,
 )
 
 
@@ -118,9 +123,9 @@ def test_the_model_server_stopped_for_90_s_then_restarted_every_record_succeeds(
         wait_for(lambda: succeeded(batch) >= 100, 30, "progress")
         slow.stop()
         wait_for(lambda: Deployment.objects.filter(health="unhealthy").exists(), 10, "the deployment to leave")
-        time.sleep(1)  # noqa: records that finished before the stop are flushed
+        time.sleep(1)  # a deliberate sleep: records that finished before the stop are flushed
         down_at = succeeded(batch)
-        time.sleep(OUTAGE_S - 1)  # noqa: the outage itself is the scenario
+        time.sleep(OUTAGE_S - 1)  # a deliberate sleep: the outage itself is the scenario
         assert succeeded(batch) == down_at
         assert not Record.objects.filter(batch=batch, status="failed").exists()
         slow = run_in_thread(SimulatorConfig(latency_ms=50), port=port)
@@ -177,6 +182,6 @@ def test_the_sweeper_and_webhook_deliveries_stay_on_time_under_full_load(alice, 
         wait_for(lambda: succeeded(batch) >= 300, 30, "the model to be full")
         for func in ("batches.tasks.sweep", "openrelay.webhooks.tasks.deliver_due"):
             task_id = async_task(func)
-            took = wait_for(lambda: result(task_id) is not None, 10, f"{func} to run", every=0.02)
+            took = wait_for(lambda: result(task_id) is not None, 10, f"{func} to run", every=0.02)  # noqa: B023 - called here
             assert took < 2, f"{func} waited {took:.1f} s behind the engines"
         assert status_of(batch) == "in_progress"

@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 from batches.engine.executors import ToolExecutionFailed
 from tests.echoes import assert_no_piece, echoes
 from tests.mcp_tests.conftest import (
-    SESSION, accepted, config, execute_rounds, init_result, rpc_response, scripted_server, text_result, tool_call,
+    SESSION,
+    accepted,
+    config,
+    execute_rounds,
+    init_result,
+    rpc_response,
+    scripted_server,
+    text_result,
+    tool_call,
 )
 
 POSITIONS = ["initialize error", "tools/call error", "http error body", "tool text", "sse error", "header"]
@@ -30,7 +38,7 @@ def _handler(position, echoed):
         if position == "http error body":
             return rpc_response(seen, error={"code": -32600, "message": f"Bad Request: {echoed}"}, status=400)
         if position == "sse error":
-            data = '{"jsonrpc": "2.0", "id": %d, "error": {"code": 1, "message": "%s"}}' % (seen.message["id"], echoed)
+            data = '{"jsonrpc": "2.0", "id": %d, "error": {"code": 1, "message": "%s"}}' % (seen.message["id"], echoed)  # noqa: UP031 - JSON
             return web.Response(body=f"event: message\ndata: {data}\n\n", content_type="text/event-stream")
         if position == "header":
             return rpc_response(seen, result={"nope": True}, headers={"X-Echo": echoed})

@@ -10,7 +10,15 @@ from openrelay import logs
 from openrelay.models import Deployment
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
-    MODEL, _storage, chat, clusters, make_batch, model, sim, status_of, wait_for,
+    MODEL,
+    _storage,
+    chat,
+    clusters,
+    make_batch,
+    model,
+    sim,
+    status_of,
+    wait_for,
 )
 from tests.ops_tests.conftest import closed_port
 
@@ -23,7 +31,7 @@ def json_lines(path):
     return [orjson.loads(line) for line in lines]  # a line that is not JSON fails here
 
 
-def test_a_clusters_lines_parse_carry_batch_and_record_ids_and_no_secret(model, clusters, tmp_path):
+def test_a_clusters_lines_parse_carry_batch_and_record_ids_and_no_secret(model, clusters, tmp_path):  # noqa: F811
     Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1", upstream_model="m",
                               api_key=KEY, max_concurrency=8)
     batch = make_batch(make_persona("alice-org").org, [chat(f"q {i}") for i in range(20)])

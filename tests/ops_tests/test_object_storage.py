@@ -18,12 +18,11 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from files import storage
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import MODEL, Cluster, model, sim, status_of, wait_for  # noqa: F401 (fixtures)
+from tests.ops_tests.conftest import free_port
 
 # 20 ms calls, so the batch lasts long enough for both machines' engines to join whichever
 # sees it first (40 instant calls could all go to one engine on a loaded machine).
 RECORDS = 200
-from tests.ops_tests.conftest import free_port
-
 BUCKET = "openrelay-files"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_DEFAULT_REGION":
                "us-east-1"}
@@ -98,7 +97,7 @@ def test_ranged_reads_give_every_line_across_range_edges(on_s3):
 
 
 def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separate_data_folders(
-        on_s3, model, tmp_path):
+        on_s3, model, tmp_path):  # noqa: F811
     import psutil
 
     from batches.models import Batch, Engine

@@ -106,7 +106,7 @@ def bench_turn(org, executor):
         rows.append((r + 1, len(data), encode_us, statistics.median(alone), grouped))
     print("round  bytes  encode_us  write_alone_us  write_grouped_us")
     for row in rows:
-        print("%5d  %5d  %9.1f  %14.0f  %16.0f" % row)
+        print("{:5d}  {:5d}  {:9.1f}  {:14.0f}  {:16.0f}".format(*row))
 
 
 def bench_batch(org, executor, records):

@@ -67,7 +67,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -264,7 +264,7 @@ class Database:
                 if self.conn is not None:
                     try:
                         self.conn.close()
-                    except Exception:
+                    except Exception:  # noqa: BLE001 - closing a lost connection may fail too; it is dropped either way
                         pass
                     self.conn = None
                 time.sleep(0.5)
@@ -337,7 +337,7 @@ def _epoch(value):
     if isinstance(value, str):  # SQLite keeps Django's UTC datetimes as text
         value = datetime.fromisoformat(value)
     if value.tzinfo is None:
-        value = value.replace(tzinfo=timezone.utc)
+        value = value.replace(tzinfo=UTC)
     return value.timestamp()
 
 

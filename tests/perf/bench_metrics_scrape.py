@@ -80,8 +80,8 @@ def fill():
     body = "'" + '{"id":"chatcmpl-x","object":"chat.completion","choices":[{"index":0,"message":{"role":' \
         '"assistant","content":"' + "x" * 160 + '"},"finish_reason":"stop"}],"usage":{"prompt_tokens":120}}' + "'"
     n = total * PER_BATCH
-    series = ("SELECT generate_series AS n FROM generate_series(1, %d)" % n if connection.vendor == "postgresql"
-              else "WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < %d) SELECT n FROM s" % n)
+    series = (f"SELECT generate_series AS n FROM generate_series(1, {n})" if connection.vendor == "postgresql"
+              else f"WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < {n}) SELECT n FROM s")
     # Lines 1-990 succeeded, 991-1000 failed (four codes) in finished batches; running batches:
     # 300 succeeded, 3 failed, 50 claimed, the rest pending.
     line = f"((n - 1) % {PER_BATCH} + 1)"

@@ -190,7 +190,7 @@ async def poll(base, key, batch_ids, clients, max_seconds, max_requests):
                             continue
                         statuses[batch_id] = orjson.loads(body)["status"]
                         latencies.append(elapsed)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                except (TimeoutError, aiohttp.ClientError) as exc:
                     errors.append(f"{type(exc).__name__}: {exc}")
 
         started = time.monotonic()

@@ -43,7 +43,7 @@ import httpx
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import llamacpp_build  # noqa: E402
+import llamacpp_build
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL, UPSTREAM = "peer/tiny-llama", "tiny-upstream"

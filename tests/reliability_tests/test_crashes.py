@@ -25,7 +25,16 @@ from batches.models import Record
 from files.models import File
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import (  # noqa: F401 (model, sim, clusters: fixtures)
-    assert_exactly_once, chat, clusters, database_url, make_batch, model, read_lines, sim, status_of, succeeded,
+    assert_exactly_once,
+    chat,
+    clusters,
+    database_url,
+    make_batch,
+    model,
+    read_lines,
+    sim,
+    status_of,
+    succeeded,
     wait_for,
 )
 
@@ -36,7 +45,7 @@ RECORDS = 3000
 @pytest.fixture
 def slow_model(model):  # noqa: F811
     """The catalog model on a simulator slow enough that a batch outlives a few crashes."""
-    with run_in_thread(SimulatorConfig(latency_ms=25)) as sim:
+    with run_in_thread(SimulatorConfig(latency_ms=25)) as sim:  # noqa: F811
         model.deployments.update(base_url=sim.base_url, max_concurrency=16)
         yield model
 
@@ -49,7 +58,7 @@ def test_repeated_kill_9_of_the_workers(alice, slow_model, clusters):  # noqa: F
     lease = {"OPENRELAY_LEASE_S": 3}
     cluster = clusters(**lease)
     for kill_at in (RECORDS // 10, RECORDS * 4 // 10, RECORDS * 7 // 10):
-        wait_for(lambda: succeeded(batch) >= kill_at, 60, f"{kill_at} records done")
+        wait_for(lambda: succeeded(batch) >= kill_at, 60, f"{kill_at} records done")  # noqa: B023 - called here
         cluster.kill()
         assert status_of(batch) == "in_progress", "the batch finished before the kill; the test proves nothing"
         cluster = clusters(**lease)
@@ -128,7 +137,7 @@ def test_a_redis_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
         subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave"], capture_output=True,
                        timeout=30)
         _wait_until(lambda: not _redis_ready(), 10, "Redis to stop")
-        time.sleep(0.5)  # noqa: the broker stays down a moment while the batch runs
+        time.sleep(0.5)  # a deliberate sleep: the broker stays down a moment while the batch runs
     finally:
         if not _redis_ready():
             _start_redis()

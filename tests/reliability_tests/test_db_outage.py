@@ -82,7 +82,7 @@ def test_a_batch_survives_lost_connections_in_one_engine(alice, model, monkeypat
         _failing(monkeypatch, "heartbeat", after_commit=True, times=1),
     ]
     run_batch(batch.pk)  # one engine, no sweeper
-    assert [l[0] for l in left] == [0, 0, 0, 0], "the failures were not all hit"
+    assert [hits[0] for hits in left] == [0, 0, 0, 0], "the failures were not all hit"
     assert Batch.objects.get(pk=batch.pk).status == "completed"
     out, err = assert_exactly_once(batch, 300)
     assert err == []

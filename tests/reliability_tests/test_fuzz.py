@@ -220,9 +220,8 @@ def test_random_file_route_parameters(alice, catalog, file_id, query, route):
     st.one_of(ODD_TEXT.map(lambda s: s.replace("\x00", "")), st.integers(-10**20, 10**20).map(str)), max_size=4),
     content=st.one_of(st.binary(max_size=100), LINES), filename=st.one_of(st.just("in.jsonl"), ODD_TEXT))
 def test_random_upload_fields(alice, fields, content, filename):
-    from django.core.files.uploadedfile import SimpleUploadedFile
-
     from django.core.exceptions import SuspiciousFileOperation
+    from django.core.files.uploadedfile import SimpleUploadedFile
 
     data = dict(fields)
     if "file" in data:

@@ -7,13 +7,13 @@ import re
 import orjson
 import pytest
 import schemathesis
-from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 from django.core.signals import request_finished, request_started
 from django.core.wsgi import get_wsgi_application
 from django.db import close_old_connections
 from django.urls import URLPattern, URLResolver, get_resolver
 from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from batches import validation
 from tests.conftest import make_persona

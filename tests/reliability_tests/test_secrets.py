@@ -142,7 +142,7 @@ def _pages(client, superuser_client, alice, batches):
         response = alice.client.get(path)
         assert response.status_code == 200, path
         pages.append((path, b"".join(response.streaming_content) if response.streaming else response.content))
-    for model, model_admin in admin.site._registry.items():
+    for model in admin.site._registry:
         meta = model._meta
         changelist = f"/admin/{meta.app_label}/{meta.model_name}/"
         response = superuser_client.get(changelist)

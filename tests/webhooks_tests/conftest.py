@@ -7,8 +7,12 @@ import pytest
 from aiohttp import web
 
 from openrelay.simulator import AppThread
-from tests.engine_tests.conftest import _storage, model, sim  # noqa: F401  (fixtures for engine runs)
-from tests.engine_tests.conftest import clusters  # noqa: F401  (real q2 clusters)
+from tests.engine_tests.conftest import (  # noqa: F401  (fixtures for engine runs)
+    _storage,
+    clusters,
+    model,
+    sim,
+)
 
 
 @dataclass

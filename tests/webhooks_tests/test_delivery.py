@@ -13,10 +13,10 @@ from batches import lifecycle
 from batches.engine import finish
 from batches.engine.runner import run_batch
 from batches.models import Batch, BatchStatus
+from openrelay.models import Deployment, Model
 from openrelay.webhooks import services, tasks
 from openrelay.webhooks.models import DeliveryStatus, WebhookDelivery
 from tests.conftest import make_persona
-from openrelay.models import Deployment, Model
 from tests.engine_tests.conftest import MODEL, chat, make_batch
 
 

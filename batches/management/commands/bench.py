@@ -41,7 +41,7 @@ class Command(BaseCommand):
         try:
             from tests.perf import bench_engine
         except ImportError as exc:
-            raise CommandError(f"The benchmark lives in tests/perf; run it from a checkout of the repository ({exc}).")
+            raise CommandError(f"The benchmark lives in tests/perf; run it from a checkout of the repository ({exc}).") from exc
         unknown = set(only or ()) - set(bench_engine.PARTS)
         if unknown:
             raise CommandError(f"--only takes {', '.join(bench_engine.PARTS)}; not {', '.join(sorted(unknown))}.")

@@ -59,7 +59,8 @@ class Command(BaseCommand):
         children = []
         try:
             if not no_simulator:
-                children.append(self._spawn([sys.executable, "-m", "openrelay.simulator", "--host", "127.0.0.1", "--port", str(simulator_port), "--latency-ms", "50"]))
+                children.append(self._spawn([sys.executable, "-m", "openrelay.simulator", "--host", "127.0.0.1",
+                                             "--port", str(simulator_port), "--latency-ms", "50"]))
                 call_command("set_model", model, base_url=f"http://127.0.0.1:{simulator_port}/v1", concurrency=64,
                              input_price="0.20", cached_input_price="0.05", output_price="0.80", stdout=self.stdout)
             children.append(self._spawn([sys.executable, "manage.py", "qcluster"]))
