@@ -1,7 +1,8 @@
 """`python manage.py bench`: the gateway against the limits of issue 12, in one run.
 
-The measuring lives in tests/perf/bench_engine.py (run from a checkout);
-this command parses the options, runs it and prints the table.
+The measuring lives in tests/perf/bench_engine.py: run it from a checkout, with the
+`bench` extra installed (psutil); this command parses the options, runs it and prints
+the table, or says which of the two is missing.
 """
 
 import sys
@@ -41,7 +42,7 @@ class Command(BaseCommand):
         try:
             from tests.perf import bench_engine
         except ImportError as exc:
-            raise CommandError(f"The benchmark lives in tests/perf; run it from a checkout of the repository ({exc}).") from exc
+            raise CommandError(_why_not(exc)) from exc
         unknown = set(only or ()) - set(bench_engine.PARTS)
         if unknown:
             raise CommandError(f"--only takes {', '.join(bench_engine.PARTS)}; not {', '.join(sorted(unknown))}.")
@@ -66,3 +67,11 @@ class Command(BaseCommand):
                                                      force_terminal=tty, color_system="auto" if tty else None))
         if json:
             bench_engine.write_json(json, rows, facts)
+
+
+def _why_not(exc):
+    """Why the benchmarks can't run here: an installed package has no tests/, a checkout may lack their extra."""
+    if exc.name in ("tests", "tests.perf"):
+        return ("The benchmarks live in tests/perf, which the installed package does not ship: run manage.py bench "
+                f"from a checkout of the repository ({exc}).")
+    return f'The benchmarks need their own dependencies: pip install -e ".[bench]" in the checkout ({exc}).'
