@@ -94,6 +94,7 @@ class FlowRuns:
     def _run(self, name, url, concurrency, bodies, timeout_s, sample=None, **cluster_env):
         """One batch of `bodies` on a fresh 2-worker cluster; (seconds from create's answer to completed, batch row)."""
         bench = self.bench
+        bench.release_shared()  # a cluster another run left up would share the batch (and outlive this one's stop)
         self._model(name, url, concurrency)
         path = bench.tmp / f"{name.replace('/', '-')}.jsonl"
         _write(path, bodies, name)
