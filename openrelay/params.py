@@ -1,6 +1,6 @@
 """OpenAI's wording for a request's parameters, shared by every app's checks (400s that name the param).
 
-The apps' request checks (batches.validation, openrelay.webhooks.params) build their errors from
+The apps' request checks (batches.validation, webhooks.params) build their errors from
 these, so a wrong type or a missing parameter reads the same on every route, as OpenAI's do.
 """
 

@@ -41,7 +41,7 @@ INSTALLED_APPS = [
     "django_q",
     "channels",
     "openrelay",
-    "openrelay.webhooks",
+    "webhooks",
     "files",
     "batches",
     "billing",

@@ -8,7 +8,7 @@ urlpatterns = [
     path("v1/", include("files.urls")),
     path("v1/", include("batches.urls")),
     path("v1/", include("billing.urls")),
-    path("v1/", include("openrelay.webhooks.urls")),
+    path("v1/", include("webhooks.urls")),
     # JSON, as the name says (the plain SpectacularAPIView answers YAML by default).
     path("v1/openapi.json", SpectacularJSONAPIView.as_view(authentication_classes=[], permission_classes=[]),
          name="openapi-schema"),

@@ -21,10 +21,10 @@ from django.utils import timezone
 from openrelay.errors import ApiError
 from openrelay.outbound import OutboundClient, OutboundError
 from openrelay.redaction import redact
-from openrelay.webhooks import signing
-from openrelay.webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
+from webhooks import signing
+from webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
 
-logger = logging.getLogger("openrelay.webhooks")
+logger = logging.getLogger("webhooks")
 
 # Seconds to wait after attempt N fails (the retry sweep runs every minute):
 # 9 attempts over ~2 days (OpenAI retries for up to 72 hours).
@@ -125,7 +125,7 @@ def _send_after_commit(pks):
     from django_q.tasks import async_task
 
     for pk in pks:
-        async_task("openrelay.webhooks.tasks.deliver", pk, group="webhooks")
+        async_task("webhooks.tasks.deliver", pk, group="webhooks")
 
 
 # ---------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from django.conf import settings
 from openrelay.errors import ApiError
 from openrelay.outbound import OutboundError, check_url
 from openrelay.params import invalid_type, missing_parameter, request_object, shown
-from openrelay.webhooks.models import EVENT_TYPES
+from webhooks.models import EVENT_TYPES
 
 ENDPOINT_FIELDS = ("name", "url", "event_types")
 MAX_NAME, MAX_URL = 200, 2048

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from openrelay.webhooks import views
+from webhooks import views
 
 # No trailing slashes, as the OpenAI SDK requests them.
 urlpatterns = [

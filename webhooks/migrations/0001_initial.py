@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import openrelay.webhooks.models
+import webhooks.models
 from django.db import migrations, models
 
 
@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
             name='WebhookEndpoint',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=openrelay.webhooks.models.new_endpoint_id, editable=False, max_length=40, unique=True)),
+                ('public_id', models.CharField(default=webhooks.models.new_endpoint_id, editable=False, max_length=40, unique=True)),
                 ('name', models.CharField(max_length=200)),
                 ('url', models.CharField(max_length=2048)),
                 ('event_types', models.JSONField(default=list)),
@@ -35,7 +35,7 @@ class Migration(migrations.Migration):
             name='WebhookDelivery',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_id', models.CharField(default=openrelay.webhooks.models.new_event_id, editable=False, max_length=40)),
+                ('event_id', models.CharField(default=webhooks.models.new_event_id, editable=False, max_length=40)),
                 ('event_type', models.CharField(max_length=40)),
                 ('payload', models.TextField()),
                 ('status', models.CharField(choices=[('pending', 'Pending'), ('delivered', 'Delivered'), ('failed', 'Failed')], default='pending', max_length=16)),

@@ -1,7 +1,7 @@
 from django.contrib import admin
 
-from openrelay.webhooks import signing
-from openrelay.webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks import signing
+from webhooks.models import WebhookDelivery, WebhookEndpoint
 
 
 @admin.register(WebhookEndpoint)

@@ -2,8 +2,8 @@
 
 from django.utils import timezone
 
-from openrelay.webhooks import services
-from openrelay.webhooks.models import DeliveryStatus, WebhookDelivery
+from webhooks import services
+from webhooks.models import DeliveryStatus, WebhookDelivery
 
 DUE_PER_SWEEP = 200
 

@@ -8,13 +8,13 @@ def ensure_retry_schedule(**kwargs):
 
     Schedule.objects.update_or_create(
         name="webhooks.deliver_due",
-        defaults={"func": "openrelay.webhooks.tasks.deliver_due", "schedule_type": Schedule.MINUTES, "minutes": 1,
+        defaults={"func": "webhooks.tasks.deliver_due", "schedule_type": Schedule.MINUTES, "minutes": 1,
                   "repeats": -1},
     )
 
 
 class WebhooksConfig(AppConfig):
-    name = "openrelay.webhooks"
+    name = "webhooks"
     label = "webhooks"
     verbose_name = "Webhooks"
     default_auto_field = "django.db.models.BigAutoField"

@@ -8,9 +8,9 @@ from rest_framework.views import APIView
 from openrelay import openapi
 from openrelay.api import json_body, newest_first_page
 from openrelay.errors import NotFound
-from openrelay.webhooks import params, services
-from openrelay.webhooks.models import EVENT_TYPES, WebhookEndpoint
-from openrelay.webhooks.presenters import endpoint_object
+from webhooks import params, services
+from webhooks.models import EVENT_TYPES, WebhookEndpoint
+from webhooks.presenters import endpoint_object
 
 
 def _endpoints(request):

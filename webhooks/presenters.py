@@ -1,6 +1,6 @@
 """The webhook endpoint object in OpenAI's shape (the OpenAI SDK's WebhookEndpoint)."""
 
-from openrelay.webhooks import signing
+from webhooks import signing
 
 
 def endpoint_object(endpoint, secret=None):
