@@ -9,7 +9,7 @@ from django.db.models import Q, Sum
 
 from batches import operator, validation
 from batches.services import PRICE_MULTIPLIER
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 
 
 def enabled_models():

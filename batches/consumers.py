@@ -35,7 +35,7 @@ from batches.dashboard_views import failures_fragment, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
 from batches.progress import not_run
-from openrelay.models import Membership
+from openrelay.core.models import Membership
 
 logger = logging.getLogger("openrelay.dashboard")
 

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from batches.models import TERMINAL_BATCH_STATUSES, Batch
 from batches.models import BatchStatus as S
-from openrelay.webhooks import services as webhooks
+from webhooks import services as webhooks
 
 ALLOWED = {
     S.VALIDATING: {S.IN_PROGRESS, S.FAILED, S.CANCELLING},

@@ -29,8 +29,8 @@ from batches.engine.results import failure_code
 from batches.engine.tallies import BUCKETS_S
 from batches.models import Batch, Record, Tally
 from batches.selectors import ERROR_STATUSES
-from openrelay.models import DeploymentHealth
-from openrelay.webhooks.models import WebhookDelivery
+from openrelay.core.models import DeploymentHealth
+from webhooks.models import WebhookDelivery
 
 TOKEN_KINDS = (("input", "input_tokens"), ("cached", "cached_tokens"), ("output", "output_tokens"),
                ("reasoning", "reasoning_tokens"))

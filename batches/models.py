@@ -5,8 +5,8 @@ from django.db import models
 from django.utils import timezone
 
 from files.models import File
+from openrelay.core.models import Model, Organization
 from openrelay.ids import new_batch_id
-from openrelay.models import Model, Organization
 
 
 class BatchStatus(models.TextChoices):

@@ -29,7 +29,7 @@ from django.utils import timezone
 
 from batches import progress
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
-from openrelay.models import Model
+from openrelay.core.models import Model
 
 RUNNING = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.FINALIZING, BatchStatus.CANCELLING)
 # The batches listed under each organization; the counts cover all of them.
@@ -66,7 +66,7 @@ def state(deployment, calls):
     """A deployment's state as an operator reads it: "down" (out of the rotation, probed until it
     answers; batches.engine.health), "failing" (in the rotation, but calls failed in the last
     minute), "up", or "disabled"."""
-    from openrelay.models import DeploymentHealth
+    from openrelay.core.models import DeploymentHealth
 
     if not deployment.enabled:
         return "disabled"

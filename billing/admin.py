@@ -18,8 +18,8 @@ from django.utils.text import slugify
 from billing import ledger
 from billing.models import LedgerEntry, Price
 from billing.pricing import usd
-from openrelay.admin import OrganizationAdmin
-from openrelay.models import Organization
+from openrelay.core.admin import OrganizationAdmin
+from openrelay.core.models import Organization
 
 CSV_COLUMNS = (
     "billed_at", "month", "batch_id", "batch_status", "model", "priority",

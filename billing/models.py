@@ -5,7 +5,7 @@ from django.db import models
 from django.utils import timezone
 
 from billing.pricing import Cost
-from openrelay.models import Model, Organization
+from openrelay.core.models import Model, Organization
 
 _NOT_NEGATIVE = [MinValueValidator(Decimal("0"))]
 

@@ -1,8 +1,8 @@
 from django.db import models
 from django.utils import timezone
 
+from openrelay.core.models import Organization
 from openrelay.ids import new_file_id
-from openrelay.models import Organization
 
 
 class Purpose(models.TextChoices):

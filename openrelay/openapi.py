@@ -334,7 +334,7 @@ WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParame
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
-    target_class = "openrelay.auth.ApiKeyAuthentication"
+    target_class = "openrelay.core.auth.ApiKeyAuthentication"
     name = "ApiKeyAuth"
 
     def get_security_definition(self, auto_schema):

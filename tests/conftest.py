@@ -5,7 +5,7 @@ from dataclasses import dataclass
 import pytest
 from rest_framework.test import APIClient
 
-from openrelay.models import ApiKey, Organization
+from openrelay.core.models import ApiKey, Organization
 
 
 @dataclass

@@ -5,7 +5,7 @@ import secrets
 from django.db import models
 from django.utils import timezone
 
-from openrelay.models import Organization
+from openrelay.core.models import Organization
 
 # The events batches emit, by the terminal status that emits them.
 BATCH_EVENTS = {

@@ -44,7 +44,7 @@ from batches.models import Batch, BatchStatus, Priority
 from files.models import File
 from files.services import open_records
 from openrelay import logs
-from openrelay.models import DeploymentHealth
+from openrelay.core.models import DeploymentHealth
 from openrelay.outbound import OutboundClient
 
 logger = logging.getLogger("openrelay.engine")

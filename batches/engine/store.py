@@ -17,7 +17,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 import pytest
 
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from tests.batches_api_tests.helpers import GEMMA, QWEN
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from batches import validation
 from billing.models import Price
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 
 
 @pytest.fixture

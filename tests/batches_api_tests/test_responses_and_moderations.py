@@ -67,7 +67,7 @@ def test_a_responses_record_without_a_model_is_rejected(alice, gemma):
 
 
 def test_workflows_stay_chat_only(db):
-    from openrelay.models import Deployment, Model
+    from openrelay.core.models import Deployment, Model
     from tests.conftest import make_persona
 
     carol = make_persona("carol-org", workflows_enabled=True)

@@ -16,7 +16,7 @@ from batches.engine.runner import run_batch
 from batches.models import Batch
 from billing.models import Price
 from files.services import open_content
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 
 # The tool executor and workflow callback servers of tests/tool_tests and
 # tests/workflow_tests, reused as they are (real servers on 127.0.0.1).

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from billing.models import Price
-from openrelay.models import Model
+from openrelay.core.models import Model
 from tests.billing_tests.conftest import MODEL
 from tests.billing_tests.test_usage_endpoint import OTHER_MODEL, entry
 

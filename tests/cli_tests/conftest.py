@@ -20,7 +20,7 @@ from django.db import connection
 from typer.testing import CliRunner
 
 from openrelay.cli import app
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 
 import json
 
-from openrelay.models import Model
+from openrelay.core.models import Model
 
 
 def test_models_and_limits(orl, alice, model):

@@ -20,7 +20,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.db import connection
 
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,8 +6,8 @@ import orjson
 import pytest
 
 from batches.models import Batch
-from openrelay.webhooks.models import WebhookEndpoint
 from tests.clients_tests.conftest import CHAT, chat_line
+from webhooks.models import WebhookEndpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -39,7 +39,7 @@ def test_it_refuses_non_staff(client, alice):
 def test_the_deployment_pages_show_health_since_when_and_the_last_error_without_the_key(admin_user, client):
     from django.utils import timezone
 
-    from openrelay.models import Deployment, Model
+    from openrelay.core.models import Deployment, Model
 
     model = Model.objects.create(name="m")
     since = timezone.now()

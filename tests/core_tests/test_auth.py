@@ -1,7 +1,7 @@
 import pytest
 from rest_framework.test import APIClient
 
-from openrelay.models import ApiKey
+from openrelay.core.models import ApiKey
 
 
 def _get(client, **headers):

@@ -4,8 +4,8 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from openrelay.auth import authenticate_key
-from openrelay.models import Organization
+from openrelay.core.auth import authenticate_key
+from openrelay.core.models import Organization
 
 
 @pytest.mark.django_db

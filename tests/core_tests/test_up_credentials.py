@@ -13,9 +13,9 @@ import httpx
 import pytest
 from django.contrib.auth import get_user_model
 
-from openrelay.auth import authenticate_key
-from openrelay.management.commands.up import CREDENTIALS_FILE, KEPT, Command
-from openrelay.models import ApiKey
+from openrelay.core.auth import authenticate_key
+from openrelay.core.management.commands.up import CREDENTIALS_FILE, KEPT, Command
+from openrelay.core.models import ApiKey
 from tests.core_tests.test_up import EMBEDDED_ONLY, EMBEDDED_PASS_ONLY, ROOT, _free_port
 
 

@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from batches.models import Batch
 from files import services as file_services
-from openrelay.models import Membership, Model
+from openrelay.core.models import Membership, Model
 
 PASSWORD = "correct horse battery staple"
 MODEL = "openrelay/gemma-4-31b"

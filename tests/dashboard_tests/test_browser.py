@@ -26,7 +26,7 @@ from playwright.sync_api import sync_playwright
 from batches import events
 from batches.models import Batch
 from billing.models import Price
-from openrelay.models import Deployment, Membership, Model, Organization
+from openrelay.core.models import Deployment, Membership, Model, Organization
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch
 

@@ -18,7 +18,7 @@ from batches import services
 from batches.models import Batch
 from billing.models import LedgerEntry, Price
 from files import services as file_services
-from openrelay.models import Deployment, Membership, Model
+from openrelay.core.models import Deployment, Membership, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.dashboard_tests.conftest import CHAT, MODEL, chat_line, jsonl, make_batch
 from tests.dashboard_tests.test_browser import (  # noqa: F401  (fixtures)

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from batches import consumers
 from batches.models import Engine, Record, RecordStatus
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from tests.dashboard_tests.conftest import make_batch, make_member
 from tests.dashboard_tests.test_consumers import _fresh_layer, session_of, socket  # noqa: F401
 

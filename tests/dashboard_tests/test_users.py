@@ -7,7 +7,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from openrelay.models import Membership
+from openrelay.core.models import Membership
 
 pytestmark = pytest.mark.django_db
 

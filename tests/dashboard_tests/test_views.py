@@ -6,7 +6,7 @@ from django.test import Client
 
 from batches.models import Batch
 from files.models import File
-from openrelay.models import Membership
+from openrelay.core.models import Membership
 from tests.dashboard_tests.conftest import PASSWORD, chat_line, jsonl, make_batch, make_member, stored_file
 
 SECRET = "Bearer sk-do-not-show-me"

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from batches.models import Batch, Record
 from files import services as file_services
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 
 MODEL = "openrelay/gemma-4-31b"

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from batches.models import Record
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from tests.engine_tests.conftest import MODEL, chat, make_batch, wait_for
 
 CAP = 64 * 1024 * 1024

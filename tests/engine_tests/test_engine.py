@@ -7,7 +7,7 @@ from batches.engine import store
 from batches.engine.runner import run_batch
 from batches.engine.sweeper import sweep
 from batches.models import Batch, Record, RecordStatus
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import chat, make_batch, read_lines
 

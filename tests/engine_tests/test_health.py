@@ -4,7 +4,7 @@ away is a pause, a wrong upstream key holds records until it is fixed, a stop ha
 import time
 
 from batches.models import Record
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import assert_exactly_once, chat, make_batch, status_of, succeeded, wait_for
 from tests.engine_tests.test_shares import Engines

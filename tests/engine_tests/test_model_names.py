@@ -10,7 +10,7 @@ from aiohttp import web
 
 from batches.engine.runner import run_batch
 from batches.presenters import batch_object
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from openrelay.simulator import AppThread
 from tests.engine_tests.conftest import MODEL, chat, make_batch, read_lines
 
@@ -94,7 +94,7 @@ def test_deployment_urls_and_upstream_names_never_reach_the_result_files_or_the_
 
 def test_a_members_dashboard_never_shows_the_upstream_name_or_the_deployment(alice, model, sim, client,
                                                                             django_user_model):
-    from openrelay.models import Membership
+    from openrelay.core.models import Membership
 
     user = django_user_model.objects.create_user("alice", password="pw-for-tests")
     Membership.objects.create(user=user, organization=alice.org)

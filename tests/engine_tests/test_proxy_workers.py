@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
     _storage,
     assert_exactly_once,

@@ -6,7 +6,7 @@ from django.urls import reverse
 
 from batches.engine.runner import run_batch
 from batches.engine.usage import Usage
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from openrelay.simulator import AppThread
 from tests.engine_tests.conftest import chat, make_batch, read_lines
 

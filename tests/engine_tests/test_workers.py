@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from batches.models import Record
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import (
     assert_exactly_once,
@@ -180,7 +180,7 @@ def test_the_sweeper_and_webhook_deliveries_stay_on_time_under_full_load(alice, 
         batch = make_batch(alice.org, [chat(f"q{i}") for i in range(4000)])
         clusters()
         wait_for(lambda: succeeded(batch) >= 300, 30, "the model to be full")
-        for func in ("batches.tasks.sweep", "openrelay.webhooks.tasks.deliver_due"):
+        for func in ("batches.tasks.sweep", "webhooks.tasks.deliver_due"):
             task_id = async_task(func)
             took = wait_for(lambda: result(task_id) is not None, 10, f"{func} to run", every=0.02)  # noqa: B023 - called here
             assert took < 2, f"{func} waited {took:.1f} s behind the engines"

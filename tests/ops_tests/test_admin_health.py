@@ -6,7 +6,7 @@ import re
 from django.test import Client
 
 from batches.models import Engine
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
     MODEL,

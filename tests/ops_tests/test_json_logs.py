@@ -7,7 +7,7 @@ import orjson
 
 from batches.models import Record
 from openrelay import logs
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
     MODEL,

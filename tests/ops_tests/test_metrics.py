@@ -102,7 +102,7 @@ def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_
 
 def test_it_counts_failures_by_outcome_code_and_deliveries_and_queues(db, token, settings):
     alice = make_persona("alice-org")
-    from openrelay.models import Model
+    from openrelay.core.models import Model
 
     Model.objects.create(name=MODEL)
     batch = make_batch(alice.org, [chat(f"q {i}") for i in range(5)])
@@ -129,7 +129,7 @@ def test_tallies_add_up_across_saves(db, token):
 
 
 def test_calls_in_flight_rise_while_real_workers_call_and_a_dead_deployment_reads_down(model, clusters, token):  # noqa: F811
-    from openrelay.models import Deployment
+    from openrelay.core.models import Deployment
     from tests.ops_tests.conftest import closed_port
 
     alive = model.deployments.get()
@@ -154,7 +154,7 @@ def test_calls_in_flight_rise_while_real_workers_call_and_a_dead_deployment_read
 
 
 def test_webhook_deliveries_are_counted_by_result(db, token):
-    from openrelay.webhooks.models import WebhookDelivery, WebhookEndpoint
+    from webhooks.models import WebhookDelivery, WebhookEndpoint
 
     alice = make_persona("alice-org")
     endpoint = WebhookEndpoint.objects.create(organization=alice.org, name="hook", url="https://hooks.example/x",

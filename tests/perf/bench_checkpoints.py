@@ -58,7 +58,7 @@ def setup(database_url):
 
 
 def make_world(sim):
-    from openrelay.models import Deployment, Model
+    from openrelay.core.models import Deployment, Model
     from tests.conftest import make_persona
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")

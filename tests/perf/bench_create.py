@@ -98,7 +98,7 @@ def _time_inserts(organization, file, batch):
 
 def _bench(path, size):
     from batches.services import create_batch
-    from openrelay.models import Deployment, Model, Organization
+    from openrelay.core.models import Deployment, Model, Organization
 
     organization = Organization.objects.create(name="bench")
     model = Model.objects.create(name=MODEL)

@@ -58,7 +58,7 @@ def world(batches=100, organizations=10):
     from batches import progress
     from batches.models import Batch, Engine, Record, RecordStatus
     from files import services as file_services
-    from openrelay.models import Deployment, Model, Organization
+    from openrelay.core.models import Deployment, Model, Organization
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
     deployments = [Deployment.objects.create(model=model, base_url=f"http://10.0.0.{i}:8000/v1", max_concurrency=64)

@@ -645,7 +645,7 @@ class Bench:
                        MODEL_150: MANY_CONCURRENCY}
         # Two organizations: the bench's own (A) and, for the fairness run, B.
         script = ["from django.core.management import call_command",
-                  "from openrelay.models import ApiKey, Organization",
+                  "from openrelay.core.models import ApiKey, Organization",
                   "org = Organization.objects.create(name='bench')",
                   "org_b = Organization.objects.create(name='bench-b')"]
         for name, url in sims.items():

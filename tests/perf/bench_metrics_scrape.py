@@ -60,7 +60,7 @@ def fill():
 
     from batches.engine import tallies
     from batches.models import Batch, Engine, Record
-    from openrelay.models import Deployment, Model, Organization
+    from openrelay.core.models import Deployment, Model, Organization
 
     org = Organization.objects.create(name="bench-org")
     models = [Model.objects.create(name=f"bench/model-{i}") for i in range(2)]

@@ -121,7 +121,7 @@ class Gateway:
         wait_http(sim, f"http://127.0.0.1:{sim_port}/v1/models")
         key = self.manage("shell", "-c", (
             "from django.core.management import call_command\n"
-            "from openrelay.models import ApiKey, Organization\n"
+            "from openrelay.core.models import ApiKey, Organization\n"
             f"call_command('set_model', {MODEL!r}, base_url='http://127.0.0.1:{sim_port}/v1', concurrency=64,"
             " stdout=open('/dev/null', 'w'))\n"
             "org = Organization.objects.create(name='load-test')\n"

@@ -3,7 +3,7 @@
 import orjson
 import pytest
 
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 
 MODEL = "openrelay/gemma-4-31b"
 CHAT = "/v1/chat/completions"

@@ -9,7 +9,7 @@ import pytest
 
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
-from openrelay.models import Deployment
+from openrelay.core.models import Deployment
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import chat, make_batch, read_lines
 
@@ -55,7 +55,7 @@ def _outcome(line):
 
 
 def test_a_batch_mixing_every_fault_ends_each_record_once_with_the_right_outcome(alice, faulty):
-    from openrelay.models import Model
+    from openrelay.core.models import Model
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
     Deployment.objects.create(model=model, base_url=faulty.base_url, upstream_model="sim-upstream", max_concurrency=16)
@@ -106,7 +106,7 @@ def test_a_batch_mixing_every_fault_ends_each_record_once_with_the_right_outcome
 
 
 def test_429_honours_retry_after_before_the_rerun(alice, faulty):
-    from openrelay.models import Model
+    from openrelay.core.models import Model
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
     Deployment.objects.create(model=model, base_url=faulty.base_url, upstream_model="sim-upstream", max_concurrency=4)
@@ -121,7 +121,7 @@ def test_429_honours_retry_after_before_the_rerun(alice, faulty):
 
 
 def test_a_failed_server_reruns_on_another_deployment(alice, faulty):
-    from openrelay.models import Model
+    from openrelay.core.models import Model
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
     with run_in_thread(SimulatorConfig(drop_all=True)) as resetting, \
@@ -143,7 +143,7 @@ def test_a_claim_with_no_room_claims_nothing(alice, faulty, limit):
     # Found by the fault batch on PostgreSQL: a task whose share grew mid-run asked for
     # LIMIT -1 (a DataError there; on SQLite, "no limit": the whole batch to one task).
     from batches.engine import store
-    from openrelay.models import Model
+    from openrelay.core.models import Model
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(20)], model=model)

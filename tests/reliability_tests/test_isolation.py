@@ -14,7 +14,7 @@ from django.urls import NoReverseMatch, reverse
 from batches.models import Batch
 from files import services as file_services
 from files.models import File
-from openrelay.models import ApiKey
+from openrelay.core.models import ApiKey
 from tests.reliability_tests.conftest import assert_envelope, jsonl, record, upload
 
 SECRET_FILENAME = "alice-private-input.jsonl"
@@ -169,7 +169,7 @@ def test_usage_shows_only_the_callers_organization(alice, bob, alices):
 def _dashboard_installed():
     try:
         reverse("dashboard:batch", args=["batch_x"])
-        from openrelay.models import Membership  # noqa: F401
+        from openrelay.core.models import Membership  # noqa: F401
     except (NoReverseMatch, ImportError):
         return False
     return True
@@ -188,7 +188,7 @@ DASHBOARD_PAGES = [
 
 @pytest.fixture
 def bob_signed_in(bob, django_user_model, client):
-    from openrelay.models import Membership
+    from openrelay.core.models import Membership
 
     user = django_user_model.objects.create_user("bob-user", password="bob-password")
     Membership.objects.create(user=user, organization=bob.org)
@@ -242,7 +242,7 @@ WEBSOCKETS = [("/ws/batches/{batch}", "feed of her batch")] if "ws/batches/<str:
 def _session_cookie(django_user_model, username, organization):
     from django.contrib.sessions.backends.db import SessionStore
 
-    from openrelay.models import Membership
+    from openrelay.core.models import Membership
 
     user = django_user_model.objects.create_user(username, password="pw")
     Membership.objects.create(user=user, organization=organization)

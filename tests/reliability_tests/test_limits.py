@@ -9,8 +9,8 @@ from django.core.cache import caches
 
 from batches import validation
 from batches.validation import MAX_LINE_BYTES, MAX_NESTING_DEPTH, iter_lines
+from openrelay.core.models import ApiKey
 from openrelay.env import ImproperlyConfiguredEnv, envrate, parse_rate
-from openrelay.models import ApiKey
 from tests.conftest import make_persona
 from tests.reliability_tests.conftest import assert_envelope, create, jsonl, record, upload
 

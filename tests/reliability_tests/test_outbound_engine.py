@@ -15,7 +15,7 @@ import pytest
 
 from batches.engine.runner import run_batch
 from batches.models import Batch
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.engine_tests.conftest import MODEL, make_batch, read_lines
 

@@ -30,7 +30,7 @@ from django.urls import NoReverseMatch, reverse
 
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 from tests.reliability_tests.conftest import MCP_TOKEN, MODEL, jsonl, upload
 from tests.tool_tests.conftest import ok
@@ -160,7 +160,7 @@ def _pages(client, superuser_client, alice, batches):
 def _dashboard_pages(client, alice, batches, files):
     try:
         reverse("dashboard:home")
-        from openrelay.models import Membership
+        from openrelay.core.models import Membership
     except (NoReverseMatch, ImportError):
         return []
     from django.contrib.auth import get_user_model

@@ -13,7 +13,7 @@ from batches.engine.calls import ModelCaller, Upstream, Usage
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
 from files.services import open_content
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from openrelay.outbound import OutboundClient
 from openrelay.simulator import answer_chat
 from tests.tool_tests.conftest import CHAT, per_record, record_context, status

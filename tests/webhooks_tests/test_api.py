@@ -3,7 +3,7 @@
 import openai
 import pytest
 
-from openrelay.webhooks.models import WebhookEndpoint
+from webhooks.models import WebhookEndpoint
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ from batches import lifecycle
 from batches.engine import finish
 from batches.engine.runner import run_batch
 from batches.models import Batch, BatchStatus
-from openrelay.models import Deployment, Model
-from openrelay.webhooks import services, tasks
-from openrelay.webhooks.models import DeliveryStatus, WebhookDelivery
+from openrelay.core.models import Deployment, Model
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import MODEL, chat, make_batch
+from webhooks import services, tasks
+from webhooks.models import DeliveryStatus, WebhookDelivery
 
 
 def _endpoint(org, url, *event_types):
@@ -186,11 +186,11 @@ def test_the_retry_sweep_is_scheduled_once(db):
     from django.apps import apps
     from django_q.models import Schedule
 
-    from openrelay.webhooks.apps import ensure_retry_schedule
+    from webhooks.apps import ensure_retry_schedule
 
     schedule = Schedule.objects.get(name="webhooks.deliver_due")
     assert (schedule.func, schedule.schedule_type, schedule.minutes, schedule.repeats) == (
-        "openrelay.webhooks.tasks.deliver_due", Schedule.MINUTES, 1, -1)
+        "webhooks.tasks.deliver_due", Schedule.MINUTES, 1, -1)
     ensure_retry_schedule(sender=apps.get_app_config("webhooks"))
     assert Schedule.objects.filter(name="webhooks.deliver_due").count() == 1
 

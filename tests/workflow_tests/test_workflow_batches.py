@@ -6,7 +6,7 @@ import pytest
 from batches.engine.runner import run_batch
 from batches.models import Batch
 from files.services import open_content
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 from tests.workflow_tests.conftest import MODEL, chat, workflow_body
 
 TOKEN = "Bearer e2e-secret-token-42"

@@ -4,7 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
 from billing.models import Price
-from openrelay.models import Deployment, Model
+from openrelay.core.models import Deployment, Model
 
 
 def _price(value):

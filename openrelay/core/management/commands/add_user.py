@@ -7,7 +7,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from openrelay.models import Membership, Organization
+from openrelay.core.models import Membership, Organization
 
 PASSWORD_VARIABLE = "OPENRELAY_USER_PASSWORD"
 

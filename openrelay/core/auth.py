@@ -7,7 +7,7 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from openrelay.models import KEY_PREFIX, LOOKUP_LENGTH, ApiKey, hash_key
+from openrelay.core.models import KEY_PREFIX, LOOKUP_LENGTH, ApiKey, hash_key
 
 # last_used_at is informative; writing it on every request would make every
 # read a write, so it is refreshed at most once a minute.

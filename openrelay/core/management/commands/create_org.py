@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from openrelay.models import ApiKey, Organization
+from openrelay.core.models import ApiKey, Organization
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from openrelay.models import ApiKey, Organization
+from openrelay.core.models import ApiKey, Organization
 
 
 class Command(BaseCommand):

@@ -3,7 +3,7 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 
-from openrelay.models import ApiKey, Deployment, Membership, Model, Organization
+from openrelay.core.models import ApiKey, Deployment, Membership, Model, Organization
 
 # The app list beside every page took 290 of 1,280 px from the change lists (the ledger's ten
 # columns ran past the edge); the index page and the breadcrumbs lead everywhere it did.

@@ -28,8 +28,8 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
-from openrelay.auth import authenticate_key
-from openrelay.models import ApiKey, Membership, Organization
+from openrelay.core.auth import authenticate_key
+from openrelay.core.models import ApiKey, Membership, Organization
 
 DEV_ORG = "dev"
 DEV_KEY_NAME = "printed by manage.py up"
