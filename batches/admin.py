@@ -2,9 +2,9 @@ from django.contrib import admin, messages
 
 from batches import operator, services
 from batches.models import Batch
+from openrelay.api.errors import ApiError
 from openrelay.core.admin import DeploymentAdmin, ModelAdmin
 from openrelay.core.models import Deployment, Model
-from openrelay.errors import ApiError
 
 
 @admin.register(Batch)

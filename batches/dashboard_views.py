@@ -43,8 +43,8 @@ from files.models import File, Purpose
 from files.presenters import present_file
 from files.responses import download_response, stream_response, stream_size
 from files.uploads import receive_upload
+from openrelay.api.errors import ApiError
 from openrelay.core.models import Membership
-from openrelay.errors import ApiError
 
 PAGE_SIZE = 50
 # The batch page lists this many rejected records; all of them download as JSONL.

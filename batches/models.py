@@ -6,7 +6,7 @@ from django.utils import timezone
 
 from files.models import File
 from openrelay.core.models import Model, Organization
-from openrelay.ids import new_batch_id
+from openrelay.lib.ids import new_batch_id
 
 
 class BatchStatus(models.TextChoices):

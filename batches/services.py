@@ -15,8 +15,8 @@ from batches.validation import MAX_RECORDS, FileRejected, RecordChecker, scan, t
 from billing.models import Price
 from files import services as files
 from files.models import File, Purpose
+from openrelay.api.errors import ApiError, Conflict
 from openrelay.core.models import Model
-from openrelay.errors import ApiError, Conflict
 
 PRICE_MULTIPLIER = {Priority.STANDARD: Decimal("0.5"), Priority.EXPEDITED: Decimal("1.0")}
 INSERT_BATCH_SIZE = 5000

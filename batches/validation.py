@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from openrelay.errors import ApiError
-from openrelay.params import invalid_type, missing_parameter, request_object, shown, type_name
+from openrelay.api.errors import ApiError
+from openrelay.api.params import invalid_type, missing_parameter, request_object, shown, type_name
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
 # Tool loops and workflows read and extend a chat conversation: no other endpoint has one.

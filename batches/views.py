@@ -11,10 +11,12 @@ from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation import parse_create_params
 from files.responses import stream_response, stream_size
-from openrelay import openapi
-from openrelay.api import IgnoreAcceptNegotiation, json_body, newest_first_page
-from openrelay.errors import ApiError, NotFound
-from openrelay.throttles import BatchCreateThrottle
+from openrelay.api import openapi
+from openrelay.api.errors import ApiError, NotFound
+from openrelay.api.negotiation import IgnoreAcceptNegotiation
+from openrelay.api.pagination import newest_first_page
+from openrelay.api.parsers import json_body
+from openrelay.api.throttles import BatchCreateThrottle
 
 
 def _batches(request):

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import ledger
-from openrelay.errors import ApiError
+from openrelay.api.errors import ApiError
 
 DEFAULT_DAYS = 30
 MAX_DAYS = 366

@@ -2,7 +2,7 @@ from django.db import models
 from django.utils import timezone
 
 from openrelay.core.models import Organization
-from openrelay.ids import new_file_id
+from openrelay.lib.ids import new_file_id
 
 
 class Purpose(models.TextChoices):

@@ -3,7 +3,7 @@
 from files.models import Purpose
 from files.selectors import LIST_LIMIT_MAX, ORDERS
 from files.services import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
-from openrelay.errors import ApiError
+from openrelay.api.errors import ApiError
 
 UPLOAD_PURPOSES = (Purpose.BATCH,)
 UPLOAD_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}

@@ -1,6 +1,6 @@
 """The File object as the OpenAI API shows it; the batches app and the dashboard reuse it."""
 
-from openrelay.lists import list_object
+from openrelay.api.lists import list_object
 
 
 def _unix(moment):

@@ -4,7 +4,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from files.models import File
-from openrelay.errors import ApiError, NotFound
+from openrelay.api.errors import ApiError, NotFound
 
 LIST_LIMIT_MAX = 10_000
 ORDERS = ("asc", "desc")

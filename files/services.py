@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from files import storage
 from files.models import File, Purpose
-from openrelay.errors import Conflict
+from openrelay.api.errors import Conflict
 
 DEFAULT_BATCH_INPUT_TTL = timedelta(days=30)
 DEFAULT_OUTPUT_TTL = timedelta(days=30)

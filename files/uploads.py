@@ -18,8 +18,8 @@ from django.core.files.uploadhandler import FileUploadHandler, StopUpload
 from django.http import UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 
-from openrelay.asgi_handler import MULTIPART_OVERHEAD_BYTES
-from openrelay.errors import ApiError
+from openrelay.api.errors import ApiError
+from openrelay.web.asgi_handler import MULTIPART_OVERHEAD_BYTES
 
 CHUNK_SIZE = 1024 * 1024
 _BLANK = b" \t\r\n"
@@ -90,7 +90,7 @@ def _require_multipart(request):
             status=415,
             code="unsupported_media_type",
         )
-    # Under ASGI this is the count of bytes that arrived (openrelay.asgi_handler), chunked or not.
+    # Under ASGI this is the count of bytes that arrived (openrelay.web.asgi_handler), chunked or not.
     return _declared_length(request)
 
 

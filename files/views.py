@@ -9,9 +9,9 @@ from files import params, selectors, services
 from files.presenters import present_deleted, present_file, present_file_list
 from files.responses import download_response
 from files.uploads import receive_upload
-from openrelay import openapi
-from openrelay.api import IgnoreAcceptNegotiation
-from openrelay.errors import ApiError
+from openrelay.api import openapi
+from openrelay.api.errors import ApiError
+from openrelay.api.negotiation import IgnoreAcceptNegotiation
 
 UPLOAD_HINT = ("Upload a file with a multipart POST to /v1/files, with the fields 'purpose' and 'file' "
                "(curl -F purpose=batch -F file=@requests.jsonl).")

@@ -33,7 +33,7 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperGroup
 
-from openrelay.lists import list_object
+from openrelay.api.lists import list_object
 
 DEFAULT_BASE_URL = "http://127.0.0.1:8000/v1"
 EXIT_API_ERROR, EXIT_USAGE, EXIT_BATCH_UNSUCCESSFUL = 1, 2, 3

@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 
 from files.storage import storage_from_url
-from openrelay.env import ImproperlyConfiguredEnv, envbool, envfloat, envint, envlist, envrate, envstr
+from openrelay.lib.env import ImproperlyConfiguredEnv, envbool, envfloat, envint, envlist, envrate, envstr
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("OPENRELAY_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -49,9 +49,9 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # /healthz and /readyz, before anything that checks the Host or opens a session.
-    "openrelay.probes.ProbeMiddleware",
-    "openrelay.middleware.RequestIdMiddleware",
-    "openrelay.middleware.HostRoutingMiddleware",
+    "openrelay.web.probes.ProbeMiddleware",
+    "openrelay.web.middleware.RequestIdMiddleware",
+    "openrelay.web.middleware.HostRoutingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the dashboard's CSS and JS) under any ASGI server, no web server in front needed.
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -61,7 +61,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "openrelay.middleware.ApiErrorMiddleware",
+    "openrelay.web.middleware.ApiErrorMiddleware",
 ]
 
 ROOT_URLCONF = "openrelay.urls"
@@ -124,7 +124,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# The cache holds rate-limit counters (openrelay.throttles): shared by every
+# The cache holds rate-limit counters (openrelay.api.throttles): shared by every
 # web process through Redis in production, in process memory by default.
 if REDIS_URL:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
@@ -173,7 +173,7 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "tmp")
 (DATA_DIR / "tmp").mkdir(exist_ok=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("OPENRELAY_MAX_JSON_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
-# A request's head (request line and headers) in all; past it 431 (openrelay.webserver).
+# A request's head (request line and headers) in all; past it 431 (openrelay.web.webserver).
 OPENRELAY_MAX_HEADER_BYTES = envint("OPENRELAY_MAX_HEADER_BYTES", 64 * 1024, minimum=1024)
 
 REST_FRAMEWORK = {
@@ -185,7 +185,7 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
         "rest_framework.parsers.FormParser",
     ],
-    "EXCEPTION_HANDLER": "openrelay.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "openrelay.api.handlers.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
@@ -197,7 +197,7 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "DESCRIPTION": "OpenAI-compatible Files and Batches API. Authenticate with `Authorization: Bearer or_...`.",
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "openrelay.openapi.add_components"],
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "openrelay.api.openapi.add_components"],
 }
 
 LANGUAGE_CODE = "en-us"
@@ -257,14 +257,14 @@ OPENRELAY_MAX_UPLOAD_BYTES = envint("OPENRELAY_MAX_UPLOAD_BYTES", 209_715_200, m
 # under the database's max_connections.
 OPENRELAY_WEB_CONCURRENCY = envint("OPENRELAY_WEB_CONCURRENCY", 32, minimum=1)
 
-# text (the default) or json: one JSON object a line with batch and record ids (openrelay.logs).
+# text (the default) or json: one JSON object a line with batch and record ids (openrelay.lib.logs).
 OPENRELAY_LOG_FORMAT = envstr("OPENRELAY_LOG_FORMAT", "text").strip().lower() or "text"
 if OPENRELAY_LOG_FORMAT not in ("text", "json"):
     raise ImproperlyConfiguredEnv(f"OPENRELAY_LOG_FORMAT must be text or json, got {OPENRELAY_LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"json": {"()": "openrelay.logs.JsonFormatter"}},
+    "formatters": {"json": {"()": "openrelay.lib.logs.JsonFormatter"}},
     "handlers": {"console": {"class": "logging.StreamHandler",
                              **({"formatter": "json"} if OPENRELAY_LOG_FORMAT == "json" else {})}},
     "root": {"handlers": ["console"], "level": envstr("OPENRELAY_LOG_LEVEL", "INFO")},

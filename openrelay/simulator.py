@@ -209,7 +209,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from openrelay import aio
+from openrelay.lib import aio
 
 DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "text-embedding-3-small")
 SECRET_HEADERS = frozenset(

@@ -2,9 +2,9 @@
 
 from django.conf import settings
 
-from openrelay.errors import ApiError
-from openrelay.outbound import OutboundError, check_url
-from openrelay.params import invalid_type, missing_parameter, request_object, shown
+from openrelay.api.errors import ApiError
+from openrelay.api.params import invalid_type, missing_parameter, request_object, shown
+from openrelay.lib.outbound import OutboundError, check_url
 from webhooks.models import EVENT_TYPES
 
 ENDPOINT_FIELDS = ("name", "url", "event_types")

@@ -18,9 +18,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from openrelay.errors import ApiError
-from openrelay.outbound import OutboundClient, OutboundError
-from openrelay.redaction import redact
+from openrelay.api.errors import ApiError
+from openrelay.lib.outbound import OutboundClient, OutboundError
+from openrelay.lib.redaction import redact
 from webhooks import signing
 from webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
 

@@ -5,9 +5,10 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from openrelay import openapi
-from openrelay.api import json_body, newest_first_page
-from openrelay.errors import NotFound
+from openrelay.api import openapi
+from openrelay.api.errors import NotFound
+from openrelay.api.pagination import newest_first_page
+from openrelay.api.parsers import json_body
 from webhooks import params, services
 from webhooks.models import EVENT_TYPES, WebhookEndpoint
 from webhooks.presenters import endpoint_object

@@ -7,12 +7,12 @@ records, tool loops, workflows) sees a `CallResult`.
 
 The calls travel over batches.engine.transport, a lean HTTP/1.1 client:
 this is the hot path, and aiohttp's client (used for users' URLs, through
-openrelay.outbound) costs two to three times its CPU a call. An answer over
+openrelay.lib.outbound) costs two to three times its CPU a call. An answer over
 OPENRELAY_MAX_MODEL_RESPONSE_BYTES, or one the server stops sending for
 OPENRELAY_MODEL_IDLE_TIMEOUT_S, is a failed server (the call runs again,
 like after a dropped connection), not the record's answer.
 
-What a model server says goes through openrelay.redaction with the
+What a model server says goes through openrelay.lib.redaction with the
 deployment's key before it becomes a message or an error line.
 """
 
@@ -33,7 +33,7 @@ from batches.engine.health import Health, server_failed
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
 from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, IdleTimeout, Origin, TransportError
 from batches.engine.usage import Usage  # the engine's modules import it from here too
-from openrelay.redaction import redact, redact_json, secrets_of
+from openrelay.lib.redaction import redact, redact_json, secrets_of
 
 logger = logging.getLogger("openrelay.engine")
 
@@ -82,7 +82,7 @@ def _request_id():
     """A `req_` id for an answer that came without x-request-id.
 
     Unique, not secret: random.getrandbits costs a fraction of the
-    os.urandom call behind openrelay.ids.new_request_id, once per record.
+    os.urandom call behind openrelay.lib.ids.new_request_id, once per record.
     """
     return f"req_{random.getrandbits(128):032x}"
 

@@ -4,7 +4,7 @@ The tool loop (toolloop.py) owns rounds, usage and stripping; an executor only
 turns one turn's tool calls into tool results. Two kinds, chosen by
 `tool_config.type`: "http" (our plain POST protocol, http_executor.py) and
 "mcp" (an MCP server over Streamable HTTP, mcp.py). Both send every request
-through openrelay.outbound (the guard for user-supplied URLs).
+through openrelay.lib.outbound (the guard for user-supplied URLs).
 """
 
 from dataclasses import dataclass

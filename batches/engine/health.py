@@ -22,7 +22,7 @@ import logging
 from django.conf import settings
 
 from batches.engine.transport import TransportError
-from openrelay.redaction import redact
+from openrelay.lib.redaction import redact
 
 logger = logging.getLogger("openrelay.engine")
 

@@ -15,15 +15,15 @@ Failure messages go into the user's error file. They name what went wrong
 but never the authorization value or the URL's path or query (which may
 carry a token); OutboundError messages already name only the origin. What
 the executor sent (ids quoted in a message, result contents, which become
-tool messages the model reads) goes through openrelay.redaction first: an
+tool messages the model reads) goes through openrelay.lib.redaction first: an
 executor that echoes its credential back must not hand it on.
 """
 
 import orjson
 
 from batches.engine.executors import ToolExecutionFailed, ToolResult
-from openrelay.outbound import OutboundError
-from openrelay.redaction import redact, secrets_of
+from openrelay.lib.outbound import OutboundError
+from openrelay.lib.redaction import redact, secrets_of
 
 # tool_call_ids come from the model or the executor; keep quoted ones short.
 MAX_QUOTED_ID = 100

@@ -3,7 +3,7 @@
 The server speaks Streamable HTTP (MCP 2025-03-26 or later): every JSON-RPC
 message is one POST to the server's endpoint, answered with
 ``application/json`` or a finite ``text/event-stream``. Everything goes out
-through openrelay.outbound (the guard for user URLs), which reads the whole
+through openrelay.lib.outbound (the guard for user URLs), which reads the whole
 body; that is fine for a stream the server closes after its response.
 
 Once per record loop, lazily on the first execute(), the executor sends
@@ -39,7 +39,7 @@ negotiated protocol version (sent as ``MCP-Protocol-Version``). Choices:
 Failure messages go into the error file: they say which step failed and why,
 and never carry a header value (authorization, session id). Text that comes
 from the server (JSON-RPC error messages, tool contents) goes through
-openrelay.redaction, which removes both (any letter case, any piece of 8
+openrelay.lib.redaction, which removes both (any letter case, any piece of 8
 characters or more) before a message is cut short.
 """
 
@@ -58,8 +58,8 @@ import orjson
 
 from batches.engine.checkpoints import idempotency_key
 from batches.engine.executors import ToolExecutionFailed, ToolResult
-from openrelay.outbound import OutboundError, OutboundResponse
-from openrelay.redaction import redact, secrets_of
+from openrelay.lib.outbound import OutboundError, OutboundResponse
+from openrelay.lib.redaction import redact, secrets_of
 
 PROTOCOL_VERSION = "2025-06-18"
 # Revisions with Streamable HTTP and the initialize handshake. A server may

@@ -43,9 +43,9 @@ from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch, BatchStatus, Priority
 from files.models import File
 from files.services import open_records
-from openrelay import logs
 from openrelay.core.models import DeploymentHealth
-from openrelay.outbound import OutboundClient
+from openrelay.lib import logs
+from openrelay.lib.outbound import OutboundClient
 
 logger = logging.getLogger("openrelay.engine")
 

@@ -11,7 +11,7 @@ connections, Content-Length, chunked or close-delimited answers, gzip or
 deflate bodies, TLS.
 
 Model servers are the operator's deployments. User-supplied URLs (tool
-executors, MCP servers, workflow callbacks) go through openrelay.outbound,
+executors, MCP servers, workflow callbacks) go through openrelay.lib.outbound,
 which guards their addresses.
 
 A broken or hostile server (or a proxy in front of it) must not exhaust a
@@ -40,7 +40,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
-from openrelay.outbound import valid_header
+from openrelay.lib.outbound import valid_header
 
 # Idle connections older than this are closed instead of reused: uvicorn
 # (vLLM's server) drops idle keep-alive connections after 5 s, and a request

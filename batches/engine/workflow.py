@@ -21,7 +21,7 @@ usage (store.close_unfinished).
 The callback's `authorization` never goes further than the callback: what
 the callback answers (ids and values quoted in messages, its error message,
 its output, the bodies of its next requests) goes through
-openrelay.redaction before it is cut short, stored or sent to the model.
+openrelay.lib.redaction before it is cut short, stored or sent to the model.
 """
 
 import asyncio
@@ -30,9 +30,9 @@ from batches.engine.calls import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation import RecordRejected, normalize_workflow
-from openrelay.ids import new_request_id
-from openrelay.outbound import OutboundError
-from openrelay.redaction import redact, redact_json, secrets_of
+from openrelay.lib.ids import new_request_id
+from openrelay.lib.outbound import OutboundError
+from openrelay.lib.redaction import redact, redact_json, secrets_of
 
 ROOT_ID = "root"
 ANSWERS = ("continue", "completed", "failed")

@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import openrelay.ids
+import openrelay.lib.ids
 from decimal import Decimal
 from django.db import migrations, models
 
@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
             name='Batch',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=openrelay.ids.new_batch_id, editable=False, max_length=64, unique=True)),
+                ('public_id', models.CharField(default=openrelay.lib.ids.new_batch_id, editable=False, max_length=64, unique=True)),
                 ('endpoint', models.CharField(max_length=64)),
                 ('completion_window', models.CharField(default='24h', max_length=8)),
                 ('priority', models.CharField(choices=[('standard', 'Standard'), ('expedited', 'Expedited')], default='standard', max_length=16)),

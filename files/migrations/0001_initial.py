@@ -2,7 +2,7 @@
 
 import django.db.models.deletion
 import django.utils.timezone
-import openrelay.ids
+import openrelay.lib.ids
 from django.db import migrations, models
 
 
@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
             name='File',
             fields=[
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('public_id', models.CharField(default=openrelay.ids.new_file_id, editable=False, max_length=40, unique=True)),
+                ('public_id', models.CharField(default=openrelay.lib.ids.new_file_id, editable=False, max_length=40, unique=True)),
                 ('filename', models.CharField(max_length=255)),
                 ('purpose', models.CharField(choices=[('batch', 'Batch'), ('batch_output', 'Batch Output')], max_length=32)),
                 ('bytes', models.BigIntegerField(default=0)),

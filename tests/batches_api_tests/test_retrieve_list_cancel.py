@@ -10,7 +10,7 @@ from batches.lifecycle import IllegalTransition
 from batches.models import Batch, BatchStatus
 from batches.presenters import batch_object
 from files.models import File
-from openrelay.errors import Conflict
+from openrelay.api.errors import Conflict
 from tests.batches_api_tests.helpers import chat_line, create, error_of
 
 

@@ -1,5 +1,5 @@
 """Request heads are capped at OPENRELAY_MAX_HEADER_BYTES (64 KB) in all: past it, 431 in the error
-envelope, from real servers on 127.0.0.1. uvicorn as `manage.py up` runs it (openrelay.webserver's
+envelope, from real servers on 127.0.0.1. uvicorn as `manage.py up` runs it (openrelay.web.webserver's
 httptools protocol) and with h11 refuses while reading, holding no more than the cap and a read;
 uvicorn without those protocols gets the 431 from the application (HeaderCap); daphne's own
 parser refuses heads over 16 KB (a 400, or the connection dropped) before the application sees them."""
@@ -16,8 +16,8 @@ from tests.clients_tests.conftest import _listening, free_port, start, wait_for
 APP = "openrelay.asgi:application"
 UVICORN = ["-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log", "--log-level", "warning"]
 SERVERS = {
-    "uvicorn httptools (up)": UVICORN + ["--http", "openrelay.webserver:HttpToolsProtocol", APP],
-    "uvicorn h11": UVICORN + ["--http", "openrelay.webserver:H11Protocol", APP],
+    "uvicorn httptools (up)": UVICORN + ["--http", "openrelay.web.webserver:HttpToolsProtocol", APP],
+    "uvicorn h11": UVICORN + ["--http", "openrelay.web.webserver:H11Protocol", APP],
     "uvicorn default": UVICORN + [APP],
 }
 CAP = 64 * 1024

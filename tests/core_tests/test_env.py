@@ -1,6 +1,6 @@
 import pytest
 
-from openrelay.env import ImproperlyConfiguredEnv, envbool, envfloat, envint, envlist
+from openrelay.lib.env import ImproperlyConfiguredEnv, envbool, envfloat, envint, envlist
 
 
 def test_envbool_reads_and_rejects(monkeypatch):

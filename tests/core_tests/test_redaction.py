@@ -1,10 +1,10 @@
-"""openrelay.redaction: every piece of a secret of 8 characters or more goes, in any letter case,
+"""openrelay.lib.redaction: every piece of a secret of 8 characters or more goes, in any letter case,
 before any cut."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from openrelay.redaction import REDACTED, redact, redact_json, secrets_of
+from openrelay.lib.redaction import REDACTED, redact, redact_json, secrets_of
 from tests.echoes import assert_no_piece, echoes
 
 FILLER = st.text(max_size=300)

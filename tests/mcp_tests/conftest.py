@@ -30,7 +30,7 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
 from batches.engine.mcp import McpExecutor
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 
 SECRET = "sk-mcp-very-secret-token"
 AUTHORIZATION = f"Bearer {SECRET}"

@@ -8,7 +8,7 @@ import pytest
 from aiohttp import web
 
 from batches.engine.executors import ToolExecutionFailed, ToolResult
-from openrelay.outbound import HOST_REFUSED, OutboundClient
+from openrelay.lib.outbound import HOST_REFUSED, OutboundClient
 
 from .conftest import (
     AUTHORIZATION,

@@ -133,7 +133,7 @@ def test_every_tools_call_carries_an_idempotency_key_stable_for_its_round_and_pl
 
     from batches.engine.checkpoints import idempotency_key
     from batches.engine.mcp import McpExecutor
-    from openrelay.outbound import OutboundClient
+    from openrelay.lib.outbound import OutboundClient
 
     two = [tool_call(arguments='{"query": "a"}'), tool_call(arguments='{"query": "b"}', call_id="call_0_1")]
 

@@ -7,7 +7,7 @@ import pytest
 
 from batches.engine.executors import ToolResult
 from batches.engine.mcp import ACCEPT, McpExecutor
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 
 from .conftest import (
     AUTHORIZATION,

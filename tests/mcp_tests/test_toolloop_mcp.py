@@ -13,7 +13,7 @@ from batches.engine import toolloop
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator import SimulatorConfig, run_in_thread
 
 from .conftest import AUTHORIZATION, SECRET, rpc_methods

@@ -6,8 +6,8 @@ from pathlib import Path
 import orjson
 
 from batches.models import Record
-from openrelay import logs
 from openrelay.core.models import Deployment
+from openrelay.lib import logs
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
     MODEL,

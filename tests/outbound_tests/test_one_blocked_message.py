@@ -8,7 +8,7 @@ import pytest
 
 from batches.engine.executors import ToolExecutionFailed
 from batches.engine.http_executor import HttpExecutor
-from openrelay.outbound import HOST_REFUSED, OutboundClient, OutboundError, check_url
+from openrelay.lib.outbound import HOST_REFUSED, OutboundClient, OutboundError, check_url
 
 REFUSED = [
     "http://localhost:9/tools",  # resolves to loopback

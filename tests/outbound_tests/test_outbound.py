@@ -21,7 +21,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from openrelay.outbound import (
+from openrelay.lib.outbound import (
     HOST_REFUSED,
     BlockedURL,
     GuardedResolver,
@@ -486,7 +486,7 @@ def test_it_reads_the_allow_private_setting_lazily():
 
 def test_it_imports_and_defaults_to_blocking_without_django_settings():
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    code = "from openrelay.outbound import OutboundClient; print(OutboundClient().allow_private)"
+    code = "from openrelay.lib.outbound import OutboundClient; print(OutboundClient().allow_private)"
     root = Path(__file__).resolve().parents[2]
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=30
@@ -694,7 +694,7 @@ def test_no_error_message_carries_secrets():
 
 
 def test_response_headers_are_lower_case_and_joined():
-    from openrelay.outbound import _lower_headers
+    from openrelay.lib.outbound import _lower_headers
 
     raw = CIMultiDict([("X-Thing", "a"), ("x-thing", "b"), ("Content-Type", "text/plain")])
     assert _lower_headers(raw) == {"x-thing": "a, b", "content-type": "text/plain"}

@@ -543,7 +543,7 @@ class Stack:
         if self.web_server == "uvicorn":
             argv = [PYTHON, "-m", "uvicorn", "openrelay.asgi:application", "--host", "127.0.0.1", "--port", str(port),
                     "--log-level", "warning", "--lifespan", "off",
-                    "--http", "openrelay.webserver:HttpToolsProtocol"]  # the protocol `up` and production run
+                    "--http", "openrelay.web.webserver:HttpToolsProtocol"]  # the protocol `up` and production run
         else:
             argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"]
         process = self.spawn("web", argv, **env)

@@ -67,7 +67,7 @@ def _server_command(server, port):
     if server == "uvicorn":
         return [PYTHON, "-m", "uvicorn", "openrelay.asgi:application", "--host", "127.0.0.1", "--port", str(port),
                 "--log-level", "warning", "--lifespan", "off",
-                "--http", "openrelay.webserver:HttpToolsProtocol"]  # the protocol `up` and production run
+                "--http", "openrelay.web.webserver:HttpToolsProtocol"]  # the protocol `up` and production run
     return [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"]
 
 

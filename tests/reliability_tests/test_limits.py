@@ -10,7 +10,7 @@ from django.core.cache import caches
 from batches import validation
 from batches.validation import MAX_LINE_BYTES, MAX_NESTING_DEPTH, iter_lines
 from openrelay.core.models import ApiKey
-from openrelay.env import ImproperlyConfiguredEnv, envrate, parse_rate
+from openrelay.lib.env import ImproperlyConfiguredEnv, envrate, parse_rate
 from tests.conftest import make_persona
 from tests.reliability_tests.conftest import assert_envelope, create, jsonl, record, upload
 
@@ -264,7 +264,7 @@ def test_a_malformed_rate_stops_start_up(raw, monkeypatch):
 
 def test_throttle_keys_do_not_collide_across_recreated_organizations(db):
     # Primary keys are reused when a database is recreated; the cache may outlive it.
-    from openrelay.throttles import BatchCreateThrottle
+    from openrelay.api.throttles import BatchCreateThrottle
 
     class Request:
         def __init__(self, persona):

@@ -19,7 +19,7 @@ from batches import validation
 from tests.conftest import make_persona
 
 SCHEMA_URL = "/v1/openapi.json"
-# Routes whose shapes this project states (openrelay/openapi.py); other /v1/ routes must at least be listed.
+# Routes whose shapes this project states (openrelay/api/openapi.py); other /v1/ routes must at least be listed.
 DESCRIBED_PREFIXES = ("/v1/files", "/v1/batches", "/v1/models", "/v1/limits", "/v1/webhook_endpoints",
                       "/v1/webhook_event_types")
 

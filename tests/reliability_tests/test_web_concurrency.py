@@ -1,4 +1,4 @@
-"""The web process bounds the requests inside Django at once (openrelay/asgi_handler.py):
+"""The web process bounds the requests inside Django at once (openrelay/web/asgi_handler.py):
 each holds a database connection, and 100 pollers exhausted PostgreSQL's 100."""
 
 import asyncio
@@ -7,7 +7,7 @@ from django.core.handlers.asgi import ASGIHandler
 from django.http import HttpResponse
 
 from openrelay import asgi
-from openrelay.asgi_handler import BoundedASGIHandler
+from openrelay.web.asgi_handler import BoundedASGIHandler
 
 
 def _scope(path):

@@ -18,7 +18,7 @@ from aiohttp import web
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator import AppThread
 
 CHAT = "/v1/chat/completions"

@@ -14,7 +14,7 @@ from batches.engine.runner import run_batch
 from batches.models import Batch, Record
 from files.services import open_content
 from openrelay.core.models import Deployment, Model
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator import answer_chat
 from tests.tool_tests.conftest import CHAT, per_record, record_context, status
 

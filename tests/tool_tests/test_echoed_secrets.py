@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from batches.engine.executors import ToolExecutionFailed
 from batches.engine.http_executor import HttpExecutor
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 from tests.echoes import assert_no_piece, echoes
 
 CALLS = [{"id": "call_0_0", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},

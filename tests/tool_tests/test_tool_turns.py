@@ -10,7 +10,7 @@ from aiohttp import web
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.store import ClaimedRecord
 from batches.engine.toolloop import run as run_tools
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator import AppThread
 from tests.tool_tests.conftest import record_context
 

@@ -13,7 +13,7 @@ from batches.engine import dispatch, toolloop
 from batches.engine.calls import ModelCaller, Upstream, Usage
 from batches.engine.http_executor import HttpExecutor
 from batches.engine.store import ClaimedRecord
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 from tests.tool_tests.conftest import CHAT, SIM_MODEL, ok, record_context, sleep, status
 
 WEATHER_TOOL = {

@@ -19,7 +19,7 @@ from batches.engine import workflow
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
-from openrelay.outbound import OutboundClient
+from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator import AppThread
 
 MODEL = "openrelay/gemma-4-31b"

@@ -64,9 +64,9 @@ class Command(BaseCommand):
                 call_command("set_model", model, base_url=f"http://127.0.0.1:{simulator_port}/v1", concurrency=64,
                              input_price="0.20", cached_input_price="0.05", output_price="0.80", stdout=self.stdout)
             children.append(self._spawn([sys.executable, "manage.py", "qcluster"]))
-            # openrelay.webserver's protocol: request heads capped while they are read (431).
+            # openrelay.web.webserver's protocol: request heads capped while they are read (431).
             children.append(self._spawn([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
-                                          "--http", "openrelay.webserver:HttpToolsProtocol",
+                                          "--http", "openrelay.web.webserver:HttpToolsProtocol",
                                           "--no-access-log", "--log-level", "warning", "openrelay.asgi:application"]))
             if self._wait_until_listening(children, host, port):
                 self._banner(host, port, model, key, key_note, password, password_note)

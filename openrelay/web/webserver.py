@@ -5,7 +5,7 @@ application sees any of it, so the cap has to be kept by the server's
 parser: httptools (llhttp) has no limit at all (an 8 MB header was answered
 200), and h11's buffer limit (16 KB by default) answers 400 and only while
 the head is incomplete. `manage.py up` and the production notes run uvicorn
-with the protocols here (`--http openrelay.webserver:HttpToolsProtocol`, or
+with the protocols here (`--http openrelay.web.webserver:HttpToolsProtocol`, or
 `:H11Protocol`): past the cap they answer 431 and close, having held at most
 the cap and one read (256 KB) of it. HeaderCap, around the ASGI application,
 answers the same 431 under any server (daphne; uvicorn started without

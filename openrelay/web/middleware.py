@@ -3,9 +3,9 @@ import logging
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 
-from openrelay import hosts
-from openrelay.errors import error_response, method_not_allowed
-from openrelay.ids import new_request_id
+from openrelay.api.errors import error_response, method_not_allowed
+from openrelay.lib.ids import new_request_id
+from openrelay.web import hosts
 
 logger = logging.getLogger("openrelay.api")
 

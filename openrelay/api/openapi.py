@@ -10,7 +10,7 @@ route and runs schemathesis against it.
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 
-from openrelay.errors import error_type
+from openrelay.api.errors import error_type
 
 
 def ref(name):
@@ -22,7 +22,7 @@ _NULLABLE_INT = {"type": "integer", "nullable": True}
 
 
 def _list_of(item):
-    """OpenAI's list envelope (openrelay.lists.list_object) around `item` components."""
+    """OpenAI's list envelope (openrelay.api.lists.list_object) around `item` components."""
     return {
         "type": "object",
         "required": ["object", "data", "has_more"],

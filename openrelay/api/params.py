@@ -4,7 +4,7 @@ The apps' request checks (batches.validation, webhooks.params) build their error
 these, so a wrong type or a missing parameter reads the same on every route, as OpenAI's do.
 """
 
-from openrelay.errors import ApiError
+from openrelay.api.errors import ApiError
 
 
 def type_name(value):

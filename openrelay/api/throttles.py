@@ -20,8 +20,8 @@ from django.conf import settings
 from django.core.cache import caches
 from rest_framework.throttling import SimpleRateThrottle
 
-from openrelay.env import parse_rate
-from openrelay.errors import ApiError
+from openrelay.api.errors import ApiError
+from openrelay.lib.env import parse_rate
 
 logger = logging.getLogger("openrelay.api")
 

@@ -6,7 +6,7 @@ when the line was written while an engine worked a record (the engine binds
 them with `working_on`, a context variable, so every line of that record's
 coroutine carries them without passing them down), `exc` for a traceback.
 
-Never a secret: the message and traceback go through openrelay.redaction
+Never a secret: the message and traceback go through openrelay.lib.redaction
 with this process's own secrets (SECRET_KEY, the metrics token, the
 database's and Redis' passwords), and credentials in the shapes we know
 (`Bearer ...`, our `or_` keys, `sk-` keys, a URL's password) are masked
@@ -24,7 +24,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from openrelay.redaction import REDACTED, redact
+from openrelay.lib.redaction import REDACTED, redact
 
 _working_on = contextvars.ContextVar("openrelay_working_on", default=None)
 
