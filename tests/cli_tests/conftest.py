@@ -19,7 +19,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 from typer.testing import CliRunner
 
-from openrelay.cli import app
+from openrelay.cli.app import app
 from openrelay.core.models import Deployment, Model
 from openrelay.simulator import SimulatorConfig, run_in_thread
 

@@ -1,0 +1,182 @@
+"""`orl batches`: create (upload and submit in one step), get, list, cancel, retry, results, wait.
+
+The commands register on `batches_app`, which app.py adds to the root as `batches`. Waiting and
+its progress live in waiting.py, the tables in output.py.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.text import Text
+
+from openrelay.api.lists import list_object
+from openrelay.cli.client import ApiFailure, CliError, _segment
+from openrelay.cli.downloads import download_route
+from openrelay.cli.files import _upload
+from openrelay.cli.output import emit, emit_page, print_json, report_saved, show_batch, show_batch_list
+from openrelay.cli.waiting import _waiting, finish_waiting
+
+
+class Priority(StrEnum):
+    standard = "standard"
+    expedited = "expedited"
+
+
+batches_app = typer.Typer(no_args_is_help=True, help="Create, inspect, wait for and cancel batches.")
+
+
+def _check_metadata(values):
+    # Checked while parsing so a bad pair is a usage error (exit 2) before anything is uploaded.
+    for item in values or ():
+        if not item.partition("=")[0] or "=" not in item:
+            raise typer.BadParameter(f"expected key=value, got {item!r}")
+    return values
+
+
+def _metadata_pairs(values):
+    return dict(item.split("=", 1) for item in values or ())
+
+
+PollInterval = Annotated[float, typer.Option("--poll-interval", min=0.05, help="Seconds between polls.")]
+DownloadDir = Annotated[Path | None, typer.Option(
+    "--download", file_okay=False, help="Save the output and error files into this directory.")]
+
+
+@batches_app.command("create")
+def batches_create(
+    ctx: typer.Context,
+    input_file: Annotated[Path, typer.Option(
+        "--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests.")],
+    endpoint: Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")],
+    completion_window: Annotated[str, typer.Option("--completion-window")] = "24h",
+    metadata: Annotated[list[str] | None, typer.Option(
+        "--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs.")] = None,
+    priority: Annotated[Priority | None, typer.Option("--priority")] = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch to finish, with a progress bar.")] = False,
+    poll_interval: PollInterval = 1.0,
+    download_dir: DownloadDir = None,
+):
+    """Upload --input-file (purpose batch), then create a batch from it."""
+    state = ctx.obj
+    client = state.client()
+    file = _upload(client, input_file)
+    batch = _create_batch(client, file["id"], endpoint, completion_window, _metadata_pairs(metadata), priority)
+    if not state.json:
+        state.out.print(Text(f"Uploaded {input_file.name} as {file['id']} ({file['bytes']:,} bytes)."))
+        show_batch(state, batch)
+    if wait or download_dir:
+        # The rejections were just shown with the new batch.
+        _waiting(state, batch["id"],
+                 lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False))
+    elif state.json:
+        print_json(batch)
+
+
+def _create_batch(client, file_id, endpoint, completion_window, metadata, priority):
+    body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": completion_window}
+    if metadata:
+        body["metadata"] = metadata
+    if priority is not None:
+        body["priority"] = priority.value
+    try:
+        return client.call("POST", "batches", json=body)
+    except ApiFailure:
+        # The upload existed only for this batch; don't leave it behind.
+        try:
+            client.call("DELETE", f"files/{_segment(file_id)}")
+        except CliError:
+            pass
+        raise
+
+
+@batches_app.command("get")
+def batches_get(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(metavar="ID")]):
+    """Show one batch."""
+    state = ctx.obj
+    emit(state, state.client().call("GET", f"batches/{_segment(batch_id)}"), show_batch)
+
+
+@batches_app.command("list")
+def batches_list(
+    ctx: typer.Context,
+    limit: Annotated[int | None, typer.Option(
+        "--limit", min=1, max=100, help="Page size (server default 20).")] = None,
+    after: Annotated[str | None, typer.Option("--after", help="Start after this batch id.")] = None,
+    all_pages: Annotated[bool, typer.Option("--all", help="Follow has_more through every page.")] = False,
+):
+    """List batches, newest first."""
+    state = ctx.obj
+    page = _list_batches(state.client(), limit, after, all_pages)
+    emit_page(state, page, show_batch_list)
+
+
+def _list_batches(client, limit, after, all_pages):
+    """One page, or with all_pages every page merged into one list envelope."""
+    data = []
+    while True:
+        params = {k: v for k, v in (("limit", limit), ("after", after)) if v is not None}
+        page = client.call("GET", "batches", params=params)
+        data += page["data"]
+        if not (all_pages and page["has_more"] and page["data"]):
+            break
+        after = page["data"][-1]["id"]
+    return list_object(data, has_more=page["has_more"] and not all_pages)
+
+
+@batches_app.command("cancel")
+def batches_cancel(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(metavar="ID")]):
+    """Ask a batch to stop; finished results stay available."""
+    state = ctx.obj
+    emit(state, state.client().call("POST", f"batches/{_segment(batch_id)}/cancel"), show_batch)
+
+
+@batches_app.command("retry")
+def batches_retry(
+    ctx: typer.Context,
+    batch_id: Annotated[str, typer.Argument(metavar="ID")],
+    wait: Annotated[bool, typer.Option("--wait", help="Wait for the new batch to finish, with a progress bar.")] = False,
+    poll_interval: PollInterval = 1.0,
+    download_dir: DownloadDir = None,
+):
+    """Run a finished batch's failed, expired and cancelled records again, as a new batch."""
+    state = ctx.obj
+    batch = state.client().call("POST", f"batches/{_segment(batch_id)}/retry")
+    if not state.json:
+        state.out.print(Text(f"Retrying {batch['request_counts']['total']:,} record(s) of {batch_id} as {batch['id']}."))
+        show_batch(state, batch)
+    if wait or download_dir:
+        _waiting(state, batch["id"],
+                 lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False))
+    elif state.json:
+        print_json(batch)
+
+
+@batches_app.command("results")
+def batches_results(
+    ctx: typer.Context,
+    batch_id: Annotated[str, typer.Argument(metavar="ID")],
+    output: Annotated[str, typer.Option("--output", "-o", help="Where to write; - for stdout.")],
+    errors: Annotated[bool, typer.Option("--errors", help="The error lines instead of the output lines.")] = False,
+):
+    """Download the result lines of the records finished so far (the batch may still be running)."""
+    state = ctx.obj
+    kind = "error" if errors else "output"
+    written = download_route(state.client(), f"batches/{_segment(batch_id)}/results?kind={kind}", output)
+    report_saved(state, output, written, {"id": batch_id, "kind": kind}, f"{batch_id}'s {kind} lines so far")
+
+
+@batches_app.command("wait")
+def batches_wait(
+    ctx: typer.Context,
+    batch_id: Annotated[str, typer.Argument(metavar="ID")],
+    poll_interval: PollInterval = 1.0,
+    download_dir: DownloadDir = None,
+):
+    """Wait for a batch to finish; exit 3 if it ends failed, expired or cancelled."""
+    state = ctx.obj
+    batch = state.client().call("GET", f"batches/{_segment(batch_id)}")
+    _waiting(state, batch_id, lambda: finish_waiting(state, batch, poll_interval, download_dir))
