@@ -9,7 +9,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import events, lifecycle
+from batches import lifecycle
+from batches.dashboard import events
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
 from batches.validation import MAX_RECORDS, FileRejected, RecordChecker, scan, too_many_message
 from billing.models import Price

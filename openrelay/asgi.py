@@ -16,7 +16,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (needs Django set u
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
-from batches.routing import websocket_urlpatterns  # noqa: E402
+from batches.dashboard.routing import websocket_urlpatterns  # noqa: E402
 from openrelay.web.webserver import HeaderCap  # noqa: E402
 
 # HeaderCap: the 431 for oversized heads under any server (uvicorn with openrelay.web.webserver's

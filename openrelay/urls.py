@@ -15,5 +15,5 @@ urlpatterns = [
     # Prometheus' scrape (off until OPENRELAY_METRICS_TOKEN is set; README "Operating it").
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
-    path("", include("batches.dashboard_urls")),
+    path("", include("batches.dashboard.urls")),
 ]

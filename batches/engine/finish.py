@@ -121,6 +121,6 @@ def _bill(batch):
 
 
 def _announce(batch):
-    from batches import events
+    from batches.dashboard import events
 
     events.batch_changed_sync(batch.pk)

@@ -34,7 +34,8 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
-from batches import events, lifecycle, progress
+from batches import lifecycle, progress
+from batches.dashboard import events
 from batches.engine import checkpoints, dbretry, dispatch, finish, prefixes, samples, store, tallies
 from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.health import Health

@@ -2,7 +2,7 @@
 // records-over-time chart, drag-and-drop upload and confirmations.
 // Plain browser JavaScript, no build step. The server renders every page
 // complete; this script only keeps it current. Values are formatted the way
-// batches/dashboard_views.py `display` formats them.
+// batches/dashboard/views.py `display` formats them.
 "use strict";
 
 (function () {
@@ -14,7 +14,7 @@
 
   // ---------------------------------------------------------------- format
 
-  // The share of input tokens the model server served from its prefix cache (batches/dashboard_views.py says the same).
+  // The share of input tokens the model server served from its prefix cache (batches/dashboard/views.py says the same).
   function cachedShare(cached, input) {
     return input ? (100 * (cached || 0) / input).toFixed(1) + "%" : "\u2014";
   }

@@ -4,7 +4,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from batches import events
+from batches.dashboard import events
 from tests.batches_api_tests.helpers import chat_line, create, jsonl, upload
 
 

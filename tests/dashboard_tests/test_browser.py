@@ -23,7 +23,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection, connections
 from playwright.sync_api import sync_playwright
 
-from batches import events
+from batches.dashboard import events
 from batches.models import Batch
 from billing.models import Price
 from openrelay.core.models import Deployment, Membership, Model, Organization

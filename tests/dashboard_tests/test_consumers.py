@@ -10,7 +10,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from batches import consumers, events
+from batches.dashboard import consumers, events
 from batches.models import Batch
 from batches.presenters import batch_object
 from openrelay.asgi import application

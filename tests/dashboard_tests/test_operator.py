@@ -7,7 +7,7 @@ from asgiref.sync import async_to_sync
 from django.test import Client
 from django.utils import timezone
 
-from batches import consumers
+from batches.dashboard import consumers
 from batches.models import Engine, Record, RecordStatus
 from openrelay.core.models import Deployment, Model
 from tests.dashboard_tests.conftest import make_batch, make_member

@@ -111,7 +111,7 @@ def test_the_batches_page_costs_the_same_queries_for_any_number_of_batches(alice
 
 
 def test_the_batches_page_pages_by_cursor(alice_client, alice, settings, monkeypatch):
-    monkeypatch.setattr("batches.dashboard_views.PAGE_SIZE", 2)
+    monkeypatch.setattr("batches.dashboard.views.PAGE_SIZE", 2)
     batches = [make_batch(alice.org) for _ in range(3)]
     first = _page(alice_client.get("/"))
     assert batches[2].public_id in first and batches[0].public_id not in first

@@ -104,7 +104,7 @@ def bench_samples(batches, full):
 
 def bench_operator():
     from batches import operator
-    from batches.dashboard_views import operator_fragment
+    from batches.dashboard.views import operator_fragment
 
     print(f"operator figures (overview): {timed(operator.overview):.1f} ms; rendered page: "
           f"{timed(operator_fragment):.1f} ms")

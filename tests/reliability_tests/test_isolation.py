@@ -231,7 +231,7 @@ def test_the_admin_refuses_api_keys_and_non_staff(alice, alices, client, django_
 
 
 def _websocket_paths():
-    from batches.routing import websocket_urlpatterns
+    from batches.dashboard.routing import websocket_urlpatterns
 
     return [str(p.pattern) for p in websocket_urlpatterns]
 

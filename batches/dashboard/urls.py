@@ -1,6 +1,6 @@
 from django.urls import path
 
-from batches import dashboard_views as views
+from batches.dashboard import views as views
 
 app_name = "dashboard"
 

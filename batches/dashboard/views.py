@@ -3,7 +3,7 @@
 Every query is scoped to the signed-in user's organization (its Membership);
 another organization's id answers 404, like an unknown one. Pages render the
 Batch object of batches.presenters; static/dashboard/live.js keeps them live
-from the websocket feeds of batches.consumers, formatting values the way
+from the websocket feeds of batches.dashboard.consumers, formatting values the way
 `display` does here.
 
 Raw input lines are never shown (a record's tool_config or workflow may carry

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from batches import consumers
+from batches.dashboard import consumers
 
 websocket_urlpatterns = [
     path("ws/batches", consumers.OrganizationBatchesConsumer.as_asgi()),

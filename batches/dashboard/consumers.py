@@ -5,7 +5,7 @@ Two feeds, both answering `{"type": "batch.updated", "batch": <Batch object>}`:
 - `/ws/batches/<batch_id>`: one batch (group `batch.<id>`), joined only after
   checking that the batch belongs to the user's organization.
 
-Workers send their events through the channel layer (batches.events). With
+Workers send their events through the channel layer (batches.dashboard.events). With
 channels-redis (REDIS_URL set) those reach every web process. The in-memory
 layer of the embedded default lives inside one process, so events sent by the
 worker processes never reach the web process: with that layer each socket
@@ -30,8 +30,9 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer
 from django.db.models import Q
 
-from batches import events, selectors
-from batches.dashboard_views import failures_fragment, operator_fragment
+from batches import selectors
+from batches.dashboard import events
+from batches.dashboard.views import failures_fragment, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
 from batches.progress import not_run
