@@ -7,8 +7,9 @@ validation and the engine enforce, so what they say is what happens.
 from django.conf import settings
 from django.db.models import Q, Sum
 
-from batches import operator, validation
+from batches import operator
 from batches.services import PRICE_MULTIPLIER
+from batches.validation import extensions, jsonl, params, records
 from openrelay.core.models import Deployment, Model
 
 
@@ -62,21 +63,21 @@ def limits_object(organization):
     return {
         "object": "openrelay.limits",
         "batch": {
-            "max_requests": validation.MAX_RECORDS,
+            "max_requests": jsonl.MAX_RECORDS,
             "max_file_bytes": settings.OPENRELAY_MAX_UPLOAD_BYTES,
-            "max_line_bytes": validation.MAX_LINE_BYTES,
+            "max_line_bytes": jsonl.MAX_LINE_BYTES,
             "max_json_body_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
-            "endpoints": list(validation.ENDPOINTS),
-            "completion_windows": list(validation.COMPLETION_WINDOWS),
-            "priorities": list(validation.PRIORITIES),
+            "endpoints": list(params.ENDPOINTS),
+            "completion_windows": list(params.COMPLETION_WINDOWS),
+            "priorities": list(params.PRIORITIES),
             "window_seconds": settings.OPENRELAY_BATCH_WINDOW_S,
             "call_time_limit_seconds": settings.OPENRELAY_CALL_TIME_LIMIT_S,
-            "max_custom_id_length": validation.MAX_CUSTOM_ID,
-            "max_metadata_pairs": validation.MAX_METADATA_PAIRS,
+            "max_custom_id_length": records.MAX_CUSTOM_ID,
+            "max_metadata_pairs": params.MAX_METADATA_PAIRS,
             "create_rate": settings.OPENRELAY_BATCH_CREATE_RATE,
         },
-        "tool_config": bounded(validation.TOOL_CONFIG_LIMITS),
-        "workflow": bounded(validation.WORKFLOW_LIMITS) if organization.workflows_enabled else None,
+        "tool_config": bounded(extensions.TOOL_CONFIG_LIMITS),
+        "workflow": bounded(extensions.WORKFLOW_LIMITS) if organization.workflows_enabled else None,
         "organization": {
             "workflows_enabled": organization.workflows_enabled,
             "max_concurrency": organization.max_concurrency or None,

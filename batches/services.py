@@ -12,7 +12,8 @@ from django.utils import timezone
 from batches import lifecycle
 from batches.dashboard import events
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
-from batches.validation import MAX_RECORDS, FileRejected, RecordChecker, scan, too_many_message
+from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
+from batches.validation.records import RecordChecker
 from billing.models import Price
 from files import services as files
 from files.models import File, Purpose

@@ -9,7 +9,7 @@ from batches import catalog, services
 from batches.engine import results
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
-from batches.validation import parse_create_params
+from batches.validation.params import parse_create_params
 from files.responses import stream_response, stream_size
 from openrelay.api import openapi
 from openrelay.api.errors import ApiError, NotFound

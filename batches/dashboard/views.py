@@ -36,7 +36,7 @@ from batches import operator, progress, selectors, services
 from batches.engine import results
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import PRESENTER_RELATED, batch_object
-from batches.validation import ENDPOINTS, PRIORITIES, parse_create_params
+from batches.validation.params import ENDPOINTS, PRIORITIES, parse_create_params
 from files import selectors as file_selectors
 from files import services as file_services
 from files.models import File, Purpose

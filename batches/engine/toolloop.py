@@ -21,7 +21,7 @@ every turn of the run that produced the output is counted once.
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.executors import ToolExecutionFailed, make_executor
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
-from batches.validation import RecordRejected, normalize_tool_config
+from batches.validation.extensions import RecordRejected, normalize_tool_config
 
 
 async def run(ctx, record, body):

@@ -29,7 +29,7 @@ import asyncio
 from batches.engine.calls import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
-from batches.validation import RecordRejected, normalize_workflow
+from batches.validation.extensions import RecordRejected, normalize_workflow
 from openrelay.lib.ids import new_request_id
 from openrelay.lib.outbound import OutboundError
 from openrelay.lib.redaction import redact, redact_json, secrets_of

@@ -31,6 +31,18 @@ def invalid_type(param, expected, value):
     )
 
 
+def invalid_choice(param, value, allowed):
+    return ApiError(
+        f"Invalid value for '{param}': {shown(value)}. Supported values are: {_quoted_list(allowed)}.",
+        param=param, code="invalid_value",
+    )
+
+
+def _quoted_list(values):
+    quoted = [f"'{v}'" for v in values]
+    return ", ".join(quoted[:-1]) + f", and {quoted[-1]}" if len(quoted) > 2 else " and ".join(quoted)
+
+
 def missing_parameter(param):
     return ApiError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
 

@@ -5,7 +5,7 @@ from decimal import Decimal
 import openai
 import pytest
 
-from batches import validation
+from batches.validation import jsonl, params
 from billing.models import Price
 from openrelay.core.models import Deployment, Model
 
@@ -70,9 +70,9 @@ def test_the_limits_are_the_ones_enforced(alice, settings):
 
     assert limits["object"] == "openrelay.limits"
     batch = limits["batch"]
-    assert (batch["max_requests"], batch["max_line_bytes"]) == (validation.MAX_RECORDS, validation.MAX_LINE_BYTES)
+    assert (batch["max_requests"], batch["max_line_bytes"]) == (jsonl.MAX_RECORDS, jsonl.MAX_LINE_BYTES)
     assert batch["max_file_bytes"] == settings.OPENRELAY_MAX_UPLOAD_BYTES
-    assert batch["endpoints"] == list(validation.ENDPOINTS) and batch["create_rate"] == "50/minute"
+    assert batch["endpoints"] == list(params.ENDPOINTS) and batch["create_rate"] == "50/minute"
     assert limits["tool_config"]["max_rounds"] == {"default": 8, "max": 16}
     assert limits["workflow"] is None  # workflows are off for alice's organization
     assert limits["organization"] == {"workflows_enabled": False, "max_concurrency": None}

@@ -4,7 +4,7 @@ import orjson
 import pytest
 
 from batches.models import Batch
-from batches.validation import MAX_RECORDS
+from batches.validation.jsonl import MAX_RECORDS
 from files.models import File
 from tests.batches_api_tests.helpers import chat_line, create, error_of, jsonl, upload
 

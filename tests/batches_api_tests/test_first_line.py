@@ -6,7 +6,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from batches.models import Batch, Record
-from batches.validation import INVALID_JSON, NOT_AN_OBJECT
+from batches.validation.jsonl import INVALID_JSON
+from batches.validation.records import NOT_AN_OBJECT
 from tests.batches_api_tests.helpers import chat_line, create
 
 pytestmark = pytest.mark.django_db

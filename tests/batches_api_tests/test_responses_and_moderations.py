@@ -2,7 +2,7 @@
 
 import pytest
 
-from batches.validation import ENDPOINTS
+from batches.validation.params import ENDPOINTS
 from tests.batches_api_tests.helpers import GEMMA, create, jsonl, upload
 
 RESPONSES, MODERATIONS = "/v1/responses", "/v1/moderations"

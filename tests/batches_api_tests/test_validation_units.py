@@ -5,15 +5,9 @@ import io
 import orjson
 import pytest
 
-from batches.validation import (
-    FileRejected,
-    RecordChecker,
-    RecordRejected,
-    iter_lines,
-    normalize_tool_config,
-    normalize_workflow,
-    scan,
-)
+from batches.validation.extensions import RecordRejected, normalize_tool_config, normalize_workflow
+from batches.validation.jsonl import FileRejected, iter_lines, scan
+from batches.validation.records import RecordChecker
 
 URL = "https://tools.example.com/run"
 

@@ -7,8 +7,9 @@ import orjson
 import pytest
 from django.core.cache import caches
 
-from batches import validation
-from batches.validation import MAX_LINE_BYTES, MAX_NESTING_DEPTH, iter_lines
+from batches.validation import jsonl as validation_jsonl
+from batches.validation.jsonl import MAX_LINE_BYTES, MAX_NESTING_DEPTH, iter_lines
+from batches.validation.records import RecordChecker
 from openrelay.core.models import ApiKey
 from openrelay.lib.env import ImproperlyConfiguredEnv, envrate, parse_rate
 from tests.conftest import make_persona
@@ -96,7 +97,7 @@ def test_a_line_over_10_mb_is_rejected_as_line_too_long_and_the_rest_run(alice, 
 
 
 def test_a_first_line_over_the_cap_is_rejected_too(alice, catalog, monkeypatch):
-    monkeypatch.setattr(validation, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(validation_jsonl, "MAX_LINE_BYTES", 1000)
     content = jsonl(record("big", "x" * 1000), record("b"))
     file_id = upload(alice.client, content).json()["id"]
     batch = create(alice.client, input_file_id=file_id).json()
@@ -114,11 +115,11 @@ def test_iter_lines_cuts_exactly_at_the_cap_whatever_the_chunks(chunk_size):
 
 
 def test_a_too_long_line_counts_toward_the_record_limit(alice, catalog, monkeypatch):
-    monkeypatch.setattr(validation, "MAX_LINE_BYTES", 100)
-    monkeypatch.setattr(validation, "MAX_RECORDS", 2)
+    monkeypatch.setattr(validation_jsonl, "MAX_LINE_BYTES", 100)
+    monkeypatch.setattr(validation_jsonl, "MAX_RECORDS", 2)
     content = jsonl(record("a"), record("b", "x" * 200), record("c"))
-    with pytest.raises(validation.FileRejected):
-        validation.scan(io.BytesIO(content), validation.RecordChecker(
+    with pytest.raises(validation_jsonl.FileRejected):
+        validation_jsonl.scan(io.BytesIO(content), RecordChecker(
             "/v1/chat/completions", models={"openrelay/gemma-4-31b": 1}, workflows_enabled=False), max_records=2)
 
 
@@ -140,7 +141,7 @@ def test_a_line_nested_too_deep_is_rejected_with_a_code(alice, catalog, depth):
 def test_nesting_at_the_limit_is_accepted_and_can_be_sent(alice, catalog):
     # The line itself is depth 3 (line -> body -> extra) around the nested value.
     line = {**record("ok"), "body": {**record("ok")["body"], "extra": nested(MAX_NESTING_DEPTH - 3)}}
-    assert not validation._too_deep(orjson.dumps(line), line)
+    assert not validation_jsonl._too_deep(orjson.dumps(line), line)
     file_id = upload(alice.client, jsonl(line)).json()["id"]
     batch = create(alice.client, input_file_id=file_id).json()
     assert batch["errors"] is None and batch["request_counts"]["total"] == 1
@@ -150,7 +151,7 @@ def test_nesting_at_the_limit_is_accepted_and_can_be_sent(alice, catalog):
 
 def test_many_brackets_but_shallow_is_fine():
     line = {"body": {"input": [[i] for i in range(1000)]}}
-    assert not validation._too_deep(orjson.dumps(line), line)
+    assert not validation_jsonl._too_deep(orjson.dumps(line), line)
 
 
 # --- metadata -------------------------------------------------------------------------

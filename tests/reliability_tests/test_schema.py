@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from batches import validation
+from batches.validation import params
 from tests.conftest import make_persona
 
 SCHEMA_URL = "/v1/openapi.json"
@@ -98,14 +98,14 @@ def test_files_batches_and_webhook_operations_are_described():
 
 def test_the_create_schema_matches_the_validation_rules():
     properties = _schema()["components"]["schemas"]["BatchCreate"]["properties"]
-    assert set(properties) == set(validation.CREATE_PARAMS)
-    assert properties["endpoint"]["enum"] == list(validation.ENDPOINTS)
-    assert properties["completion_window"]["enum"] == list(validation.COMPLETION_WINDOWS)
-    assert properties["priority"]["enum"] == list(validation.PRIORITIES)
-    assert properties["metadata"]["maxProperties"] == validation.MAX_METADATA_PAIRS
-    assert properties["metadata"]["additionalProperties"]["maxLength"] == validation.MAX_METADATA_VALUE
+    assert set(properties) == set(params.CREATE_PARAMS)
+    assert properties["endpoint"]["enum"] == list(params.ENDPOINTS)
+    assert properties["completion_window"]["enum"] == list(params.COMPLETION_WINDOWS)
+    assert properties["priority"]["enum"] == list(params.PRIORITIES)
+    assert properties["metadata"]["maxProperties"] == params.MAX_METADATA_PAIRS
+    assert properties["metadata"]["additionalProperties"]["maxLength"] == params.MAX_METADATA_VALUE
     seconds = properties["output_expires_after"]["properties"]["seconds"]
-    assert (seconds["minimum"], seconds["maximum"]) == validation.OUTPUT_EXPIRY_RANGE
+    assert (seconds["minimum"], seconds["maximum"]) == params.OUTPUT_EXPIRY_RANGE
 
 
 # --- schemathesis --------------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""One record's checks: `RecordChecker` checks an input record (required
+keys, custom_id, method and URL, the endpoint's body, streaming, model, the
+`openrelay` extensions, a duplicate custom_id) and raises `RecordRejected` with
+its param and OpenAI's message; it remembers the batch's model and the
+custom_ids taken, so records are checked in order, once each.
+"""
+
+from batches.validation.extensions import (
+    OPENRELAY_KEYS,
+    TOOL_CONFIG_PARAM,
+    WORKFLOW_PARAM,
+    RecordRejected,
+    normalize_tool_config,
+    normalize_workflow,
+    wrong_type,
+)
+from openrelay.api.params import missing_parameter, shown
+
+# Tool loops and workflows read and extend a chat conversation: no other endpoint has one.
+CHAT_ONLY = "/v1/chat/completions"
+MAX_CUSTOM_ID = 512
+
+# Endpoint -> (the body key that carries the input, its message, the API's name).
+BODY_INPUT = {
+    "/v1/chat/completions": ("messages", "Messages parameter is required.", "Chat Completions"),
+    "/v1/completions": ("prompt", "Prompt parameter is required.", "Completions"),
+    "/v1/embeddings": ("input", "Input parameter is required.", "Embeddings"),
+    "/v1/responses": ("input", "Input parameter is required.", "Responses"),
+    "/v1/moderations": ("input", "Input parameter is required.", "Moderations"),
+}
+# Endpoint -> {body key: why it cannot work in a batch}. A key set to null (or false) is fine.
+UNSUPPORTED_FIELDS = {
+    "/v1/responses": {
+        "background": "every batch request already runs in the background; leave 'background' out",
+        "previous_response_id": "a batch request can't continue a stored response; send the whole conversation "
+                                "in 'input'",
+        "conversation": "a batch request can't read or extend a stored conversation; send the whole conversation "
+                        "in 'input'",
+    },
+}
+
+NOT_AN_OBJECT = "This line is valid JSON but not a JSON object; each line must be one request object."
+
+
+class RecordChecker:
+    """Checks records one at a time, remembering the batch's model and the custom_ids taken.
+
+    Checks run in a fixed order so a line with several problems always gets
+    the same answer: JSON -> required params -> custom_id -> method/url ->
+    body shape -> stream -> model -> openrelay extensions -> duplicate
+    custom_id. Only accepted records claim their custom_id and, for the
+    first one, the batch's model.
+    """
+
+    def __init__(self, endpoint, *, models, workflows_enabled):
+        self.endpoint = endpoint
+        self.models = models  # enabled catalog names -> Model pk
+        self.workflows_enabled = workflows_enabled
+        self.model_name = None
+        self.seen = {}  # custom_id -> line of the accepted record that took it
+
+    @property
+    def model_pk(self):
+        return self.models.get(self.model_name)
+
+    def check(self, obj, line):
+        """Return the record's custom_id, or raise RecordRejected."""
+        if not isinstance(obj, dict):
+            raise RecordRejected("invalid_json_line", NOT_AN_OBJECT)
+        for key in ("custom_id", "method", "url", "body"):
+            if obj.get(key) is None:
+                raise RecordRejected("missing_required_parameter", missing_parameter(key).message, key)
+        custom_id, body = obj["custom_id"], obj["body"]
+        _check_custom_id(custom_id)
+        self._check_target(obj["method"], obj["url"])
+        self._check_body_shape(body)
+        self._check_stream(body)
+        self._check_supported(body)
+        model = self._check_model(body["model"])
+        self._check_extensions(body)
+        self._claim(custom_id, model, line)
+        return custom_id
+
+    def _check_target(self, method, url):
+        if method != "POST":
+            raise RecordRejected("invalid_request", f"Invalid value for 'method': {shown(method)}. Only 'POST' is "
+                                                    "supported.", "method")
+        if url != self.endpoint:
+            raise RecordRejected("invalid_url", "The URL provided for this request does not match the batch endpoint.",
+                                 "url")
+
+    def _check_body_shape(self, body):
+        if not isinstance(body, dict):
+            raise wrong_type("invalid_request", "body", "an object", body)
+        model = body.get("model")
+        if model is None or model == "":
+            raise RecordRejected("invalid_request", "Model parameter is required.", "body.model")
+        if not isinstance(model, str):
+            raise wrong_type("invalid_request", "body.model", "a string", model)
+        key, message, _ = BODY_INPUT[self.endpoint]
+        value = body.get(key)
+        accepted = (list,) if key == "messages" else (list, str)
+        if not isinstance(value, accepted) or not value:
+            raise RecordRejected("invalid_request", message, f"body.{key}")
+
+    def _check_stream(self, body):
+        if body.get("stream") not in (None, False):
+            name = BODY_INPUT[self.endpoint][2]
+            raise RecordRejected("streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.",
+                                 "body.stream")
+
+    def _check_supported(self, body):
+        for key, why in UNSUPPORTED_FIELDS.get(self.endpoint, {}).items():
+            if body.get(key) not in (None, False):
+                name = BODY_INPUT[self.endpoint][2]
+                raise RecordRejected("unsupported_parameter", f"{name}: '{key}' is not supported in the Batch API: "
+                                                              f"{why}.", f"body.{key}")
+
+    def _check_model(self, model):
+        if model not in self.models:
+            raise RecordRejected("model_not_found", f"The provided model '{model}' is not supported by the Batch API.",
+                                 "body.model")
+        if self.model_name is not None and model != self.model_name:
+            raise RecordRejected(
+                "model_mismatch", f"The provided model '{model}' does not match this batch's model "
+                                  f"'{self.model_name}'; a batch runs a single model.", "body.model",
+            )
+        return model
+
+    def _check_extensions(self, body):
+        if "tool_config" in body:
+            raise RecordRejected("tool_config_moved", "'tool_config' is no longer accepted at the top of the body; "
+                                                      "move it to 'openrelay.tool_config'.", "body.tool_config")
+        extensions = body.get("openrelay")
+        if extensions is None:
+            return
+        if not isinstance(extensions, dict):
+            raise wrong_type("invalid_request", "body.openrelay", "an object", extensions)
+        for key in extensions:
+            if key not in OPENRELAY_KEYS:
+                raise RecordRejected("invalid_request", f"Unknown parameter 'body.openrelay.{key}'.",
+                                     f"body.openrelay.{key}")
+        self._check_tool_or_workflow(extensions)
+
+    def _check_tool_or_workflow(self, extensions):
+        if "tool_config" in extensions and "workflow" in extensions:
+            raise RecordRejected("invalid_workflow", "A record can carry 'openrelay.workflow' or "
+                                                     "'openrelay.tool_config', not both.", "body.openrelay")
+        if "tool_config" in extensions:
+            if self.endpoint != CHAT_ONLY:
+                raise RecordRejected("invalid_tool_config", f"'openrelay.tool_config' is only supported on "
+                                                            f"{CHAT_ONLY}.", TOOL_CONFIG_PARAM)
+            normalize_tool_config(extensions["tool_config"])
+        if "workflow" in extensions:
+            if self.endpoint != CHAT_ONLY:
+                raise RecordRejected("invalid_workflow", f"'openrelay.workflow' is only supported on {CHAT_ONLY}.",
+                                     WORKFLOW_PARAM)
+            if not self.workflows_enabled:
+                raise RecordRejected("workflow_not_enabled", "Workflows are not enabled for this organization.",
+                                     WORKFLOW_PARAM)
+            normalize_workflow(extensions["workflow"])
+
+    def _claim(self, custom_id, model, line):
+        first = self.seen.get(custom_id)
+        if first is not None:
+            raise RecordRejected("duplicate_custom_id", f"The custom_id '{custom_id}' is already used by the request "
+                                                        f"on line {first}; custom_id must be unique.", "custom_id")
+        self.seen[custom_id] = line
+        if self.model_name is None:
+            self.model_name = model
+
+
+def _check_custom_id(custom_id):
+    # NUL: custom_id is a database column, and PostgreSQL text can't hold one.
+    if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID or "\x00" in custom_id:
+        raise RecordRejected("invalid_request", f"Invalid 'custom_id': expected a non-empty string of at most "
+                                                f"{MAX_CUSTOM_ID} characters (no NUL).", "custom_id")
