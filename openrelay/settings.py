@@ -13,15 +13,23 @@ from pathlib import Path
 import dj_database_url
 
 from files.storage import storage_from_url
-from openrelay.lib.env import ImproperlyConfiguredEnv, envbool, envfloat, envint, envlist, envrate, envstr
+from openrelay.lib.env import (
+    DEV_SECRET_KEY,
+    ImproperlyConfiguredEnv,
+    envbool,
+    envfloat,
+    envint,
+    envlist,
+    envrate,
+    envstr,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(envstr("OPENRELAY_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
-_DEV_SECRET = "openrelay-development-secret-key-change-me"
-SECRET_KEY = envstr("SECRET_KEY", _DEV_SECRET)
-if SECRET_KEY == _DEV_SECRET:
+SECRET_KEY = envstr("SECRET_KEY", DEV_SECRET_KEY)
+if SECRET_KEY == DEV_SECRET_KEY:
     logging.getLogger("openrelay").warning(
         "SECRET_KEY is not set: using the development default. Set SECRET_KEY in production."
     )

@@ -11,6 +11,10 @@ class ImproperlyConfiguredEnv(ValueError):
     pass
 
 
+# SECRET_KEY when none is set (a checkout, `manage.py up`): printed here, so it guards nothing and the
+# JSON logs (openrelay.lib.logs) do not treat it as a secret.
+DEV_SECRET_KEY = "openrelay-development-secret-key-change-me"
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

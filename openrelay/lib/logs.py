@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from openrelay.lib.env import DEV_SECRET_KEY
 from openrelay.lib.redaction import REDACTED, redact
 
 _working_on = contextvars.ContextVar("openrelay_working_on", default=None)
@@ -53,12 +54,10 @@ def _record_id(batch_pk, line):
 def _own_secrets():
     from django.conf import settings
 
-    from openrelay.settings import _DEV_SECRET
-
     key = getattr(settings, "SECRET_KEY", "")
     # The development default is printed in this repository, so it guards nothing; as a secret its
     # pieces ("openrela", "developm") would cut every model name and path out of the lines.
-    values = [key if key != _DEV_SECRET else "", getattr(settings, "OPENRELAY_METRICS_TOKEN", "")]
+    values = [key if key != DEV_SECRET_KEY else "", getattr(settings, "OPENRELAY_METRICS_TOKEN", "")]
     for url in (os.environ.get("DATABASE_URL", ""), os.environ.get("REDIS_URL", "")):
         try:
             values.append(urlsplit(url).password or "")

@@ -83,9 +83,9 @@ def test_the_formatter_masks_credentials_whatever_they_belong_to(settings):
 
 
 def test_the_development_secret_key_is_no_secret_to_mask(settings):
-    from openrelay.settings import _DEV_SECRET
+    from openrelay.lib.env import DEV_SECRET_KEY
 
-    settings.SECRET_KEY = _DEV_SECRET  # what `manage.py up` and a checkout run with
+    settings.SECRET_KEY = DEV_SECRET_KEY  # what `manage.py up` and a checkout run with
     message = "model openrelay/gemma-4-31b failed under a call (see /srv/openrelay/development.log)"
     record = logging.LogRecord("openrelay.engine", logging.WARNING, __file__, 1, "%s", (message,), None)
     assert orjson.loads(logs.JsonFormatter().format(record))["message"] == message
