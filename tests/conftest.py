@@ -41,7 +41,8 @@ def admin_user(db, django_user_model):
 @pytest.fixture(scope="session")
 def sim_server():
     """One simulated model server for the session (tests that need knobs start their own)."""
-    from openrelay.simulator import SimulatorConfig, run_in_thread
+    from openrelay.simulator.config import SimulatorConfig
+    from openrelay.simulator.server import run_in_thread
 
     with run_in_thread(SimulatorConfig()) as server:
         yield server

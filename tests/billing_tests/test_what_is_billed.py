@@ -12,7 +12,7 @@ from batches.engine.calls import Usage
 from batches.engine.runner import run_batch
 from batches.models import Record, RecordStatus
 from billing.models import LedgerEntry
-from openrelay.simulator import answer_chat
+from openrelay.simulator.answers import answer_chat
 from tests.billing_tests.conftest import (
     CHAT,
     LONG,

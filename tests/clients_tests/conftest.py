@@ -21,7 +21,8 @@ from django.conf import settings as django_settings
 from django.db import connection
 
 from openrelay.core.models import Deployment, Model
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "openrelay/gemma-4-31b"

@@ -27,7 +27,8 @@ from batches.dashboard import events
 from batches.models import Batch
 from billing.models import Price
 from openrelay.core.models import Deployment, Membership, Model, Organization
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -19,7 +19,8 @@ from batches.models import Batch
 from billing.models import LedgerEntry, Price
 from files import services as file_services
 from openrelay.core.models import Deployment, Membership, Model
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.dashboard_tests.conftest import CHAT, MODEL, chat_line, jsonl, make_batch
 from tests.dashboard_tests.test_browser import (  # noqa: F401  (fixtures)
     PASSWORD,

@@ -18,7 +18,8 @@ from django.utils import timezone
 from batches.models import Batch, Record
 from files import services as file_services
 from openrelay.core.models import Deployment, Model
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 
 MODEL = "openrelay/gemma-4-31b"
 

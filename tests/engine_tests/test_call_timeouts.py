@@ -3,7 +3,8 @@
 import asyncio
 
 from batches.engine.calls import ModelCaller, Upstream
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 
 
 def _run(coro):

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from batches.engine.calls import ModelCaller, Upstream
-from openrelay.simulator import AppThread
+from openrelay.simulator.server import AppThread
 from tests.echoes import assert_no_piece, echoes
 
 POSITIONS = ["json error", "nested json error", "text error", "header"]

@@ -8,7 +8,8 @@ from batches.engine.runner import run_batch
 from batches.engine.sweeper import sweep
 from batches.models import Batch, Record, RecordStatus
 from openrelay.core.models import Deployment
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.engine_tests.conftest import chat, make_batch, read_lines
 
 

@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from batches.engine.calls import ModelCaller, Upstream
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 
 
 def chat(text):

@@ -11,7 +11,7 @@ from aiohttp import web
 from batches.engine.runner import run_batch
 from batches.presenters import batch_object
 from openrelay.core.models import Deployment
-from openrelay.simulator import AppThread
+from openrelay.simulator.server import AppThread
 from tests.engine_tests.conftest import MODEL, chat, make_batch, read_lines
 
 

@@ -11,7 +11,8 @@ from django.db import connections
 from batches.engine.runner import Engine
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.conftest import make_persona
 from tests.engine_tests.conftest import chat, make_batch, status_of, wait_for
 from tests.tool_tests.conftest import ExecutorServer, sleep

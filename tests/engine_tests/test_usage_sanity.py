@@ -7,7 +7,7 @@ from django.urls import reverse
 from batches.engine.runner import run_batch
 from batches.engine.usage import Usage
 from openrelay.core.models import Deployment
-from openrelay.simulator import AppThread
+from openrelay.simulator.server import AppThread
 from tests.engine_tests.conftest import chat, make_batch, read_lines
 
 # What a real server said (llama.cpp answered n: 2 with one choice's tokens), and worse.

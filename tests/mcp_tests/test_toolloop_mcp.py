@@ -14,7 +14,8 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 
 from .conftest import AUTHORIZATION, SECRET, rpc_methods
 

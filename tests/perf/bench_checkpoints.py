@@ -191,7 +191,8 @@ def main():
     parser.add_argument("--skip", default="", help="comma-separated: turn,batch,resume")
     args = parser.parse_args()
     dropper = setup(args.database_url)
-    from openrelay.simulator import SimulatorConfig, run_in_thread
+    from openrelay.simulator.config import SimulatorConfig
+    from openrelay.simulator.server import run_in_thread
     from tests.tool_tests.conftest import ExecutorServer
 
     skip = set(filter(None, args.skip.split(",")))

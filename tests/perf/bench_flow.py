@@ -13,7 +13,9 @@ import time
 import httpx
 import orjson
 
-from openrelay.simulator import SimulatorConfig, capacity_per_second, count_tokens
+from openrelay.simulator.answers import count_tokens
+from openrelay.simulator.capacity import capacity_per_second
+from openrelay.simulator.config import SimulatorConfig
 
 SLOTS = 16
 QUEUE_LIMIT = 16  # past 16 waiting, the server answers 503 (with Retry-After)

@@ -17,7 +17,8 @@ import time
 
 from aiohttp import web
 
-from openrelay.simulator import SimulatorConfig, _start_site, bind_socket, build_app, json_response, make_runner
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import _start_site, bind_socket, build_app, json_response, make_runner
 
 
 class Arrivals:

@@ -23,7 +23,8 @@ from django.db import connection, connections
 
 from batches.models import Record
 from files.models import File
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.engine_tests.conftest import (  # noqa: F401 (model, sim, clusters: fixtures)
     assert_exactly_once,
     chat,

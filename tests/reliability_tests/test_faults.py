@@ -10,7 +10,8 @@ import pytest
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
 from openrelay.core.models import Deployment
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.engine_tests.conftest import chat, make_batch, read_lines
 
 # custom_id -> (prompt, expected outcome, model calls the simulator should see for it)

@@ -16,7 +16,8 @@ import pytest
 from batches.engine.runner import run_batch
 from batches.models import Batch
 from openrelay.core.models import Deployment, Model
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.engine_tests.conftest import MODEL, make_batch, read_lines
 
 BLOCKED = re.compile(r"blocked|private, loopback|not allowed")

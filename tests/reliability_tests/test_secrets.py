@@ -31,7 +31,8 @@ from django.urls import NoReverseMatch, reverse
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
 from openrelay.core.models import Deployment, Model
-from openrelay.simulator import SimulatorConfig, run_in_thread
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.reliability_tests.conftest import MCP_TOKEN, MODEL, jsonl, upload
 from tests.tool_tests.conftest import ok
 from tests.workflow_tests.conftest import Reply

@@ -15,14 +15,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from openrelay.simulator import (
-    SimulatorConfig,
-    add_arguments,
-    capacity_per_second,
-    config_from_options,
-    count_tokens,
-    run_in_thread,
-)
+from openrelay.simulator.answers import count_tokens
+from openrelay.simulator.capacity import capacity_per_second
+from openrelay.simulator.cli import add_arguments, config_from_options
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 
 SYSTEM = "You answer questions about the weather, briefly and politely. " * 16  # 992 characters
 

@@ -3,7 +3,7 @@
 import httpx
 import openai
 
-from openrelay.simulator import count_tokens
+from openrelay.simulator.answers import count_tokens
 
 
 def test_it_answers_a_response_with_usage_in_the_responses_shape(sim):

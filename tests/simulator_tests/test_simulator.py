@@ -18,14 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from openrelay.simulator import (
-    SimulatorConfig,
-    add_arguments,
-    arguments_from_schema,
-    config_from_options,
-    parse_fault_directives,
-    run_in_thread,
-)
+from openrelay.simulator.answers import arguments_from_schema
+from openrelay.simulator.cli import add_arguments, config_from_options
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.directives import parse_fault_directives
+from openrelay.simulator.server import run_in_thread
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 WEATHER_TOOL = {

@@ -15,7 +15,7 @@ from batches.models import Batch, Record
 from files.services import open_content
 from openrelay.core.models import Deployment, Model
 from openrelay.lib.outbound import OutboundClient
-from openrelay.simulator import answer_chat
+from openrelay.simulator.answers import answer_chat
 from tests.tool_tests.conftest import CHAT, per_record, record_context, status
 
 MODEL = "openrelay/tool-model"

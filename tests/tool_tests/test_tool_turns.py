@@ -11,7 +11,7 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.store import ClaimedRecord
 from batches.engine.toolloop import run as run_tools
 from openrelay.lib.outbound import OutboundClient
-from openrelay.simulator import AppThread
+from openrelay.simulator.server import AppThread
 from tests.tool_tests.conftest import record_context
 
 USAGE = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}

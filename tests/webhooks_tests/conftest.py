@@ -6,7 +6,7 @@ import openai
 import pytest
 from aiohttp import web
 
-from openrelay.simulator import AppThread
+from openrelay.simulator.server import AppThread
 from tests.engine_tests.conftest import (  # noqa: F401  (fixtures for engine runs)
     _storage,
     clusters,

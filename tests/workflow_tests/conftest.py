@@ -20,7 +20,7 @@ from batches.engine.calls import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
-from openrelay.simulator import AppThread
+from openrelay.simulator.server import AppThread
 
 MODEL = "openrelay/gemma-4-31b"
 ENDPOINT = "/v1/chat/completions"

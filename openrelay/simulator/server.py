@@ -1,0 +1,452 @@
+"""The HTTP side of the simulator: the aiohttp app, in a thread or blocking.
+
+`ModelServer`'s handlers (a model call goes through the fault directives, the
+capacity model and the answers; `/v1/models`, `/_sim/*`, `/metrics`),
+`build_app` and its runner, `AppThread` (any aiohttp app on its own event loop
+in a thread, which tests use for their peers) with `SimulatorThread` and
+`run_in_thread` on top, and `serve`, which runs the server until SIGINT or
+SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import signal
+import socket
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from openrelay.lib import aio
+from openrelay.simulator.answers import (
+    BadRequest,
+    answer_chat,
+    answer_completion,
+    answer_embeddings,
+    answer_moderations,
+    answer_responses,
+    count_tokens,
+    error_envelope,
+)
+from openrelay.simulator.bodies import chat_text, completion_text, embedding_text, moderation_text, response_text
+from openrelay.simulator.capacity import (
+    BLOCK_TOKENS,
+    CapacityModel,
+    Overloaded,
+    chat_prefix_text,
+    completion_prefix_text,
+    prefix_blocks,
+    report_cached_tokens,
+    response_prefix_text,
+    usage_counts,
+)
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.directives import FaultDirectives, parse_fault_directives
+from openrelay.simulator.faults import ANSWER, DROP, FAIL, HANG, choose_outcome, seeded_draw
+from openrelay.simulator.metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
+from openrelay.simulator.state import SimulatorState
+
+MODELS_CREATED = 1_700_000_000
+
+
+# ---------------------------------------------------------------- responses
+
+
+def json_response(payload: Any, status: int = 200, headers: Mapping | None = None) -> web.Response:
+    return web.Response(
+        body=orjson.dumps(payload), status=status, content_type="application/json", headers=headers
+    )
+
+
+def failure_response(config: SimulatorConfig, status: int, model: Any = None) -> web.Response:
+    headers = None
+    if status == 429:
+        retry_after = config.retry_after_s if config.retry_after_s is not None else 1
+        headers = {
+            "Retry-After": f"{retry_after:g}",
+            "retry-after-ms": str(int(retry_after * 1000)),
+        }
+    message = f"The model `{model}` does not exist." if status == 404 and isinstance(model, str) else None
+    return json_response(error_envelope(status, message), status=status, headers=headers)
+
+
+# ---------------------------------------------------------------- the server
+
+
+@dataclass(frozen=True)
+class ModelEndpoint:
+    text_of: Any  # body -> the text searched for fault directives
+    answer: Any  # body -> answer payload (raises BadRequest)
+    prefix_of: Any = None  # body -> the text the prefix cache sees (None: no cache)
+
+
+MODEL_ENDPOINTS = {
+    "/v1/chat/completions": ModelEndpoint(chat_text, answer_chat, chat_prefix_text),
+    "/v1/completions": ModelEndpoint(completion_text, answer_completion, completion_prefix_text),
+    "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings),
+    "/v1/responses": ModelEndpoint(response_text, answer_responses, response_prefix_text),
+    "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations),
+}
+
+
+class ModelServer:
+    """The request handlers, bound to one config and one state."""
+
+    def __init__(self, config: SimulatorConfig):
+        self.config = config
+        self.state = SimulatorState(config)
+        self.capacity = CapacityModel(config)
+        self._parked: set[asyncio.Task] = set()
+
+    async def model_call(self, request: web.Request) -> web.StreamResponse:
+        endpoint = MODEL_ENDPOINTS[request.path]
+        raw = await request.read()
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            body = None
+        # An unparsable body is recorded as text: tests want to see what came.
+        recorded = body if body is not None else raw.decode(errors="replace")
+        self.state.record(request.path, request.headers, recorded)
+        if not self._authorized(request):
+            return json_response(error_envelope(401, "Invalid API key."), 401)
+        if not isinstance(body, dict):
+            return json_response(error_envelope(400, "The body must be a JSON object."), 400)
+        text = endpoint.text_of(body)
+        directives = parse_fault_directives(text)
+        outcome, status = self._decide(directives, raw)
+        delay_ms = self.config.latency_ms + directives.latency_ms
+        if delay_ms > 0 and outcome != HANG:
+            await self._park(delay_ms / 1000)
+        if outcome == ANSWER and self.config.slots:
+            return await self._answer_in_a_slot(endpoint, body, text)
+        if outcome == ANSWER:
+            return self._answer(endpoint, body)
+        if outcome == FAIL:
+            return failure_response(self.config, status, body.get("model"))
+        if outcome == DROP:
+            return await self._drop(request)
+        return await self._hang()
+
+    def _decide(self, directives: FaultDirectives, raw: bytes) -> tuple[str, int | None]:
+        seen, draw = 0, None
+        if directives.counts_repeats or self.config.draws_at_random:
+            body_hash = hashlib.blake2b(raw, digest_size=16).digest()
+            seen = self.state.times_seen(body_hash)
+            if self.config.draws_at_random:
+                draw = seeded_draw(self.config.seed, body_hash, seen)
+        return choose_outcome(self.config, directives, seen, draw)
+
+    def _answer(self, endpoint: ModelEndpoint, body: dict) -> web.Response:
+        try:
+            return json_response(endpoint.answer(body))
+        except BadRequest as exc:
+            return json_response(error_envelope(400, str(exc), exc.param), 400)
+
+    async def _answer_in_a_slot(self, endpoint: ModelEndpoint, body: dict, text: str) -> web.Response:
+        # The answer is known before the slot (a 400 never queues); the slot
+        # only decides when it goes out and how much of the prompt was cached.
+        try:
+            payload = endpoint.answer(body)
+        except BadRequest as exc:
+            return json_response(error_envelope(400, str(exc), exc.param), 400)
+        prompt_tokens, completion_tokens = usage_counts(payload)
+        if prompt_tokens is None:  # moderations carry no usage
+            prompt_tokens = count_tokens(text)
+        keys = None
+        if self.config.prefix_cache_tokens and endpoint.prefix_of is not None:
+            keys = prefix_blocks(endpoint.prefix_of(body), prompt_tokens // BLOCK_TOKENS)
+        try:
+            with self._parking():
+                cached = await self.capacity.serve(prompt_tokens, completion_tokens, keys)
+        except Overloaded as exc:
+            # Retry-After, as an overloaded server says when to come back (RFC 9110, 503).
+            retry_after = self.config.retry_after_s if self.config.retry_after_s is not None else 1
+            headers = {"Retry-After": f"{retry_after:g}"}
+            return json_response(error_envelope(503, str(exc)), 503, headers=headers)
+        report_cached_tokens(payload, cached)
+        return json_response(payload)
+
+    async def _drop(self, request: web.Request) -> web.StreamResponse:
+        # abort() rather than close(): no graceful shutdown, the client sees
+        # the connection end without a response, like a crashed upstream.
+        if request.transport is not None:
+            request.transport.abort()
+        raise asyncio.CancelledError  # ends the handler without writing anything
+
+    async def _hang(self) -> web.StreamResponse:
+        await self._park(None)
+        raise AssertionError("unreachable: parking forever only ends by cancellation")
+
+    async def _park(self, seconds: float | None) -> None:
+        """Sleep (forever when seconds is None) where shutdown can cut it short."""
+        with self._parking():
+            if seconds is None:
+                await asyncio.get_running_loop().create_future()
+            else:
+                await asyncio.sleep(seconds)
+
+    @contextlib.contextmanager
+    def _parking(self):
+        """Let wake_parked cancel this task while it waits inside the block."""
+        task = asyncio.current_task()
+        self._parked.add(task)
+        try:
+            yield
+        finally:
+            self._parked.discard(task)
+
+    async def wake_parked(self, app: web.Application | None = None) -> None:
+        # Hung, sleeping, queued and slot-holding handlers would otherwise
+        # hold shutdown for the whole shutdown timeout.
+        for task in list(self._parked):
+            task.cancel()
+
+    def _authorized(self, request: web.Request) -> bool:
+        return not self.config.api_key or request.headers.get("Authorization") == f"Bearer {self.config.api_key}"
+
+    async def list_models(self, request: web.Request) -> web.StreamResponse:
+        if not self._authorized(request):
+            return json_response(error_envelope(401, "Invalid API key."), 401)
+        if self.config.drop_all:
+            return await self._drop(request)
+        if self.config.fail_all_status:
+            return failure_response(self.config, self.config.fail_all_status)
+        data = [
+            {"id": name, "object": "model", "created": MODELS_CREATED, "owned_by": "openrelay-sim"}
+            for name in self.config.models
+        ]
+        return json_response({"object": "list", "data": data})
+
+    async def recorded_requests(self, request: web.Request) -> web.Response:
+        return json_response(self.state.requests(request.query.get("path")))
+
+    async def reset(self, request: web.Request) -> web.Response:
+        self.forget()
+        return json_response({"reset": True})
+
+    def forget(self) -> None:
+        """Recorded calls, per-body counters, capacity figures and prefix cache."""
+        self.state.reset()
+        self.capacity.reset()
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return json_response(self.capacity.stats())
+
+    async def metrics(self, request: web.Request) -> web.StreamResponse:
+        # llama-server asks for its API key on /metrics; vLLM's key guards /v1 only.
+        if self.config.metrics == "llamacpp" and not self._authorized(request):
+            return json_response(error_envelope(401, "Invalid API key."), 401)
+        if self.config.drop_all:
+            return await self._drop(request)
+        if self.config.fail_all_status:
+            return failure_response(self.config, self.config.fail_all_status)
+        text = render_metrics(self.config, self.capacity.stats())
+        return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
+
+    async def not_found(self, request: web.Request) -> web.Response:
+        message = f"Invalid URL ({request.method} {request.path})"
+        return json_response(error_envelope(404, message), 404)
+
+
+SERVER_KEY = web.AppKey("model_server", ModelServer)
+
+
+def build_app(config: SimulatorConfig | None = None) -> web.Application:
+    """The aiohttp application; `app[SERVER_KEY].state` holds the recordings."""
+    server = ModelServer(config or SimulatorConfig())
+    # Request bodies (embedding inputs, long chats) can exceed aiohttp's 1 MB default.
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app[SERVER_KEY] = server
+    for path in MODEL_ENDPOINTS:
+        app.router.add_post(path, server.model_call)
+    app.router.add_get("/v1/models", server.list_models)
+    app.router.add_get("/_sim/requests", server.recorded_requests)
+    app.router.add_post("/_sim/reset", server.reset)
+    app.router.add_get("/_sim/stats", server.stats)
+    if server.config.metrics:
+        app.router.add_get("/metrics", server.metrics)
+    app.router.add_route("*", "/{tail:.*}", server.not_found)
+    app.on_shutdown.append(server.wake_parked)
+    return app
+
+
+def make_runner(app: web.Application) -> web.AppRunner:
+    # No access log (it halves throughput); cancel handlers whose client went
+    # away so hung requests do not pile up; a short shutdown never waits long.
+    return web.AppRunner(app, access_log=None, handler_cancellation=True, shutdown_timeout=1.0)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+# ---------------------------------------------------------------- in a thread
+
+
+class AppThread:
+    """Any aiohttp application on its own event loop in a background thread.
+
+    Tests use it for their peers (the simulator, tool executors, workflow
+    callbacks). A context manager, or start() and stop() (pytest fixtures).
+    """
+
+    def __init__(self, app: web.Application, host: str = "127.0.0.1", port: int = 0, name: str = "aiohttp"):
+        self.app = app
+        self.host = host
+        self.name = name
+        self._requested_port = port
+        self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._startup_error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self):
+        if self._thread is not None:
+            return self
+        sock = bind_socket(self.host, self._requested_port)
+        self.port = sock.getsockname()[1]
+        # Daemon: a test that forgets stop() must not keep the interpreter alive.
+        self._thread = threading.Thread(
+            target=self._run, args=(sock,), name=f"{self.name}:{self.port}", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._startup_error is not None:
+            raise RuntimeError(f"{self.name} server failed to start") from self._startup_error
+        return self
+
+    def stop(self) -> None:
+        if self._thread is None:
+            return
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._thread = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def _run(self, sock: socket.socket) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        runner = make_runner(self.app)
+        try:
+            loop.run_until_complete(_start_site(runner, sock))
+        except BaseException as exc:  # noqa: BLE001 - reported to start() in the caller's thread
+            self._startup_error = exc
+            self._ready.set()
+            sock.close()
+            loop.close()
+            return
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            _cancel_leftover_tasks(loop)
+            loop.close()
+
+
+class SimulatorThread(AppThread):
+    """A simulator in a background thread (for tests)."""
+
+    def __init__(
+        self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
+    ):
+        self.config = config or SimulatorConfig()
+        super().__init__(build_app(self.config), host, port, name="simulator")
+        self.state = self.app[SERVER_KEY].state
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def requests(self, path: str | None = None) -> list[dict]:
+        """Recorded calls `{"path", "headers", "body"}`, oldest first."""
+        return self.state.requests(path)
+
+    def bodies(self, path: str | None = None) -> list[Any]:
+        return [r["body"] for r in self.state.requests(path)]
+
+    @property
+    def request_count(self) -> int:
+        """Model calls since start or reset (counted even when not recorded)."""
+        return self.state.request_count
+
+    def reset(self) -> None:
+        self.app[SERVER_KEY].forget()
+
+    def stats(self) -> dict:
+        """The capacity model's figures, as `GET /_sim/stats` answers."""
+        return self.app[SERVER_KEY].capacity.stats()
+
+
+def run_in_thread(
+    config: SimulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
+) -> SimulatorThread:
+    """A simulator for tests: `with run_in_thread(cfg) as sim:` or `.start()`."""
+    return SimulatorThread(config, host, port)
+
+
+async def _start_site(runner: web.AppRunner, sock: socket.socket) -> None:
+    await runner.setup()
+    await web.SockSite(runner, sock).start()
+
+
+def _cancel_leftover_tasks(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+
+
+# ---------------------------------------------------------------- blocking serve
+
+
+def serve(
+    config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 8001
+) -> None:
+    """Run until SIGINT/SIGTERM; prints where it listens."""
+    try:
+        aio.run(_serve_until_signal(config or SimulatorConfig(), host, port))
+    except KeyboardInterrupt:
+        pass
+
+
+async def _serve_until_signal(config: SimulatorConfig, host: str, port: int) -> None:
+    runner = make_runner(build_app(config))
+    sock = bind_socket(host, port)
+    await _start_site(runner, sock)
+    print(f"Simulated model server on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stopping.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
+            pass
+    try:
+        await stopping.wait()
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,69 @@
+"""What the server remembers between requests.
+
+The recorded model calls (secret headers left out, only the last
+`record_limit` kept) and the per-body counters the repeat directives and the
+seeded draw use. Thread-safe, since tests read it from other threads while the
+server's loop writes it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict, deque
+from collections.abc import Mapping
+from typing import Any
+
+from openrelay.simulator.config import SimulatorConfig
+
+SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"}
+)
+# Per-body counters only need to outlive a batch's retries; the cap keeps a
+# long benchmark with error rates from growing memory without bound.
+SEEN_BODIES_LIMIT = 200_000
+
+
+class SimulatorState:
+    """What the server remembers: recorded calls and per-body counters.
+
+    Touched by the server's event loop and read by tests from other threads,
+    so every access holds the lock.
+    """
+
+    def __init__(self, config: SimulatorConfig):
+        self.config = config
+        self.request_count = 0
+        self._lock = threading.Lock()
+        self._recorded: deque = deque(maxlen=max(1, config.record_limit))
+        self._seen: OrderedDict[bytes, int] = OrderedDict()
+
+    def record(self, path: str, headers: Mapping, body: Any) -> None:
+        """Count the call; keep it (secret headers left out) when recording."""
+        with self._lock:
+            self.request_count += 1
+            if self.config.record:
+                self._recorded.append({"path": path, "headers": recordable_headers(headers), "body": body})
+
+    def requests(self, path: str | None = None) -> list[dict]:
+        with self._lock:
+            recorded = list(self._recorded)
+        return [r for r in recorded if path is None or r["path"] == path]
+
+    def times_seen(self, body_hash: bytes) -> int:
+        """How many times this body was seen before; counts this time."""
+        with self._lock:
+            seen = self._seen.pop(body_hash, 0)
+            self._seen[body_hash] = seen + 1
+            if len(self._seen) > SEEN_BODIES_LIMIT:
+                self._seen.popitem(last=False)
+            return seen
+
+    def reset(self) -> None:
+        with self._lock:
+            self._recorded.clear()
+            self._seen.clear()
+            self.request_count = 0
+
+
+def recordable_headers(headers: Mapping) -> dict:
+    return {k.lower(): v for k, v in headers.items() if k.lower() not in SECRET_HEADERS}
