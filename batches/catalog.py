@@ -42,7 +42,7 @@ def model_object(model, concurrency=None):
         "openrelay": {
             # Calls in flight at once over every batch on the model (its deployments' max_concurrency).
             "max_concurrency": model.capacity,
-            # What the engines hold it to now: each deployment's adaptive limit (batches.engine.flow),
+            # What the engines hold it to now: each deployment's adaptive limit (batches.engine.calls.flow),
             # which moves between a floor and max_concurrency with the servers' answers.
             "concurrency_limit": (concurrency or {}).get(model.pk, model.capacity),
             # USD per 1M tokens at the sync rate; a batch bills this times its priority's multiplier.

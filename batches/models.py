@@ -86,7 +86,7 @@ class Batch(models.Model):
     cached_tokens = models.BigIntegerField(default=0)
     output_tokens = models.BigIntegerField(default=0)
     reasoning_tokens = models.BigIntegerField(default=0)
-    # Records whose server-reported usage cannot be right (batches.engine.usage): kept and
+    # Records whose server-reported usage cannot be right (batches.engine.calls.usage): kept and
     # billed as reported, counted so an operator can see how far to trust the bill.
     implausible_usage_count = models.PositiveIntegerField(default=0)
 
@@ -155,7 +155,7 @@ class Record(models.Model):
     # the flush rolls it up into Batch.implausible_usage_count with the token sums.
     usage_implausible = models.PositiveSmallIntegerField(default=0)
 
-    # A multi-step record's loop state while it runs (batches.engine.checkpoints):
+    # A multi-step record's loop state while it runs (batches.engine.loops.checkpoints):
     # what a resumed run continues from. Null for plain records and once the
     # record is finished.
     checkpoint = models.BinaryField(null=True, blank=True)

@@ -3,9 +3,9 @@
 Everything is read from the database, so every web process shows the same
 figures whichever engines made them:
 - health, since when and the last error: the Deployment rows (engines write
-  every change, batches.engine.health);
+  every change, batches.engine.calls.health);
 - calls in flight, calls answered and failed in the last minute, and the
-  adaptive concurrency limit (batches.engine.flow), by deployment: the sum
+  adaptive concurrency limit (batches.engine.calls.flow), by deployment: the sum
   over the live engines' `Engine.calls`, which each engine publishes with
   its heartbeat (every 0.5 s); a dead engine's figures drop out with its
   heartbeat, after one lease;
@@ -64,7 +64,7 @@ class Calls:
 
 def state(deployment, calls):
     """A deployment's state as an operator reads it: "down" (out of the rotation, probed until it
-    answers; batches.engine.health), "failing" (in the rotation, but calls failed in the last
+    answers; batches.engine.calls.health), "failing" (in the rotation, but calls failed in the last
     minute), "up", or "disabled"."""
     from openrelay.core.models import DeploymentHealth
 

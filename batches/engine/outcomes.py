@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from batches.engine.usage import Usage
+from batches.engine.calls.usage import Usage
 
 
 @dataclass

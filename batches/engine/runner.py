@@ -36,9 +36,11 @@ from django.utils import timezone
 
 from batches import lifecycle, progress
 from batches.dashboard import events
-from batches.engine import checkpoints, dbretry, dispatch, finish, prefixes, samples, store, tallies
-from batches.engine.calls import ModelCaller, Upstream
-from batches.engine.health import Health
+from batches.engine import dbretry, finish, samples, store, tallies
+from batches.engine.calls import prefixes
+from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.calls.health import Health
+from batches.engine.loops import checkpoints, dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch, BatchStatus, Priority
@@ -152,7 +154,7 @@ class BatchRun:
         floor = min(MIN_PREFETCH, max(1, self.lane.gate.capacity))
         self.target = max(floor, min(settings.OPENRELAY_CLAIM_CHUNK, math.ceil(rate * (2 * hop_s + PREFETCH_S))))
         if self.shared_prefixes:
-            # Enough claimed ahead that records sharing a prefix wait here together (batches.engine.prefixes).
+            # Enough claimed ahead that records sharing a prefix wait here together (batches.engine.calls.prefixes).
             self.target = max(self.target, settings.OPENRELAY_PREFIX_WINDOW)
         self.rate_mark = (now, self.started)
 

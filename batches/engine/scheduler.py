@@ -20,7 +20,7 @@ Work-conserving: a slot nobody else waits for goes to whoever waits.
 import asyncio
 from collections import defaultdict, deque
 
-from batches.engine import prefixes
+from batches.engine.calls import prefixes
 
 
 def split(total, rank, count):
@@ -129,7 +129,7 @@ class CallGate:
         return ready
 
     def _free_upstream(self, key=None):
-        """The deployment `key` (a prompt prefix's, batches.engine.prefixes) prefers if it has room,
+        """The deployment `key` (a prompt prefix's, batches.engine.calls.prefixes) prefers if it has room,
         else the healthy deployment with the most of its share free (by fraction, so calls spread
         over deployments in proportion to their concurrency)."""
         if len(self.upstreams) == 1:

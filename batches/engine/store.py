@@ -29,7 +29,7 @@ class ClaimedRecord:
     length: int
     checkpoint: bytes | None = None  # the loop state a resumed multi-step record continues from
     resumed: bool = False  # claimed because its lease ran out (its engine died)
-    prefix: int | None = None  # its prompt prefix's key (batches.engine.prefixes), read with its line
+    prefix: int | None = None  # its prompt prefix's key (batches.engine.calls.prefixes), read with its line
 
 
 # The outcome columns, in the order _result_row fills them (pk first).
@@ -451,7 +451,7 @@ def _bill_cut_workflows(batch_pk, unfinished, status, code, message, now):
     checkpoint write waits, then finds the record no longer running), so no
     checkpoint lands between reading it and closing the record.
     """
-    from batches.engine.checkpoints import decode, usage_from
+    from batches.engine.loops.checkpoints import decode, usage_from
 
     rows = list(unfinished.select_for_update().filter(Q(status=RecordStatus.RUNNING) | Q(checkpoint__isnull=False))
                 .values_list("pk", "checkpoint"))

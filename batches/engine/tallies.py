@@ -3,7 +3,7 @@
 Two figures, two homes:
 - `Engine.calls` (the operator page and GET /metrics sum the live engines'
   rows): each deployment's calls in flight here, those of the last minute
-  (batches.engine.callcount) and the adaptive limit here, as fresh as the
+  (batches.engine.calls.callcount) and the adaptive limit here, as fresh as the
   heartbeat (0.5 s);
 - `Tally` rows (GET /metrics): running totals of what leaves no row of its
   own: model calls by deployment and answer class, their durations (a
@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 
 from django.db import connection
 
-from batches.engine.callcount import CallCount
+from batches.engine.calls.callcount import CallCount
 from batches.models import Engine, Tally
 
 # Model calls take 10 ms (a small model, warm) to the 30-minute limit.
@@ -79,7 +79,7 @@ def flushed(outcomes, written, claimed):
 def take(upstreams=()):
     """(the deltas counted since the last take, this engine's {deployment: [in flight, calls, failed, limit]}).
 
-    `limit` is the engine's adaptive concurrency limit at the deployment now (batches.engine.flow);
+    `limit` is the engine's adaptive concurrency limit at the deployment now (batches.engine.calls.flow);
     None once its lane has closed.
 
     Runs on the engine's loop, so the calls in flight are read where they change."""

@@ -40,7 +40,7 @@ def test_the_openai_sdk_lists_and_retrieves_the_enabled_models(alice, catalog, l
 
 
 def test_the_concurrency_limit_is_what_the_live_engines_hold_now(alice, catalog):
-    """max_concurrency is the ceiling; concurrency_limit the engines' adaptive limits summed (batches.engine.flow),
+    """max_concurrency is the ceiling; concurrency_limit the engines' adaptive limits summed (batches.engine.calls.flow),
     the ceiling again for a deployment no engine works."""
     from django.utils import timezone
 

@@ -8,7 +8,7 @@ call's usage.
 
 import time
 
-from batches.engine.calls import Usage
+from batches.engine.calls.caller import Usage
 from batches.engine.runner import run_batch
 from batches.models import Record, RecordStatus
 from billing.models import LedgerEntry

@@ -8,8 +8,8 @@ import zlib
 
 import pytest
 
-from batches.engine.calls import ModelCaller, Upstream
-from batches.engine.transport import AnswerTooLarge, IdleTimeout
+from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.calls.transport import AnswerTooLarge, IdleTimeout
 from tests.engine_tests.test_transport import JSON, Script, _ok, _origin, _post, _run
 
 CAP = 64 * 1024

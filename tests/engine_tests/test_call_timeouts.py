@@ -2,7 +2,7 @@
 
 import asyncio
 
-from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.calls.caller import ModelCaller, Upstream
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 

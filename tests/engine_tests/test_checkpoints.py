@@ -3,7 +3,8 @@ keeps it under the lease only, a hand-back keeps it, the flush drops it."""
 
 import pytest
 
-from batches.engine import checkpoints, store
+from batches.engine import store
+from batches.engine.loops import checkpoints
 from batches.engine.runner import run_batch
 from batches.models import Record
 from tests.engine_tests.conftest import chat, make_batch, read_lines

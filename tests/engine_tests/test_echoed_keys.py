@@ -10,7 +10,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.calls.caller import ModelCaller, Upstream
 from openrelay.simulator.server import AppThread
 from tests.echoes import assert_no_piece, echoes
 

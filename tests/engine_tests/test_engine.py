@@ -115,7 +115,7 @@ def test_429_waits_for_retry_after(alice, model, sim):
 def test_expiry_keeps_finished_work_and_expires_the_rest(alice, model):
     batch = make_batch(alice.org, [chat("a"), chat("b"), chat("c")])
     done = store.claim(batch.pk, "w1", 1)
-    from batches.engine.calls import Usage
+    from batches.engine.calls.caller import Usage
     from batches.engine.outcomes import RecordOutcome
 
     store.flush(batch.pk, "w1", [(done[0], RecordOutcome(True, 200, "req_1", {"ok": True}, usage=Usage(10, 0, 5, 0)))])

@@ -1,6 +1,6 @@
-"""The adaptive limit's rules, one reaction at a time (batches.engine.flow), and the server figures it reads."""
+"""The adaptive limit's rules, one reaction at a time (batches.engine.calls.flow), and the server figures it reads."""
 
-from batches.engine.flow import BACKOFF, FlowControl, read_metrics
+from batches.engine.calls.flow import BACKOFF, FlowControl, read_metrics
 
 
 def answer_window(flow, seconds, now, filled=True):

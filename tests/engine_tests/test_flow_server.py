@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.calls.caller import ModelCaller, Upstream
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from batches.engine.calls import ModelCaller, Upstream
-from batches.engine.transport import Origin, ProxyRefused
+from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.calls.transport import Origin, ProxyRefused
 from tests.engine_tests.test_transport import JSON, Script, _ok, _post, _run
 
 

@@ -15,8 +15,8 @@ import zlib
 import orjson
 import pytest
 
-from batches.engine.calls import ModelCaller, Upstream
-from batches.engine.transport import KEEPALIVE_S, BadResponse, Origin, ServerDisconnected
+from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.calls.transport import KEEPALIVE_S, BadResponse, Origin, ServerDisconnected
 
 JSON = b'{"ok":true}'
 

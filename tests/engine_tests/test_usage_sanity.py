@@ -4,8 +4,8 @@ import orjson
 from aiohttp import web
 from django.urls import reverse
 
+from batches.engine.calls.usage import Usage
 from batches.engine.runner import run_batch
-from batches.engine.usage import Usage
 from openrelay.core.models import Deployment
 from openrelay.simulator.server import AppThread
 from tests.engine_tests.conftest import chat, make_batch, read_lines

@@ -29,7 +29,7 @@ from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
 
-from batches.engine.mcp import McpExecutor
+from batches.engine.tools.mcp import McpExecutor
 from openrelay.lib.outbound import OutboundClient
 
 SECRET = "sk-mcp-very-secret-token"

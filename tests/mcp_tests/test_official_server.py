@@ -2,8 +2,8 @@
 
 import pytest
 
-from batches.engine.executors import ToolExecutionFailed, ToolResult
-from batches.engine.mcp import CLIENT_NAME, CLIENT_VERSION
+from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
+from batches.engine.tools.mcp import CLIENT_NAME, CLIENT_VERSION
 
 from .conftest import AUTHORIZATION, SECRET, config, rpc_methods, run_rounds, tool_call
 
@@ -131,8 +131,8 @@ def test_it_fails_when_the_server_refuses_the_token(auth_server, authorization):
 def test_every_tools_call_carries_an_idempotency_key_stable_for_its_round_and_place(official_server):
     import asyncio
 
-    from batches.engine.checkpoints import idempotency_key
-    from batches.engine.mcp import McpExecutor
+    from batches.engine.loops.checkpoints import idempotency_key
+    from batches.engine.tools.mcp import McpExecutor
     from openrelay.lib.outbound import OutboundClient
 
     two = [tool_call(arguments='{"query": "a"}'), tool_call(arguments='{"query": "b"}', call_id="call_0_1")]

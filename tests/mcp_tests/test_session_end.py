@@ -5,8 +5,8 @@ import asyncio
 import httpx
 import pytest
 
-from batches.engine.executors import ToolResult
-from batches.engine.mcp import ACCEPT, McpExecutor
+from batches.engine.tools.executors import ToolResult
+from batches.engine.tools.mcp import ACCEPT, McpExecutor
 from openrelay.lib.outbound import OutboundClient
 
 from .conftest import (

@@ -2,7 +2,7 @@
 
 import pytest
 
-from batches.engine.mcp import SseEvent, SseParser, parse_sse
+from batches.engine.tools.mcp import SseEvent, SseParser, parse_sse
 
 E = SseEvent
 

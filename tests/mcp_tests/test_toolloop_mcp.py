@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from batches.engine import toolloop
-from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.loops import toolloop
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient

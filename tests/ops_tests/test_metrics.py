@@ -89,7 +89,7 @@ def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_
     assert rise("openrelay_batches", status="completed") == 1
     assert value(after, "openrelay_pending_records", model=MODEL) == 0
     assert value(after, "openrelay_deployment_concurrency_limit", model=MODEL, deployment=deployment) == 16
-    # The adaptive limit the engines hold now (batches.engine.flow): between 1 and the ceiling.
+    # The adaptive limit the engines hold now (batches.engine.calls.flow): between 1 and the ceiling.
     assert 1 <= value(after, "openrelay_deployment_concurrency_current", model=MODEL, deployment=deployment) <= 16
     assert value(after, "openrelay_deployment_up", model=MODEL, deployment=deployment) == 1
     assert value(after, "openrelay_engines") == 2

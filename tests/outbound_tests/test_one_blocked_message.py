@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from batches.engine.executors import ToolExecutionFailed
-from batches.engine.http_executor import HttpExecutor
+from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.http_executor import HttpExecutor
 from openrelay.lib.outbound import HOST_REFUSED, OutboundClient, OutboundError, check_url
 
 REFUSED = [

@@ -15,7 +15,7 @@ import orjson
 import pytest
 from aiohttp import web
 
-from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
@@ -219,7 +219,7 @@ def run_record(sim):
 
     def run(body, *, entry=None, time_limit_s=10.0, allow_private=True, custom_id="req-1"):
         if entry is None:
-            from batches.engine.toolloop import run as entry
+            from batches.engine.loops.toolloop import run as entry
 
         async def go():
             caller = RecordingCaller([Upstream(sim.base_url, SIM_MODEL, "", 8)], time_limit_s=time_limit_s, retries=0)

@@ -8,8 +8,9 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
-from batches.engine import store, toolloop
-from batches.engine.calls import ModelCaller, Upstream, Usage
+from batches.engine import store
+from batches.engine.calls.caller import ModelCaller, Upstream, Usage
+from batches.engine.loops import toolloop
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
 from files.services import open_content

@@ -8,8 +8,8 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batches.engine.executors import ToolExecutionFailed
-from batches.engine.http_executor import HttpExecutor
+from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.http_executor import HttpExecutor
 from openrelay.lib.outbound import OutboundClient
 from tests.echoes import assert_no_piece, echoes
 

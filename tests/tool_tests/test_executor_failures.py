@@ -7,9 +7,9 @@ authorization value: neither may appear in the stored outcome.
 import orjson
 import pytest
 
-from batches.engine.calls import Usage
-from batches.engine.executors import ToolExecutionFailed
-from batches.engine.http_executor import parse_results
+from batches.engine.calls.caller import Usage
+from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.http_executor import parse_results
 from tests.tool_tests.conftest import CHAT, SIM_MODEL, missing_result, raw, redirect, shaped, sleep, status, streamed
 
 SECRET = "Bearer tool-secret-123"

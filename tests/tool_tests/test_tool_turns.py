@@ -7,9 +7,9 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.loops.toolloop import run as run_tools
 from batches.engine.store import ClaimedRecord
-from batches.engine.toolloop import run as run_tools
 from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator.server import AppThread
 from tests.tool_tests.conftest import record_context

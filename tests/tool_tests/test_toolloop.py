@@ -9,10 +9,10 @@ import asyncio
 import orjson
 import pytest
 
-from batches.engine import dispatch, toolloop
-from batches.engine.calls import ModelCaller, Upstream, Usage
-from batches.engine.http_executor import HttpExecutor
+from batches.engine.calls.caller import ModelCaller, Upstream, Usage
+from batches.engine.loops import dispatch, toolloop
 from batches.engine.store import ClaimedRecord
+from batches.engine.tools.http_executor import HttpExecutor
 from openrelay.lib.outbound import OutboundClient
 from tests.tool_tests.conftest import CHAT, SIM_MODEL, ok, record_context, sleep, status
 

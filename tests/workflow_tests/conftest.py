@@ -15,8 +15,8 @@ import orjson
 import pytest
 from aiohttp import web
 
-from batches.engine import workflow
-from batches.engine.calls import ModelCaller, Upstream
+from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.loops import workflow
 from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient

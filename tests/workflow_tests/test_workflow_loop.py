@@ -1,6 +1,6 @@
 """The workflow loop (workflows.md), record by record: a real callback server, the simulator as the model."""
 
-from batches.engine.calls import Usage
+from batches.engine.calls.caller import Usage
 from tests.workflow_tests.conftest import MODEL, Reply, chat, run_workflow, workflow_body
 
 COMPLETED = {"status": "completed", "output": {"ok": True}}

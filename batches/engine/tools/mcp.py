@@ -56,8 +56,8 @@ from typing import Any
 
 import orjson
 
-from batches.engine.checkpoints import idempotency_key
-from batches.engine.executors import ToolExecutionFailed, ToolResult
+from batches.engine.loops.checkpoints import idempotency_key
+from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
 from openrelay.lib.outbound import OutboundError, OutboundResponse
 from openrelay.lib.redaction import redact, secrets_of
 

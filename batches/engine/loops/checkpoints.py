@@ -24,7 +24,7 @@ import zlib
 import orjson
 
 from batches.engine import store
-from batches.engine.usage import Usage
+from batches.engine.calls.usage import Usage
 
 COMPRESS_OVER = 2048
 _ZLIB = b"z"  # orjson output of a dict starts with "{": anything else is tagged

@@ -5,7 +5,7 @@ the model server queues it counts), failover between deployments when a
 server fails under a call, and 429 back-off. Everything above it (plain
 records, tool loops, workflows) sees a `CallResult`.
 
-The calls travel over batches.engine.transport, a lean HTTP/1.1 client:
+The calls travel over batches.engine.calls.transport, a lean HTTP/1.1 client:
 this is the hot path, and aiohttp's client (used for users' URLs, through
 openrelay.lib.outbound) costs two to three times its CPU a call. An answer over
 OPENRELAY_MAX_MODEL_RESPONSE_BYTES, or one the server stops sending for
@@ -28,17 +28,17 @@ import orjson
 from django.conf import settings
 
 from batches.engine import tallies
-from batches.engine.flow import FlowControl, MetricsReader
-from batches.engine.health import Health, server_failed
+from batches.engine.calls.flow import FlowControl, MetricsReader
+from batches.engine.calls.health import Health, server_failed
+from batches.engine.calls.transport import DEFAULT_MAX_ANSWER_BYTES, IdleTimeout, Origin, TransportError
+from batches.engine.calls.usage import Usage  # the engine's modules import it from here too
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
-from batches.engine.transport import DEFAULT_MAX_ANSWER_BYTES, IdleTimeout, Origin, TransportError
-from batches.engine.usage import Usage  # the engine's modules import it from here too
 from openrelay.lib.redaction import redact, redact_json, secrets_of
 
 logger = logging.getLogger("openrelay.engine")
 
 MAX_RETRY_AFTER_S = 60.0
-# Answers that tell the adaptive limit (batches.engine.flow) to back off.
+# Answers that tell the adaptive limit (batches.engine.calls.flow) to back off.
 OVERLOAD_STATUSES = (429, 503)
 # A request in flight at this many server failures fails alone: it may be
 # what takes the server down (a "poison" record).
@@ -114,7 +114,7 @@ class Upstream:
 
     `allotted` is this engine's part of the deployment's max_concurrency
     (the live engines split it, scheduler.split); `share` the calls the gate
-    may send it now: the adaptive limit (`flow`, batches.engine.flow) within
+    may send it now: the adaptive limit (`flow`, batches.engine.calls.flow) within
     that part; `in_use` the calls in flight on it; `healthy` whether it is
     in the rotation (health.Health decides).
     """
@@ -156,7 +156,7 @@ class Upstream:
         self._heads = {}
         self._concealers = {}  # the catalog name asked for -> its pattern (Upstream.conceal)
         self.metrics = MetricsReader(self)
-        # Prefix keys hash to a deployment by this (batches.engine.prefixes.home_of): the same on every engine.
+        # Prefix keys hash to a deployment by this (batches.engine.calls.prefixes.home_of): the same on every engine.
         self.affinity_seed = str(deployment_id if deployment_id is not None else base_url).encode()
 
     def allot(self, calls):
@@ -251,7 +251,7 @@ class ModelCaller:
     the server down). A 429, or a 503 with Retry-After, is the server saying
     "later": the call waits Retry-After and tries again, up to `retries`
     times. Every answer moves the deployment's adaptive limit
-    (batches.engine.flow); those and calls cut for time cut it.
+    (batches.engine.calls.flow); those and calls cut for time cut it.
     """
 
     def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None,

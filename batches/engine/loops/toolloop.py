@@ -18,9 +18,9 @@ Idempotency-Key. Its usage is the checkpoint's plus the turns it runs, so
 every turn of the run that produced the output is counted once.
 """
 
-from batches.engine.checkpoints import decode, usage_from, usage_state
-from batches.engine.executors import ToolExecutionFailed, make_executor
+from batches.engine.loops.checkpoints import decode, usage_from, usage_state
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
+from batches.engine.tools.executors import ToolExecutionFailed, make_executor
 from batches.validation.extensions import RecordRejected, normalize_tool_config
 
 

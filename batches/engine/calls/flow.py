@@ -38,7 +38,7 @@ import math
 import time
 from collections import deque
 
-from batches.engine.transport import TransportError
+from batches.engine.calls.transport import TransportError
 
 logger = logging.getLogger("openrelay.engine")
 

@@ -21,7 +21,7 @@ import logging
 
 from django.conf import settings
 
-from batches.engine.transport import TransportError
+from batches.engine.calls.transport import TransportError
 from openrelay.lib.redaction import redact
 
 logger = logging.getLogger("openrelay.engine")

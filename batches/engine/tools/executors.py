@@ -39,9 +39,9 @@ class Executor(Protocol):
 def make_executor(ctx, custom_id, tool_config):
     """The executor for a record's normalized tool_config (one per record loop)."""
     if tool_config.get("type", "http") == "mcp":
-        from batches.engine.mcp import McpExecutor
+        from batches.engine.tools.mcp import McpExecutor
 
         return McpExecutor(ctx.outbound, custom_id, tool_config)
-    from batches.engine.http_executor import HttpExecutor
+    from batches.engine.tools.http_executor import HttpExecutor
 
     return HttpExecutor(ctx.outbound, custom_id, tool_config)
