@@ -244,14 +244,14 @@ OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)
 OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
 # A stopping engine (SIGTERM) lets calls in flight finish for this long, then hands the rest back.
 OPENRELAY_STOP_GRACE_S = envfloat("OPENRELAY_STOP_GRACE_S", 30.0, minimum=0)
-# Adaptive concurrency (batches/engine/flow.py): a deployment's max_concurrency is a
+# Adaptive concurrency (batches/engine/calls/flow.py): a deployment's max_concurrency is a
 # ceiling; each engine's limit starts at START, stays at or above FLOOR, and backs off
 # when calls take more than TOLERANCE x their baseline. Off: the limit is the ceiling.
 OPENRELAY_ADAPTIVE_CONCURRENCY = envbool("OPENRELAY_ADAPTIVE_CONCURRENCY", True)
 OPENRELAY_CONCURRENCY_FLOOR = envint("OPENRELAY_CONCURRENCY_FLOOR", 1, minimum=1)
 OPENRELAY_CONCURRENCY_START = envint("OPENRELAY_CONCURRENCY_START", 16, minimum=1)
 OPENRELAY_LATENCY_TOLERANCE = envfloat("OPENRELAY_LATENCY_TOLERANCE", 2.0, minimum=1.1)
-# Prefix-aware dispatch (batches/engine/prefixes.py): records whose prompts share their
+# Prefix-aware dispatch (batches/engine/calls/prefixes.py): records whose prompts share their
 # first PREFIX_BYTES bytes are sent together (0: off), from a claim-ahead of PREFIX_WINDOW.
 OPENRELAY_PREFIX_BYTES = envint("OPENRELAY_PREFIX_BYTES", 1024, minimum=0)
 OPENRELAY_PREFIX_WINDOW = envint("OPENRELAY_PREFIX_WINDOW", 512, minimum=1)

@@ -90,7 +90,7 @@ class DeploymentAdmin(admin.ModelAdmin):
                     "health_changed_at", "last_error")
     list_filter = ("model", "enabled", "health")
     # Written by the engines as they take a failing deployment out of the rotation and
-    # probe it back in (batches.engine.health); the error has the deployment's key removed.
+    # probe it back in (batches.engine.calls.health); the error has the deployment's key removed.
     readonly_fields = ("health", "health_changed_at", "last_error")
 
 

@@ -115,7 +115,7 @@ class Deployment(models.Model):
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
 
-    # Written by the engines (batches.engine.health) as they take a failing
+    # Written by the engines (batches.engine.calls.health) as they take a failing
     # deployment out of the rotation and probe it back in.
     health = models.CharField(max_length=16, choices=DeploymentHealth.choices, default=DeploymentHealth.HEALTHY,
                               editable=False)
