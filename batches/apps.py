@@ -1,15 +1,9 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
 
+from openrelay.lib import schedules
 
-def ensure_sweeper_schedule(**kwargs):
-    """Register the sweeper once (idempotent; runs after every migrate)."""
-    from django_q.models import Schedule
-
-    Schedule.objects.update_or_create(
-        name="batches.sweep",
-        defaults={"func": "batches.tasks.sweep", "schedule_type": Schedule.MINUTES, "minutes": 1, "repeats": -1},
-    )
+# The safety net that closes what no engine closed (batches/engine/sweeper.py).
+SWEEPER_SCHEDULE = {"name": "batches.sweep", "func": "batches.tasks.sweep", "minutes": 1}
 
 
 class BatchesConfig(AppConfig):
@@ -20,6 +14,6 @@ class BatchesConfig(AppConfig):
 
         from batches.engine import process
 
-        post_migrate.connect(ensure_sweeper_schedule, sender=self)
+        schedules.every(self, **SWEEPER_SCHEDULE)
         # Every q2 worker process runs an engine beside its tasks.
         post_spawn.connect(process.on_spawn, dispatch_uid="openrelay-engine")

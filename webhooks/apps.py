@@ -1,16 +1,9 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
 
+from openrelay.lib import schedules
 
-def ensure_retry_schedule(**kwargs):
-    """Register the retry sweep once (idempotent; runs after every migrate)."""
-    from django_q.models import Schedule
-
-    Schedule.objects.update_or_create(
-        name="webhooks.deliver_due",
-        defaults={"func": "webhooks.tasks.deliver_due", "schedule_type": Schedule.MINUTES, "minutes": 1,
-                  "repeats": -1},
-    )
+# Retries deliveries that are due, and sends any whose first attempt was lost (webhooks/tasks.py).
+RETRY_SCHEDULE = {"name": "webhooks.deliver_due", "func": "webhooks.tasks.deliver_due", "minutes": 1}
 
 
 class WebhooksConfig(AppConfig):
@@ -20,4 +13,4 @@ class WebhooksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        post_migrate.connect(ensure_retry_schedule, sender=self)
+        schedules.every(self, **RETRY_SCHEDULE)

@@ -3,12 +3,9 @@
 from datetime import timedelta
 
 import pytest
-from django.apps import apps
 from django.utils import timezone
-from django_q.models import Schedule
 
 from files import services, tasks
-from files.apps import EXPIRY_SCHEDULE_NAME, ensure_expiry_schedule
 from files.models import File
 from tests.files_tests.conftest import CHAT_LINE, assert_envelope, stored_files
 
@@ -78,18 +75,6 @@ def test_the_sweep_keeps_a_pinned_file_until_its_batch_lets_go(alice, file_stora
     services.unpin(file.pk)
     assert sweep() == 1
     assert stored_files(file_storage[0]) == []
-
-
-def test_the_schedule_exists_after_migrate_and_is_created_once():
-    schedule = Schedule.objects.get(name=EXPIRY_SCHEDULE_NAME)
-    assert (schedule.func, schedule.schedule_type, schedule.minutes, schedule.repeats) == (
-        "files.tasks.delete_expired_files",
-        Schedule.MINUTES,
-        10,
-        -1,
-    )
-    ensure_expiry_schedule(sender=apps.get_app_config("files"), apps=apps, using="default")
-    assert Schedule.objects.filter(name=EXPIRY_SCHEDULE_NAME).count() == 1
 
 
 def test_it_removes_upload_temp_files_left_by_a_dead_web_process(settings, tmp_path):

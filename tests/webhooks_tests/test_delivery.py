@@ -182,19 +182,6 @@ def make_persona_batch(persona):
     return Batch.objects.get(public_id=response.json()["id"])
 
 
-def test_the_retry_sweep_is_scheduled_once(db):
-    from django.apps import apps
-    from django_q.models import Schedule
-
-    from webhooks.apps import ensure_retry_schedule
-
-    schedule = Schedule.objects.get(name="webhooks.deliver_due")
-    assert (schedule.func, schedule.schedule_type, schedule.minutes, schedule.repeats) == (
-        "webhooks.tasks.deliver_due", Schedule.MINUTES, 1, -1)
-    ensure_retry_schedule(sender=apps.get_app_config("webhooks"))
-    assert Schedule.objects.filter(name="webhooks.deliver_due").count() == 1
-
-
 @pytest.mark.slow
 def test_a_real_cluster_runs_the_batch_and_delivers_its_event(alice, model, receiver, verifier, clusters):
     _, secret = _endpoint(alice.org, receiver.url, "batch.completed")
