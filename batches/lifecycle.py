@@ -6,14 +6,19 @@ validating | in_progress -> cancelling -> cancelled
 in_progress -> finalizing -> expired      (window passed; unfinished records expired)
 
 Transitions are conditional UPDATEs on the current status, so two processes
-racing to move one batch cannot both win.
+racing to move one batch cannot both win. A batch's terminal side effects
+(webhook events, the ledger entry, the live event) live here too, in `_ended`:
+whoever ends a batch (the engine's close, create's all-rejected failure) gets
+all of them, in the transaction that ends it.
 """
 
 from django.db import transaction
 from django.utils import timezone
 
+from batches.dashboard import events
 from batches.models import TERMINAL_BATCH_STATUSES, Batch
 from batches.models import BatchStatus as S
+from billing import ledger
 from webhooks import services as webhooks
 
 ALLOWED = {
@@ -61,10 +66,21 @@ def transition(batch, target, *, now=None, **fields):
     with transaction.atomic():
         won = Batch.objects.filter(pk=batch.pk, status=source).update(**values) == 1
         if won and target in TERMINAL_BATCH_STATUSES:
-            # The event is born with the status, in its transaction: a batch
-            # that ends has its webhook deliveries, one that rolls back has none.
-            webhooks.batch_finished(batch, target, now)
+            _ended(batch, target, now)
     if won:
         for name, value in values.items():
             setattr(batch, name, value)
     return won
+
+
+def _ended(batch, status, now):
+    """Everything that follows a batch's end, born in its transaction: a batch that ends has its
+    webhook deliveries and its ledger entry, one whose end rolls back has neither."""
+    webhooks.batch_finished(batch, status, now)
+    if status != S.FAILED:
+        # A failed batch ran nothing (create rejected every record): no entry. The others are
+        # billed once, for what ran (billing/ledger.py reads the final counters).
+        entry = ledger.bill_batch(batch)
+        Batch.objects.filter(pk=batch.pk).update(billed_at=entry.created_at)
+    # robust: a channel-layer hiccup must not undo the end.
+    transaction.on_commit(lambda: events.batch_changed_sync(batch.pk), robust=True)

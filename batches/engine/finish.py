@@ -1,7 +1,8 @@
 """Closing a batch: finalize, expire, complete a cancellation.
 
 Each ends with one atomic step that creates the result File rows and makes
-the terminal transition together. The transition is conditional, so when two
+the terminal transition together (which bills the batch and records its
+webhook events and live event: batches.lifecycle). The transition is conditional, so when two
 processes race to close a batch, exactly one commits; the other rolls back
 and removes the bytes it stored. Finalizing twice never writes twice.
 """
@@ -16,7 +17,6 @@ from django.utils import timezone
 from batches import lifecycle, progress
 from batches.engine import results, store
 from batches.models import Batch, BatchStatus, Record, RecordStatus
-from billing import ledger
 from files import services as file_services
 from files.models import Purpose
 from files.responses import stream_size
@@ -73,7 +73,6 @@ def close(batch, final_status):
                 raise _LostRace
             if batch.input_file_id:
                 file_services.unpin(batch.input_file_id)
-            _bill(batch)
     except BaseException as exc:
         # Rolled back (a lost race or a crash): the rows are gone, so are the bytes.
         for name in stored:
@@ -83,7 +82,6 @@ def close(batch, final_status):
         raise
     finally:
         rendered.close()
-    _announce(batch)
     return True
 
 
@@ -112,15 +110,3 @@ def _store(batch, stream, kind, stored):
     )
     stored.append(file.storage_name)
     return file
-
-
-def _bill(batch):
-    """Bill the batch exactly once, in the same transaction as its terminal transition."""
-    entry = ledger.bill_batch(batch)
-    Batch.objects.filter(pk=batch.pk).update(billed_at=entry.created_at)
-
-
-def _announce(batch):
-    from batches.dashboard import events
-
-    events.batch_changed_sync(batch.pk)
