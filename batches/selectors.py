@@ -11,6 +11,7 @@ from django.db.models.fields.json import KeyTextTransform
 
 from batches.engine.results import failure_code
 from batches.models import Batch, Record, RecordStatus
+from openrelay.api.pagination import cursor_page
 
 UNRUN_STATUSES = (RecordStatus.EXPIRED, RecordStatus.CANCELLED)
 ERROR_STATUSES = (RecordStatus.FAILED, *UNRUN_STATUSES)
@@ -66,21 +67,14 @@ def page(organization, filters, *, after=None, before=None, size, related=()):
     """
     own = Batch.objects.for_org(organization)
     batches = filtered(own.select_related(*related), filters)
-    cursor_id = after or before
-    if cursor_id:
-        cursor = own.values("created_at", "pk").get(public_id=cursor_id)
-        at, pk = cursor["created_at"], cursor["pk"]
+    no_cursor = Batch.DoesNotExist(f"No batch {after or before} in this organization.")
     if before:
-        found = list(batches.filter(Q(created_at__gt=at) | Q(created_at=at, pk__gt=pk))
-                     .order_by("created_at", "pk")[: size + 1])
-        rows = found[:size][::-1]
-        return BatchPage(rows, older=rows[-1].public_id if rows else None,
-                         newer=rows[0].public_id if len(found) > size else None)
-    if after:
-        batches = batches.filter(Q(created_at__lt=at) | Q(created_at=at, pk__lt=pk))
-    found = list(batches.order_by("-created_at", "-pk")[: size + 1])
-    rows = found[:size]
-    return BatchPage(rows, older=rows[-1].public_id if len(found) > size else None,
+        # The newer page: the `size` batches just after the cursor, oldest first, shown newest first.
+        found, more = cursor_page(batches, limit=size, after=before, order="asc", cursors=own, no_cursor=no_cursor)
+        rows = found[::-1]
+        return BatchPage(rows, older=rows[-1].public_id if rows else None, newer=rows[0].public_id if more else None)
+    rows, more = cursor_page(batches, limit=size, after=after, cursors=own, no_cursor=no_cursor)
+    return BatchPage(rows, older=rows[-1].public_id if more else None,
                      newer=rows[0].public_id if after and rows else None)
 
 

@@ -1,9 +1,10 @@
 """Checking the request parameters of the Files routes; each error names its param."""
 
 from files.models import Purpose
-from files.selectors import LIST_LIMIT_MAX, ORDERS
+from files.selectors import LIST_LIMIT_MAX
 from files.services import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 from openrelay.api.errors import ApiError
+from openrelay.api.pagination import parse_limit, parse_order
 
 UPLOAD_PURPOSES = (Purpose.BATCH,)
 UPLOAD_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
@@ -66,22 +67,9 @@ def upload_expires_after(fields):
 
 def list_params(query):
     """purpose, limit, order, after from the query string of GET /v1/files."""
-    raw_limit = query.get("limit", str(LIST_LIMIT_MAX))
-    try:
-        limit = int(raw_limit)
-    except ValueError:
-        limit = None
-    if limit is None or not 1 <= limit <= LIST_LIMIT_MAX:
-        raise ApiError(
-            f"Invalid value for 'limit': '{raw_limit}'. Expected an integer between 1 and {LIST_LIMIT_MAX}.",
-            param="limit",
-            code="invalid_value",
-        )
-    order = query.get("order", "desc")
-    if order not in ORDERS:
-        raise ApiError(
-            f"Invalid value for 'order': '{order}'. Supported values are: 'asc' and 'desc'.",
-            param="order",
-            code="invalid_value",
-        )
-    return {"purpose": query.get("purpose") or None, "limit": limit, "order": order, "after": query.get("after") or None}
+    return {
+        "purpose": query.get("purpose") or None,
+        "limit": parse_limit(query.get("limit"), default=LIST_LIMIT_MAX, maximum=LIST_LIMIT_MAX),
+        "order": parse_order(query.get("order")),
+        "after": query.get("after") or None,
+    }

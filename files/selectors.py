@@ -1,13 +1,13 @@
 """Reads of File rows, always scoped to one organization and to live (unexpired) files."""
 
-from django.db.models import Q
 from django.utils import timezone
 
 from files.models import File
 from openrelay.api.errors import ApiError, NotFound
+from openrelay.api.pagination import cursor_page
 
+# OpenAI lists up to 10,000 files a page, and all of them when no limit is given.
 LIST_LIMIT_MAX = 10_000
-ORDERS = ("asc", "desc")
 
 
 def get_file(organization, public_id, now=None):
@@ -24,22 +24,6 @@ def list_files(organization, *, purpose=None, limit=LIST_LIMIT_MAX, order="desc"
     files = File.objects.for_org(organization).live(now)
     if purpose:
         files = files.filter(purpose=purpose)
-    if after:
-        files = files.filter(_after(organization, after, order))
-    if order == "asc":
-        files = files.order_by("created_at", "pk")
-    else:
-        files = files.order_by("-created_at", "-pk")
-    page = list(files[: limit + 1])
-    return page[:limit], len(page) > limit
-
-
-def _after(organization, after, order):
     # The cursor may have expired since the previous page; its position still counts.
-    cursor = File.objects.for_org(organization).filter(public_id=after).values("created_at", "pk").first()
-    if cursor is None:
-        raise ApiError(f"No such File object: {after}", param="after", code="invalid_value")
-    created_at, pk = cursor["created_at"], cursor["pk"]
-    if order == "asc":
-        return Q(created_at__gt=created_at) | Q(created_at=created_at, pk__gt=pk)
-    return Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=pk)
+    return cursor_page(files, limit=limit, after=after, order=order, cursors=File.objects.for_org(organization),
+                       no_cursor=ApiError(f"No such File object: {after}", param="after", code="invalid_value"))
