@@ -8,8 +8,8 @@ from django.conf import settings
 from django.db.models import Q, Sum
 
 from batches import operator
-from batches.services import PRICE_MULTIPLIER
 from batches.validation import extensions, jsonl, params, records
+from billing.pricing import PRICE_MULTIPLIER
 from openrelay.core.models import Deployment, Model
 
 

@@ -14,13 +14,12 @@ from batches.dashboard import events
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
 from batches.validation.records import RecordChecker
-from billing.models import Price
+from billing.pricing import PRICE_MULTIPLIER
 from files import services as files
 from files.models import File, Purpose
 from openrelay.api.errors import ApiError, Conflict
-from openrelay.core.models import Model
+from openrelay.core.models import Model, Price
 
-PRICE_MULTIPLIER = {Priority.STANDARD: Decimal("0.5"), Priority.EXPEDITED: Decimal("1.0")}
 INSERT_BATCH_SIZE = 5000
 INLINE_FILENAME = "batch_requests.jsonl"
 # A batch in these statuses is already being cancelled: cancel again is a no-op.

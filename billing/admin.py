@@ -1,4 +1,4 @@
-"""Admin: prices, the read-only ledger, and each organization's billing.
+"""Admin: the read-only ledger, and each organization's billing (prices are the catalog's: openrelay.core.admin).
 
 The organization page is openrelay's OrganizationAdmin (its workflow toggle
 included), re-registered here as a subclass that adds the billing section
@@ -16,7 +16,7 @@ from django.utils.http import urlencode
 from django.utils.text import slugify
 
 from billing import ledger
-from billing.models import LedgerEntry, Price
+from billing.models import LedgerEntry
 from billing.pricing import usd
 from openrelay.core.admin import OrganizationAdmin
 from openrelay.core.models import Organization
@@ -27,29 +27,6 @@ CSV_COLUMNS = (
     "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok", "price_multiplier",
     "cost_input_usd", "cost_cached_input_usd", "cost_output_usd", "cost_total_usd",
 )
-
-
-@admin.register(Price)
-class PriceAdmin(admin.ModelAdmin):
-    list_display = ("model", "input_per_mtok", "cached_input", "output_per_mtok", "updated_at")
-    list_select_related = ("model",)
-    search_fields = ("model__name",)
-    fieldsets = [(
-        "USD per 1M tokens at the sync rate",
-        {
-            "fields": ("model", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok"),
-            "description": "Standard batches bill 50% of these, expedited batches 100%. Cached input tokens are "
-                           "billed at the input price unless a cached input price is set. A batch keeps the "
-                           "prices it was created with: a change here applies to batches created after it.",
-        },
-    )]
-
-    @admin.display(description="cached input per mtok", ordering="cached_input_per_mtok")
-    def cached_input(self, price):
-        """The effective price, and where it comes from when no discount is set."""
-        if price.cached_input_per_mtok is None:
-            return f"{price.input_per_mtok} (the input price)"
-        return price.cached_input_per_mtok
 
 
 @admin.register(LedgerEntry)

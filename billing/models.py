@@ -1,37 +1,10 @@
 from decimal import Decimal
 
-from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
 from billing.pricing import Cost
-from openrelay.core.models import Model, Organization
-
-_NOT_NEGATIVE = [MinValueValidator(Decimal("0"))]
-
-
-class Price(models.Model):
-    """Sync-rate prices of a model, USD per 1M tokens. Batches snapshot them at create."""
-
-    model = models.OneToOneField(Model, models.CASCADE, related_name="price")
-    input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE)
-    # Null: cached input is billed at the input price. A model server's prompt
-    # cache is no discount of ours unless an operator sets one here.
-    cached_input_per_mtok = models.DecimalField(
-        max_digits=12, decimal_places=6, null=True, blank=True, default=None, validators=_NOT_NEGATIVE,
-        help_text="Leave empty to bill cached input tokens at the input price; set it to discount them.",
-    )
-    output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE)
-    updated_at = models.DateTimeField(auto_now=True)
-
-    def __str__(self):
-        return (f"{self.model.name}: in {self.input_per_mtok} / cached {self.effective_cached_input_per_mtok} / "
-                f"out {self.output_per_mtok}")
-
-    @property
-    def effective_cached_input_per_mtok(self):
-        """What a cached input token costs: the operator's cached price, or else the input price."""
-        return self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+from openrelay.core.models import Organization
 
 
 class LedgerEntry(models.Model):

@@ -3,7 +3,7 @@ from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import UserAdmin
 
-from openrelay.core.models import ApiKey, Deployment, Membership, Model, Organization
+from openrelay.core.models import ApiKey, Deployment, Membership, Model, Organization, Price
 
 # The app list beside every page took 290 of 1,280 px from the change lists (the ledger's ten
 # columns ran past the edge); the index page and the breadcrumbs lead everywhere it did.
@@ -118,3 +118,26 @@ class MemberUserAdmin(UserAdmin):
     def organization(self, user):
         membership = getattr(user, "membership", None)
         return membership.organization if membership else "-"
+
+
+@admin.register(Price)
+class PriceAdmin(admin.ModelAdmin):
+    list_display = ("model", "input_per_mtok", "cached_input", "output_per_mtok", "updated_at")
+    list_select_related = ("model",)
+    search_fields = ("model__name",)
+    fieldsets = [(
+        "USD per 1M tokens at the sync rate",
+        {
+            "fields": ("model", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok"),
+            "description": "Standard batches bill 50% of these, expedited batches 100%. Cached input tokens are "
+                           "billed at the input price unless a cached input price is set. A batch keeps the "
+                           "prices it was created with: a change here applies to batches created after it.",
+        },
+    )]
+
+    @admin.display(description="cached input per mtok", ordering="cached_input_per_mtok")
+    def cached_input(self, price):
+        """The effective price, and where it comes from when no discount is set."""
+        if price.cached_input_per_mtok is None:
+            return f"{price.input_per_mtok} (the input price)"
+        return price.cached_input_per_mtok

@@ -1,7 +1,9 @@
 import hashlib
 import secrets
+from decimal import Decimal
 
 from django.conf import settings
+from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -9,6 +11,7 @@ KEY_PREFIX = "or_"
 # The lookup prefix is the first characters of the key: enough to find the
 # row with an index, too few to be useful on their own.
 LOOKUP_LENGTH = 12
+_NOT_NEGATIVE = [MinValueValidator(Decimal("0"))]
 
 
 def hash_key(plaintext):
@@ -131,3 +134,32 @@ class Deployment(models.Model):
     @property
     def upstream_name(self):
         return self.upstream_model or self.model.name
+
+
+class Price(models.Model):
+    """Sync-rate prices of a model, USD per 1M tokens. Batches snapshot them at create; billing/pricing.py
+    has the arithmetic and the batch discount."""
+
+    model = models.OneToOneField(Model, models.CASCADE, related_name="price")
+    input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE)
+    # Null: cached input is billed at the input price. A model server's prompt
+    # cache is no discount of ours unless an operator sets one here.
+    cached_input_per_mtok = models.DecimalField(
+        max_digits=12, decimal_places=6, null=True, blank=True, default=None, validators=_NOT_NEGATIVE,
+        help_text="Leave empty to bill cached input tokens at the input price; set it to discount them.",
+    )
+    output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        # Made by the billing app before the catalog had one home: the table kept its name.
+        db_table = "billing_price"
+
+    def __str__(self):
+        return (f"{self.model.name}: in {self.input_per_mtok} / cached {self.effective_cached_input_per_mtok} / "
+                f"out {self.output_per_mtok}")
+
+    @property
+    def effective_cached_input_per_mtok(self):
+        """What a cached input token costs: the operator's cached price, or else the input price."""
+        return self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok

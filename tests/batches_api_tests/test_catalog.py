@@ -6,8 +6,7 @@ import openai
 import pytest
 
 from batches.validation import jsonl, params
-from billing.models import Price
-from openrelay.core.models import Deployment, Model
+from openrelay.core.models import Deployment, Model, Price
 
 
 @pytest.fixture

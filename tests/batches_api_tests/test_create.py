@@ -6,9 +6,9 @@ import orjson
 import pytest
 
 from batches.models import Batch, BatchStatus, Record
-from billing.models import Price
 from files import services as files
 from files.models import File
+from openrelay.core.models import Price
 from tests.batches_api_tests.helpers import CHAT, GEMMA, chat_line, create, jsonl, upload
 
 BATCH_KEYS = {

@@ -14,9 +14,8 @@ from django.db import connection
 
 from batches.engine.runner import run_batch
 from batches.models import Batch
-from billing.models import Price
 from files.services import open_content
-from openrelay.core.models import Deployment, Model
+from openrelay.core.models import Deployment, Model, Price
 
 # The tool executor and workflow callback servers of tests/tool_tests and
 # tests/workflow_tests, reused as they are (real servers on 127.0.0.1).

@@ -8,8 +8,7 @@ from decimal import Decimal
 import pytest
 from django.urls import reverse
 
-from billing.models import Price
-from openrelay.core.models import Model
+from openrelay.core.models import Model, Price
 from tests.billing_tests.conftest import MODEL
 from tests.billing_tests.test_usage_endpoint import OTHER_MODEL, entry
 
@@ -32,19 +31,19 @@ def csv_rows(response):
 
 def test_it_sets_prices_in_the_admin(staff):
     model = Model.objects.create(name=MODEL)
-    response = staff.post(reverse("admin:billing_price_add"), {
+    response = staff.post(reverse("admin:openrelay_price_add"), {
         "model": model.pk, "input_per_mtok": "0.15", "cached_input_per_mtok": "0.075", "output_per_mtok": "0.6"})
     assert response.status_code == 302
     price = Price.objects.get(model=model)
     assert (price.input_per_mtok, price.cached_input_per_mtok, price.output_per_mtok) == (
         Decimal("0.15"), Decimal("0.075"), Decimal("0.6"))
-    page = staff.get(reverse("admin:billing_price_changelist")).content.decode()
+    page = staff.get(reverse("admin:openrelay_price_changelist")).content.decode()
     assert MODEL in page and "0.150000" in page
 
 
 def test_it_refuses_a_negative_price(staff):
     model = Model.objects.create(name=MODEL)
-    response = staff.post(reverse("admin:billing_price_add"), {
+    response = staff.post(reverse("admin:openrelay_price_add"), {
         "model": model.pk, "input_per_mtok": "-1", "cached_input_per_mtok": "0", "output_per_mtok": "0"})
     assert response.status_code == 200 and not Price.objects.exists()
 

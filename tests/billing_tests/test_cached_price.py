@@ -12,7 +12,8 @@ from django.db.migrations.executor import MigrationExecutor
 from django.urls import reverse
 
 from batches.engine.runner import run_batch
-from billing.models import LedgerEntry, Price
+from billing.models import LedgerEntry
+from openrelay.core.models import Price
 from tests.billing_tests.conftest import LONG, MODEL, PRICE_INPUT, PRICE_OUTPUT, chat, create, oracle_cost
 
 
@@ -54,12 +55,12 @@ def test_the_models_route_shows_the_effective_cached_price(alice, unset_cached_p
 def test_the_admin_shows_the_effective_cached_price_and_can_clear_a_discount(client, admin_user, model):
     client.force_login(admin_user)
     price = Price.objects.get(model=model)
-    response = client.post(reverse("admin:billing_price_change", args=[price.pk]), {
+    response = client.post(reverse("admin:openrelay_price_change", args=[price.pk]), {
         "model": model.pk, "input_per_mtok": "0.2", "cached_input_per_mtok": "", "output_per_mtok": "0.8"})
     assert response.status_code == 302
     price.refresh_from_db()
     assert price.cached_input_per_mtok is None and price.effective_cached_input_per_mtok == Decimal("0.2")
-    page = client.get(reverse("admin:billing_price_changelist")).content.decode()
+    page = client.get(reverse("admin:openrelay_price_changelist")).content.decode()
     assert "0.200000 (the input price)" in page
 
 

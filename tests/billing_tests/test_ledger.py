@@ -14,7 +14,8 @@ from batches.engine.runner import run_batch
 from batches.engine.sweeper import sweep
 from batches.models import Batch
 from billing import ledger
-from billing.models import LedgerEntry, Price
+from billing.models import LedgerEntry
+from openrelay.core.models import Price
 from tests.billing_tests.conftest import (
     LONG,
     MODEL,

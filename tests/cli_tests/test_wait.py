@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from batches.models import Batch
-from billing.models import Price
+from openrelay.core.models import Price
 from tests.cli_tests.conftest import CHAT, chat, wait_for, write_jsonl
 
 ORL = Path(sys.executable).parent / "orl"  # the console script `pip install -e .` made

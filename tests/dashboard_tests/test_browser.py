@@ -25,8 +25,7 @@ from playwright.sync_api import sync_playwright
 
 from batches.dashboard import events
 from batches.models import Batch
-from billing.models import Price
-from openrelay.core.models import Deployment, Membership, Model, Organization
+from openrelay.core.models import Deployment, Membership, Model, Organization, Price
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch

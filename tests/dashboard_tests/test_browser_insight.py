@@ -16,9 +16,9 @@ from django.utils import timezone
 
 from batches import services
 from batches.models import Batch
-from billing.models import LedgerEntry, Price
+from billing.models import LedgerEntry
 from files import services as file_services
-from openrelay.core.models import Deployment, Membership, Model
+from openrelay.core.models import Deployment, Membership, Model, Price
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.dashboard_tests.conftest import CHAT, MODEL, chat_line, jsonl, make_batch

@@ -2,8 +2,7 @@
 
 from decimal import Decimal
 
-from billing.models import Price
-from openrelay.core.models import Model
+from openrelay.core.models import Model, Price
 
 
 def test_the_new_batch_page_shows_each_models_effective_prices(alice_client, gemma):

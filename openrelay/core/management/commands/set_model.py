@@ -3,8 +3,7 @@ from decimal import Decimal, InvalidOperation
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from billing.models import Price
-from openrelay.core.models import Deployment, Model
+from openrelay.core.models import Deployment, Model, Price
 
 
 def _price(value):
