@@ -5,30 +5,21 @@ from files.selectors import LIST_LIMIT_MAX
 from files.services import EXPIRES_AFTER_MAX_S, EXPIRES_AFTER_MIN_S
 from openrelay.api.errors import ApiError
 from openrelay.api.pagination import parse_limit, parse_order
+from openrelay.api.params import invalid_choice, missing_parameter, unknown_parameter
 
 UPLOAD_PURPOSES = (Purpose.BATCH,)
 UPLOAD_FIELDS = {"purpose", "expires_after[anchor]", "expires_after[seconds]"}
 
 
-def _missing(name):
-    return ApiError(f"Missing required parameter: '{name}'.", param=name, code="missing_required_parameter")
-
-
 def upload_purpose(fields):
     unknown = sorted(set(fields) - UPLOAD_FIELDS - {"file"})
     if unknown:
-        raise ApiError(f"Unrecognized request argument supplied: {unknown[0]}", param=unknown[0], code="unknown_parameter")
+        raise unknown_parameter(unknown[0])
     purpose = fields.get("purpose")
     if not purpose:
-        raise _missing("purpose")
+        raise missing_parameter("purpose")
     if purpose not in UPLOAD_PURPOSES:
-        allowed = ", ".join(f"'{p}'" for p in UPLOAD_PURPOSES)
-        raise ApiError(
-            f"Invalid value for 'purpose': '{purpose}'. Supported values are: {allowed}. "
-            "This gateway accepts batch input files only.",
-            param="purpose",
-            code="invalid_value",
-        )
+        raise invalid_choice("purpose", purpose, UPLOAD_PURPOSES, "This gateway accepts batch input files only.")
     return purpose
 
 
@@ -38,15 +29,11 @@ def upload_expires_after(fields):
     if anchor is None and seconds is None:
         return None
     if not anchor:
-        raise _missing("expires_after[anchor]")
+        raise missing_parameter("expires_after[anchor]")
     if not seconds:
-        raise _missing("expires_after[seconds]")
+        raise missing_parameter("expires_after[seconds]")
     if anchor != "created_at":
-        raise ApiError(
-            f"Invalid value for 'expires_after[anchor]': '{anchor}'. Supported values are: 'created_at'.",
-            param="expires_after[anchor]",
-            code="invalid_value",
-        )
+        raise invalid_choice("expires_after[anchor]", anchor, ("created_at",))
     try:
         value = int(seconds)
     except ValueError:

@@ -7,7 +7,7 @@ output expiry, priority) checked into a `CreateParams`, raising an `ApiError`
 from dataclasses import dataclass
 
 from openrelay.api.errors import ApiError
-from openrelay.api.params import invalid_choice, invalid_type, missing_parameter, request_object
+from openrelay.api.params import invalid_choice, invalid_type, missing_parameter, request_object, unknown_parameter
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/moderations")
 COMPLETION_WINDOWS = ("24h",)
@@ -117,8 +117,7 @@ def _parse_output_expiry(value):
         raise invalid_type(param, "an object", value)
     for key in value:
         if key not in ("anchor", "seconds"):
-            raise ApiError(f"Unrecognized request argument supplied: {param}.{key}", param=f"{param}.{key}",
-                           code="unknown_parameter")
+            raise unknown_parameter(f"{param}.{key}")
     anchor, seconds = value.get("anchor"), value.get("seconds")
     if anchor is None:
         raise missing_parameter(f"{param}.anchor")

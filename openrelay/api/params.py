@@ -1,6 +1,6 @@
 """OpenAI's wording for a request's parameters, shared by every app's checks (400s that name the param).
 
-The apps' request checks (batches.validation, webhooks.params) build their errors from
+The apps' request checks (batches.validation, webhooks.params, files.params) build their errors from
 these, so a wrong type or a missing parameter reads the same on every route, as OpenAI's do.
 """
 
@@ -31,9 +31,10 @@ def invalid_type(param, expected, value):
     )
 
 
-def invalid_choice(param, value, allowed):
+def invalid_choice(param, value, allowed, hint=""):
     return ApiError(
-        f"Invalid value for '{param}': {shown(value)}. Supported values are: {_quoted_list(allowed)}.",
+        f"Invalid value for '{param}': {shown(value)}. Supported values are: {_quoted_list(allowed)}."
+        + (f" {hint}" if hint else ""),
         param=param, code="invalid_value",
     )
 
@@ -41,6 +42,10 @@ def invalid_choice(param, value, allowed):
 def _quoted_list(values):
     quoted = [f"'{v}'" for v in values]
     return ", ".join(quoted[:-1]) + f", and {quoted[-1]}" if len(quoted) > 2 else " and ".join(quoted)
+
+
+def unknown_parameter(param):
+    return ApiError(f"Unrecognized request argument supplied: {param}", param=param, code="unknown_parameter")
 
 
 def missing_parameter(param):
@@ -67,5 +72,5 @@ def request_object(data, known):
         )
     for key in data:
         if key not in known:
-            raise ApiError(f"Unrecognized request argument supplied: {key}", param=key, code="unknown_parameter")
+            raise unknown_parameter(key)
     return data
