@@ -8,6 +8,8 @@ there uvloop measured no gain (their time goes to aiohttp's client code).
 """
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 try:
     import uvloop
@@ -15,7 +17,10 @@ except ImportError:  # pragma: no cover - uvloop is a Linux/macOS dependency
     uvloop = None
 
 
-def run(coroutine):
+_T = TypeVar("_T")
+
+
+def run(coroutine: Coroutine[Any, Any, _T]) -> _T:
     """asyncio.run(coroutine), on a uvloop loop when uvloop is available."""
     if uvloop is None:
         return asyncio.run(coroutine)

@@ -15,6 +15,7 @@ recognise (a 22-character token cut after 21 leaked those 21).
 """
 
 import functools
+from collections.abc import Iterable
 
 MIN_PIECE = 8
 REDACTED = "[redacted]"
@@ -24,7 +25,7 @@ REDACTED = "[redacted]"
 _ASCII_LOWER = {code: code + 32 for code in range(ord("A"), ord("Z") + 1)}
 
 
-def secrets_of(*values):
+def secrets_of(*values: str | None) -> tuple[str, ...]:
     """The secrets to look for, given credentials as sent: each value and, for an
     `Authorization` value ("Bearer tok"), the credential after the scheme too."""
     found = []
@@ -38,7 +39,7 @@ def secrets_of(*values):
     return tuple(found)
 
 
-def redact(text, secrets, limit=None):
+def redact(text: str, secrets: Iterable[str], limit: int | None = None) -> str:
     """`text` with every piece of each secret (MIN_PIECE characters or more, any letter case)
     replaced by "[redacted]", then cut to `limit` characters (ending "...") if given."""
     if limit is not None:

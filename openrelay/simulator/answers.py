@@ -49,7 +49,7 @@ def cached_tokens_for(prompt_tokens: int) -> int:
     return (prompt_tokens // 2) // 64 * 64
 
 
-def usage_block(prompt_tokens: int, completion_tokens: int) -> dict:
+def usage_block(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -90,14 +90,14 @@ def _tokens_of(item: Any) -> int:
     return len(item) if _is_token_array(item) else count_tokens(item)
 
 
-def _require_model(body: dict) -> str:
+def _require_model(body: dict[str, Any]) -> str:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("you must provide a model parameter", "model")
     return model
 
 
-def _token_cap(body: dict, *names: str) -> int | None:
+def _token_cap(body: dict[str, Any], *names: str) -> int | None:
     for name in names:
         value = body.get(name)
         if value is not None:
@@ -107,7 +107,7 @@ def _token_cap(body: dict, *names: str) -> int | None:
     return None
 
 
-def _choice_count(body: dict) -> int:
+def _choice_count(body: dict[str, Any]) -> int:
     n = body.get("n", 1)
     if n is None:
         return 1
@@ -123,7 +123,7 @@ def _new_id(prefix: str) -> str:
 # ---------------------------------------------------------------- chat answers
 
 
-def answer_chat(body: dict) -> dict:
+def answer_chat(body: dict[str, Any]) -> dict[str, Any]:
     model = _require_model(body)
     messages = chat_messages(body)
     if not messages:
@@ -148,17 +148,17 @@ def answer_chat(body: dict) -> dict:
     }
 
 
-def _content_choices(body: dict, messages: list) -> tuple[list, int]:
+def _content_choices(body: dict[str, Any], messages: list[Any]) -> tuple[list[dict[str, Any]], int]:
     cap = _token_cap(body, "max_completion_tokens", "max_tokens")
     answer = sized_answer(chat_answer_text(messages), wanted_tokens(chat_text(body)))
     text, tokens, finish_reason = cap_answer(answer, cap)
-    message = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
+    message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
     n = _choice_count(body)
     choices = [_chat_choice(i, message, finish_reason) for i in range(n)]
     return choices, tokens * n
 
 
-def _tool_call_choices(tool_calls: list, n: int) -> tuple[list, int]:
+def _tool_call_choices(tool_calls: list[dict[str, Any]], n: int) -> tuple[list[dict[str, Any]], int]:
     message = {
         "role": "assistant",
         "content": None,
@@ -172,7 +172,7 @@ def _tool_call_choices(tool_calls: list, n: int) -> tuple[list, int]:
     return [_chat_choice(i, message, "tool_calls") for i in range(n)], tokens * n
 
 
-def _chat_choice(index: int, message: dict, finish_reason: str) -> dict:
+def _chat_choice(index: int, message: dict[str, Any], finish_reason: str) -> dict[str, Any]:
     return {
         "index": index,
         "message": message,
@@ -181,7 +181,7 @@ def _chat_choice(index: int, message: dict, finish_reason: str) -> dict:
     }
 
 
-def chat_answer_text(messages: list) -> str:
+def chat_answer_text(messages: list[Any]) -> str:
     tool_results = [m for m in messages if isinstance(m, dict) and m.get("role") == "tool"]
     if tool_results:
         return "Final answer using: " + content_text(tool_results[-1].get("content"))
@@ -193,7 +193,7 @@ def chat_answer_text(messages: list) -> str:
 # ---------------------------------------------------------------- tool calls
 
 
-def plan_tool_calls(body: dict, messages: list) -> list | None:
+def plan_tool_calls(body: dict[str, Any], messages: list[Any]) -> list[dict[str, Any]] | None:
     """The tool calls of this turn, or None when the model should answer."""
     tools = function_tools(body)
     if not tools or body.get("tool_choice") == "none":
@@ -218,7 +218,7 @@ def plan_tool_calls(body: dict, messages: list) -> list | None:
     ]
 
 
-def function_tools(body: dict) -> list[dict]:
+def function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     tools = body.get("tools")
     if not isinstance(tools, list):
         return []
@@ -231,7 +231,7 @@ def function_tools(body: dict) -> list[dict]:
     ]
 
 
-def _forced_tool(body: dict, tools: list[dict]) -> list[dict] | None:
+def _forced_tool(body: dict[str, Any], tools: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
     choice = body.get("tool_choice")
     if not isinstance(choice, dict):
         return None
@@ -240,7 +240,9 @@ def _forced_tool(body: dict, tools: list[dict]) -> list[dict] | None:
     return named or None
 
 
-def tool_call(round_index: int, index: int, function: dict, arguments: dict | None) -> dict:
+def tool_call(
+    round_index: int, index: int, function: dict[str, Any], arguments: dict[str, Any] | None
+) -> dict[str, Any]:
     if arguments is None:
         arguments = arguments_from_schema(function.get("parameters"))
     return {
@@ -253,7 +255,7 @@ def tool_call(round_index: int, index: int, function: dict, arguments: dict | No
 _SAMPLE_BY_TYPE = {"string": "sim", "integer": 1, "number": 1.5, "boolean": True}
 
 
-def arguments_from_schema(parameters: Any) -> dict:
+def arguments_from_schema(parameters: Any) -> dict[str, Any]:
     properties = parameters.get("properties") if isinstance(parameters, dict) else None
     if not isinstance(properties, dict):
         return {}
@@ -274,7 +276,7 @@ def _sample_value(schema: Any) -> Any:
 # ---------------------------------------------------------------- completions
 
 
-def answer_completion(body: dict) -> dict:
+def answer_completion(body: dict[str, Any]) -> dict[str, Any]:
     model = _require_model(body)
     prompts = completion_prompts(body)
     if not prompts or not all(isinstance(p, str) or _is_token_array(p) for p in prompts):
@@ -283,7 +285,8 @@ def answer_completion(body: dict) -> dict:
         raise BadRequest("the simulated model server does not stream", "stream")
     cap = _token_cap(body, "max_tokens")
     n = _choice_count(body)
-    choices, completion_tokens = [], 0
+    choices: list[dict[str, Any]] = []
+    completion_tokens = 0
     for prompt in prompts:
         text, tokens, finish_reason = cap_answer(_completion_text_for(prompt), cap)
         for _ in range(n):
@@ -301,7 +304,7 @@ def answer_completion(body: dict) -> dict:
     }
 
 
-def _completion_text_for(prompt: str | list) -> str:
+def _completion_text_for(prompt: str | list[Any]) -> str:
     if isinstance(prompt, list):
         return f"Simulated completion of {len(prompt)} tokens"
     answer = "Simulated completion of: " + strip_directives(prompt)[:ECHO_CHARS]
@@ -313,7 +316,7 @@ def _completion_text_for(prompt: str | list) -> str:
 REASONING_TOKENS = {"minimal": 0, "low": 16, "medium": 64, "high": 256}
 
 
-def answer_responses(body: dict) -> dict:
+def answer_responses(body: dict[str, Any]) -> dict[str, Any]:
     model = _require_model(body)
     inputs = response_inputs(body)
     if not inputs:
@@ -327,7 +330,7 @@ def answer_responses(body: dict) -> dict:
     reasoning = _reasoning_tokens(body)
     answer = "Simulated response to: " + strip_directives(last_user)[:ECHO_CHARS]
     text, tokens, finish_reason = cap_answer(sized_answer(answer, wanted_tokens(response_text(body))), cap)
-    output = [] if not reasoning else [{"type": "reasoning", "id": _new_id("rs_"), "summary": []}]
+    output: list[dict[str, Any]] = [] if not reasoning else [{"type": "reasoning", "id": _new_id("rs_"), "summary": []}]
     output.append({"type": "message", "id": _new_id("msg_"), "status": "completed", "role": "assistant",
                    "content": [{"type": "output_text", "text": text, "annotations": []}]})
     prompt_tokens = count_tokens(response_text(body))
@@ -364,7 +367,7 @@ def answer_responses(body: dict) -> dict:
     }
 
 
-def _reasoning_tokens(body: dict) -> int:
+def _reasoning_tokens(body: dict[str, Any]) -> int:
     reasoning = body.get("reasoning")
     if reasoning is None:
         return 0
@@ -383,7 +386,7 @@ MODERATION_CATEGORIES = (
 )
 
 
-def answer_moderations(body: dict) -> dict:
+def answer_moderations(body: dict[str, Any]) -> dict[str, Any]:
     model = _require_model(body)
     inputs = moderation_inputs(body)
     if not inputs or not all((isinstance(i, str) and i) or isinstance(i, dict) for i in inputs):
@@ -391,7 +394,7 @@ def answer_moderations(body: dict) -> dict:
     return {"id": _new_id("modr-"), "model": model, "results": [_moderation(item) for item in inputs]}
 
 
-def _moderation(item: Any) -> dict:
+def _moderation(item: Any) -> dict[str, Any]:
     raw = hashlib.shake_256(orjson.dumps(item)).digest(len(MODERATION_CATEGORIES))
     scores = {name: round(byte / 25500, 6) for name, byte in zip(MODERATION_CATEGORIES, raw)}
     return {"flagged": False, "categories": dict.fromkeys(MODERATION_CATEGORIES, False), "category_scores": scores}
@@ -400,7 +403,7 @@ def _moderation(item: Any) -> dict:
 # ---------------------------------------------------------------- embeddings
 
 
-def answer_embeddings(body: dict) -> dict:
+def answer_embeddings(body: dict[str, Any]) -> dict[str, Any]:
     model = _require_model(body)
     inputs = embedding_inputs(body)
     if not inputs or not all((isinstance(i, str) and i) or _is_token_array(i) for i in inputs):
@@ -422,7 +425,7 @@ def answer_embeddings(body: dict) -> dict:
     }
 
 
-def embedding_vector(item: str | list, dimensions: int) -> list[float]:
+def embedding_vector(item: str | list[Any], dimensions: int) -> list[float]:
     """A unit vector whose components come from a hash of the input."""
     seed = item.encode() if isinstance(item, str) else orjson.dumps(item)
     raw = hashlib.shake_256(seed).digest(2 * dimensions)
@@ -456,7 +459,7 @@ _ERROR_SHAPES = {
 }
 
 
-def error_envelope(status: int, message: str | None = None, param: str | None = None) -> dict:
+def error_envelope(status: int, message: str | None = None, param: str | None = None) -> dict[str, Any]:
     kind, code, default_message = _ERROR_SHAPES.get(
         status,
         ("server_error" if status >= 500 else "invalid_request_error", None, "Simulated error."),

@@ -35,16 +35,16 @@ def message_text(message: Any) -> str:
     return text
 
 
-def chat_messages(body: dict) -> list:
+def chat_messages(body: dict[str, Any]) -> list[Any]:
     messages = body.get("messages")
     return messages if isinstance(messages, list) else []
 
 
-def chat_text(body: dict) -> str:
+def chat_text(body: dict[str, Any]) -> str:
     return "\n".join(message_text(m) for m in chat_messages(body))
 
 
-def completion_prompts(body: dict) -> list:
+def completion_prompts(body: dict[str, Any]) -> list[Any]:
     prompt = body.get("prompt")
     # A list of ints is one prompt given as tokens, not several prompts.
     if isinstance(prompt, str) or _is_token_array(prompt):
@@ -54,22 +54,22 @@ def completion_prompts(body: dict) -> list:
     return []
 
 
-def completion_text(body: dict) -> str:
+def completion_text(body: dict[str, Any]) -> str:
     return "\n".join(p for p in completion_prompts(body) if isinstance(p, str))
 
 
-def embedding_inputs(body: dict) -> list:
+def embedding_inputs(body: dict[str, Any]) -> list[Any]:
     value = body.get("input")
     if isinstance(value, str) or _is_token_array(value):
         return [value]
     return value if isinstance(value, list) else []
 
 
-def embedding_text(body: dict) -> str:
+def embedding_text(body: dict[str, Any]) -> str:
     return "\n".join(i for i in embedding_inputs(body) if isinstance(i, str))
 
 
-def response_inputs(body: dict) -> list:
+def response_inputs(body: dict[str, Any]) -> list[Any]:
     """The Responses API's `input`: a string, or items (messages with string or part content)."""
     value = body.get("input")
     if isinstance(value, str):
@@ -77,19 +77,21 @@ def response_inputs(body: dict) -> list:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-def response_text(body: dict) -> str:
-    instructions = body.get("instructions") if isinstance(body.get("instructions"), str) else ""
+def response_text(body: dict[str, Any]) -> str:
+    instructions = body.get("instructions")
+    if not isinstance(instructions, str):
+        instructions = ""
     return "\n".join([instructions, *(message_text(item) for item in response_inputs(body))]).strip("\n")
 
 
-def moderation_inputs(body: dict) -> list:
+def moderation_inputs(body: dict[str, Any]) -> list[Any]:
     value = body.get("input")
     if isinstance(value, str):
         return [value]
     return value if isinstance(value, list) else []
 
 
-def moderation_text(body: dict) -> str:
+def moderation_text(body: dict[str, Any]) -> str:
     return "\n".join(i if isinstance(i, str) else content_text([i]) for i in moderation_inputs(body))
 
 

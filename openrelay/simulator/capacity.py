@@ -16,6 +16,7 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from typing import Any
 
 from openrelay.simulator.bodies import chat_messages, completion_prompts, message_text, response_inputs
 from openrelay.simulator.config import SimulatorConfig
@@ -61,20 +62,20 @@ def decode_ms_per_token(config: SimulatorConfig, busy: int) -> float:
     return config.decode_ms_per_token * (1 + config.decode_contention * (busy - 1) / config.slots)
 
 
-def chat_prefix_text(body: dict) -> str:
+def chat_prefix_text(body: dict[str, Any]) -> str:
     """What the prefix cache sees of a chat: each message's role and text, in order."""
     return "".join(
         f"{m.get('role')}\n{message_text(m)}\n" for m in chat_messages(body) if isinstance(m, dict)
     )
 
 
-def completion_prefix_text(body: dict) -> str:
+def completion_prefix_text(body: dict[str, Any]) -> str:
     return "\n".join(
         p if isinstance(p, str) else ",".join(map(str, p)) for p in completion_prompts(body)
     )
 
 
-def response_prefix_text(body: dict) -> str:
+def response_prefix_text(body: dict[str, Any]) -> str:
     instructions = body.get("instructions")
     text = f"instructions\n{instructions}\n" if isinstance(instructions, str) else ""
     return text + "".join(
@@ -149,7 +150,7 @@ class CapacityModel:
         self.prefix_cache = PrefixCache(config.prefix_cache_tokens)
         self.running = 0
         self.waiting = 0
-        self._waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
         self._lock = threading.Lock()
         self._clear_figures()
 
@@ -173,7 +174,7 @@ class CapacityModel:
         self._count(prompt_tokens, cached, completion_tokens, queried=0 if keys is None else prompt_tokens)
         return cached
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         with self._lock:
             self._add_busy_time()
             return {
@@ -228,7 +229,7 @@ class CapacityModel:
             self._leave_queue(waiter)
             raise
 
-    def _leave_queue(self, waiter: asyncio.Future) -> None:
+    def _leave_queue(self, waiter: asyncio.Future[None]) -> None:
         if waiter.done() and not waiter.cancelled():
             # Handed a slot just as the caller went away: pass it on.
             self._give_slot_back()
@@ -274,7 +275,7 @@ async def _pause(milliseconds: float) -> None:
         await asyncio.sleep(milliseconds / 1000)
 
 
-def usage_counts(payload: dict) -> tuple[int | None, int]:
+def usage_counts(payload: dict[str, Any]) -> tuple[int | None, int]:
     """(prompt, completion) tokens of an answer's usage; (None, 0) without usage."""
     usage = payload.get("usage")
     if not isinstance(usage, dict):
@@ -284,7 +285,7 @@ def usage_counts(payload: dict) -> tuple[int | None, int]:
     return usage["prompt_tokens"], usage.get("completion_tokens", 0)
 
 
-def report_cached_tokens(payload: dict, cached: int) -> None:
+def report_cached_tokens(payload: dict[str, Any], cached: int) -> None:
     usage = payload.get("usage") or {}
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
     if details is not None:

@@ -39,7 +39,7 @@ class SimulatorConfig:
     prefix_cache_tokens: int = 0
     metrics: str = ""  # "", "vllm" or "llamacpp"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.error_rates = {int(s): float(p) for s, p in dict(self.error_rates).items()}
         # The random outcomes are exclusive slices of one draw in [0, 1).
         if self.drop_rate + self.hang_rate + sum(self.error_rates.values()) > 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
+from typing import Any
 
 _FAULT_DIRECTIVE = re.compile(
     r"\[\[(?:status:(?P<status>\d{3})(?:x(?P<status_times>\d+))?"
@@ -67,7 +68,7 @@ def parse_fault_directives(text: str) -> FaultDirectives:
 class ToolDirectives:
     rounds: int = 1
     calls: int = 1
-    arguments: dict | None = None
+    arguments: dict[str, Any] | None = None
 
 
 def parse_tool_directives(text: str) -> ToolDirectives:
@@ -82,7 +83,7 @@ def parse_tool_directives(text: str) -> ToolDirectives:
     return found
 
 
-def _literal_tool_arguments(text: str) -> dict | None:
+def _literal_tool_arguments(text: str) -> dict[str, Any] | None:
     # raw_decode instead of a regex: the JSON may itself contain "]]".
     start = text.find(_TOOL_ARGS_OPENING)
     if start < 0:

@@ -7,12 +7,14 @@ asks.
 
 from __future__ import annotations
 
+from typing import Any
+
 from openrelay.simulator.config import SimulatorConfig
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def render_metrics(config: SimulatorConfig, stats: dict) -> str:
+def render_metrics(config: SimulatorConfig, stats: dict[str, Any]) -> str:
     """Prometheus text with vLLM's or llama.cpp's metric names and types, from the live figures.
 
     KV-cache usage is busy slots / slots (the simulator keeps no KV blocks).

@@ -16,9 +16,9 @@ import hashlib
 import signal
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import orjson
 from aiohttp import web
@@ -58,7 +58,7 @@ MODELS_CREATED = 1_700_000_000
 # ---------------------------------------------------------------- responses
 
 
-def json_response(payload: Any, status: int = 200, headers: Mapping | None = None) -> web.Response:
+def json_response(payload: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(
         body=orjson.dumps(payload), status=status, content_type="application/json", headers=headers
     )
@@ -81,9 +81,9 @@ def failure_response(config: SimulatorConfig, status: int, model: Any = None) ->
 
 @dataclass(frozen=True)
 class ModelEndpoint:
-    text_of: Any  # body -> the text searched for fault directives
-    answer: Any  # body -> answer payload (raises BadRequest)
-    prefix_of: Any = None  # body -> the text the prefix cache sees (None: no cache)
+    text_of: Callable[[dict[str, Any]], str]  # body -> the text searched for fault directives
+    answer: Callable[[dict[str, Any]], dict[str, Any]]  # body -> answer payload (raises BadRequest)
+    prefix_of: Callable[[dict[str, Any]], str] | None = None  # body -> the text the prefix cache sees (None: no cache)
 
 
 MODEL_ENDPOINTS = {
@@ -102,7 +102,7 @@ class ModelServer:
         self.config = config
         self.state = SimulatorState(config)
         self.capacity = CapacityModel(config)
-        self._parked: set[asyncio.Task] = set()
+        self._parked: set[asyncio.Task[Any]] = set()
 
     async def model_call(self, request: web.Request) -> web.StreamResponse:
         endpoint = MODEL_ENDPOINTS[request.path]
@@ -129,6 +129,7 @@ class ModelServer:
         if outcome == ANSWER:
             return self._answer(endpoint, body)
         if outcome == FAIL:
+            assert status is not None  # choose_outcome gives every FAIL its status
             return failure_response(self.config, status, body.get("model"))
         if outcome == DROP:
             return await self._drop(request)
@@ -143,13 +144,13 @@ class ModelServer:
                 draw = seeded_draw(self.config.seed, body_hash, seen)
         return choose_outcome(self.config, directives, seen, draw)
 
-    def _answer(self, endpoint: ModelEndpoint, body: dict) -> web.Response:
+    def _answer(self, endpoint: ModelEndpoint, body: dict[str, Any]) -> web.Response:
         try:
             return json_response(endpoint.answer(body))
         except BadRequest as exc:
             return json_response(error_envelope(400, str(exc), exc.param), 400)
 
-    async def _answer_in_a_slot(self, endpoint: ModelEndpoint, body: dict, text: str) -> web.Response:
+    async def _answer_in_a_slot(self, endpoint: ModelEndpoint, body: dict[str, Any], text: str) -> web.Response:
         # The answer is known before the slot (a 400 never queues); the slot
         # only decides when it goes out and how much of the prompt was cached.
         try:
@@ -193,9 +194,10 @@ class ModelServer:
                 await asyncio.sleep(seconds)
 
     @contextlib.contextmanager
-    def _parking(self):
+    def _parking(self) -> Iterator[None]:
         """Let wake_parked cancel this task while it waits inside the block."""
         task = asyncio.current_task()
+        assert task is not None  # aiohttp runs every handler in a task of its own
         self._parked.add(task)
         try:
             yield
@@ -316,7 +318,7 @@ class AppThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self):
+    def start(self) -> Self:
         if self._thread is not None:
             return self
         sock = bind_socket(self.host, self._requested_port)
@@ -339,10 +341,10 @@ class AppThread:
         self._thread.join(timeout=10)
         self._thread = None
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc_info) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def _run(self, sock: socket.socket) -> None:
@@ -371,7 +373,7 @@ class SimulatorThread(AppThread):
 
     def __init__(
         self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
-    ):
+    ) -> None:
         self.config = config or SimulatorConfig()
         super().__init__(build_app(self.config), host, port, name="simulator")
         self.state = self.app[SERVER_KEY].state
@@ -380,7 +382,7 @@ class SimulatorThread(AppThread):
     def base_url(self) -> str:
         return self.url + "/v1"
 
-    def requests(self, path: str | None = None) -> list[dict]:
+    def requests(self, path: str | None = None) -> list[dict[str, Any]]:
         """Recorded calls `{"path", "headers", "body"}`, oldest first."""
         return self.state.requests(path)
 
@@ -395,7 +397,7 @@ class SimulatorThread(AppThread):
     def reset(self) -> None:
         self.app[SERVER_KEY].forget()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """The capacity model's figures, as `GET /_sim/stats` answers."""
         return self.app[SERVER_KEY].capacity.stats()
 

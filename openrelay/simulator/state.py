@@ -34,17 +34,17 @@ class SimulatorState:
         self.config = config
         self.request_count = 0
         self._lock = threading.Lock()
-        self._recorded: deque = deque(maxlen=max(1, config.record_limit))
+        self._recorded: deque[dict[str, Any]] = deque(maxlen=max(1, config.record_limit))
         self._seen: OrderedDict[bytes, int] = OrderedDict()
 
-    def record(self, path: str, headers: Mapping, body: Any) -> None:
+    def record(self, path: str, headers: Mapping[str, str], body: Any) -> None:
         """Count the call; keep it (secret headers left out) when recording."""
         with self._lock:
             self.request_count += 1
             if self.config.record:
                 self._recorded.append({"path": path, "headers": recordable_headers(headers), "body": body})
 
-    def requests(self, path: str | None = None) -> list[dict]:
+    def requests(self, path: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
             recorded = list(self._recorded)
         return [r for r in recorded if path is None or r["path"] == path]
@@ -65,5 +65,5 @@ class SimulatorState:
             self.request_count = 0
 
 
-def recordable_headers(headers: Mapping) -> dict:
+def recordable_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items() if k.lower() not in SECRET_HEADERS}

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from batches.engine.calls.caller import ModelCaller, Upstream
-from batches.engine.calls.transport import Origin, ProxyRefused
+from batches.engine.calls.transport import Origin, ProxyRefused, ServerDisconnected
 from tests.engine_tests.test_transport import JSON, Script, _ok, _post, _run
 
 
@@ -144,3 +144,24 @@ def test_a_proxy_url_this_transport_cannot_use_makes_the_deployment_unusable(no_
     no_proxies.setenv("HTTPS_PROXY", "socks5://127.0.0.1:1080")
     upstream = Upstream("https://api.example.com/v1", "m", "", 4)
     assert upstream.origin is None and "proxy URL must be http://" in upstream.problem
+
+
+def test_a_tunnel_lost_as_its_tls_handshake_ends_fails_the_server(no_proxies):
+    # start_tls returns None when the connection is lost between the end of the handshake and its return
+    # (asyncio's SSLProtocol drops its transport): a disconnect that fails the server, and the tunnel is dropped.
+    async def go():
+        async with Proxy() as proxy, Script([]) as server:
+            no_proxies.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
+            tunnels = []
+
+            async def lost(transport, protocol, sslcontext, **kw):
+                tunnels.append(transport)
+                return None
+
+            no_proxies.setattr(asyncio.get_running_loop(), "start_tls", lost)
+            with pytest.raises(ServerDisconnected):
+                await _post(Origin(f"https://127.0.0.1:{server.port}/v1", connect_timeout_s=5))
+            return tunnels
+
+    [tunnel] = _run(go())
+    assert tunnel.is_closing()

@@ -30,12 +30,16 @@ skipped for hosts NO_PROXY names. Proxies are http:// URLs, optionally with
 user:password (sent as Basic Proxy-Authorization).
 """
 
+from __future__ import annotations
+
 import asyncio
 import base64
 import ssl
 import urllib.request
 import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import NoReturn, cast
 from urllib.parse import unquote, urlsplit
 
 import httptools
@@ -84,7 +88,7 @@ class ProxyRefused(TransportError):
 @dataclass
 class Response:
     status: int
-    headers: dict  # lower-cased name -> value; a repeated header keeps its last value
+    headers: dict[str, str]  # lower-cased name -> value; a repeated header keeps its last value
     body: bytes | bytearray  # a bytearray when read in pieces: joined as it came, never copied whole
 
 
@@ -95,7 +99,7 @@ class Proxy:
     authorization: str | None  # the Proxy-Authorization value, from user:password in the proxy URL
 
     @classmethod
-    def parse(cls, url):
+    def parse(cls, url: str) -> Proxy:
         parts = urlsplit(url if "://" in url else f"http://{url}")
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"a proxy URL must be http://[user:password@]host[:port], not {parts.scheme}://...")
@@ -106,11 +110,12 @@ class Proxy:
         return cls(parts.hostname, parts.port or 80, authorization)
 
 
-def proxy_for(scheme, host):
+def proxy_for(scheme: str, host: str) -> Proxy | None:
     """The Proxy the environment names for `scheme` (http/https) and `host`, or None: direct."""
     proxies = urllib.request.getproxies_environment()
     url = proxies.get(scheme)
-    if not url or urllib.request.proxy_bypass_environment(host, proxies):
+    # typeshed leaves out proxy_bypass_environment (urllib.request has it since Python 3.0, undocumented).
+    if not url or urllib.request.proxy_bypass_environment(host, proxies):  # type: ignore[attr-defined]
         return None
     return Proxy.parse(url)
 
@@ -122,7 +127,8 @@ class Origin:
     keeps every idle connection and opens one whenever none is idle.
     """
 
-    def __init__(self, base_url, *, connect_timeout_s, ssl_context=None, max_answer_bytes=DEFAULT_MAX_ANSWER_BYTES):
+    def __init__(self, base_url: str, *, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None,
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
         """Raises ValueError for a URL (or a proxy in the environment) this transport can't use."""
         parts = urlsplit(base_url)
         if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
@@ -138,10 +144,10 @@ class Origin:
         self.proxy = proxy_for(parts.scheme, self.host)
         # Through a proxy, an http:// request names the whole URL; an https:// one goes in a tunnel as it is.
         self._target = f"http://{self.authority}{self.prefix}" if self.proxy and not self.ssl else self.prefix
-        self._idle = []  # _Connection, most recently used last
-        self._busy = set()  # _Connection in an exchange
+        self._idle: list[_Connection] = []  # most recently used last
+        self._busy: set[_Connection] = set()  # in an exchange
 
-    def prepare(self, path, headers, method="POST", root=False):
+    def prepare(self, path: str, headers: Mapping[str, str], method: str = "POST", root: bool = False) -> bytes:
         """The request head up to the body's length, for `method` (POST; GET for health probes)
         to `path` (below the base URL's path; `root`: below the server's root, as /metrics is)."""
         target = self._target.removesuffix(self.prefix) if root and self.prefix else self._target
@@ -155,7 +161,7 @@ class Origin:
         lines.append("Content-Length: ")
         return "\r\n".join(lines).encode("latin-1")
 
-    async def post(self, head, body):
+    async def post(self, head: bytes, body: bytes) -> Response:
         """Send a prepared head and `body` (b"" for a GET); return the Response. Raises TransportError or OSError."""
         connection = self._take_idle() or await self._connect()
         self._busy.add(connection)
@@ -174,7 +180,7 @@ class Origin:
             connection.abort()
         return response
 
-    def _take_idle(self):
+    def _take_idle(self) -> _Connection | None:
         now = asyncio.get_running_loop().time()
         while self._idle:
             connection = self._idle.pop()
@@ -183,7 +189,7 @@ class Origin:
             connection.abort()
         return None
 
-    def cut_idle(self, now, idle_s):
+    def cut_idle(self, now: float, idle_s: float) -> None:
         """Fail every exchange whose answer began but sent nothing for more than `idle_s` (loop time `now`).
 
         Before the first byte the server may be working (a non-streamed answer starts when the
@@ -193,32 +199,38 @@ class Origin:
             if connection.read_at and now - connection.read_at > idle_s:
                 connection.cut(IdleTimeout(f"the model server sent nothing for {idle_s:g} s in the middle of its answer"))
 
-    async def _connect(self):
+    async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
-        make = lambda: _Connection(self.max_answer_bytes)  # noqa: E731
+        make: Callable[[], _Connection] = lambda: _Connection(self.max_answer_bytes)  # noqa: E731
+        proxy, ssl_context = self.proxy, self.ssl
         async with asyncio.timeout(self.connect_timeout_s):
-            if self.proxy is None:
-                _, connection = await loop.create_connection(
-                    make, self.host, self.port, ssl=self.ssl, server_hostname=self.host if self.ssl else None)
-            elif self.ssl is None:
-                _, connection = await loop.create_connection(make, self.proxy.host, self.proxy.port)
+            if proxy is None:
+                _, connection = await loop.create_connection(make, self.host, self.port, ssl=ssl_context,
+                                                             server_hostname=self.host if ssl_context else None)
+            elif ssl_context is None:
+                _, connection = await loop.create_connection(make, proxy.host, proxy.port)
             else:
-                connection = await self._tunnel(loop, make())
+                connection = await self._tunnel(loop, make(), proxy, ssl_context)
         return connection
 
-    async def _tunnel(self, loop, connection):
+    async def _tunnel(self, loop: asyncio.AbstractEventLoop, connection: _Connection, proxy: Proxy,
+                      ssl_context: ssl.SSLContext) -> _Connection:
         """CONNECT through the proxy, then TLS to the model server inside the tunnel."""
-        transport, tunnel = await loop.create_connection(_Tunnel, self.proxy.host, self.proxy.port)
+        transport, tunnel = await loop.create_connection(_Tunnel, proxy.host, proxy.port)
         try:
-            await tunnel.open(self.authority, self.proxy.authorization)
-            tls = await loop.start_tls(transport, connection, self.ssl, server_hostname=self.host)
+            await tunnel.open(self.authority, proxy.authorization)
+            tls = await loop.start_tls(transport, connection, ssl_context, server_hostname=self.host)
+            if tls is None:
+                # start_tls hands back None when the connection was lost between the end of the
+                # handshake and its return (asyncio's SSLProtocol drops its transport on connection_lost).
+                raise ServerDisconnected("the model server closed the connection after the TLS handshake")
         except BaseException:
             transport.abort()
             raise
         connection.connection_made(tls)
         return connection
 
-    def close(self):
+    def close(self) -> None:
         while self._idle:
             self._idle.pop().abort()
 
@@ -226,25 +238,27 @@ class Origin:
 class _Tunnel(asyncio.Protocol):
     """A connection to a proxy until it answers CONNECT; then TLS takes the transport over."""
 
-    def __init__(self):
-        self.transport = None
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
         self.head = bytearray()
-        self.answered = asyncio.get_running_loop().create_future()
+        self.answered: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
 
-    def connection_made(self, transport):
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # create_connection hands its protocol a Transport; asyncio.Protocol's signature names the base class.
+        self.transport = cast(asyncio.Transport, transport)
 
-    async def open(self, authority, authorization):
+    async def open(self, authority: str, authorization: str | None) -> None:
         request = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n"
         if authorization:
             request += f"Proxy-Authorization: {authorization}\r\n"
+        assert self.transport is not None  # create_connection returns after connection_made
         self.transport.write((request + "\r\n").encode("latin-1"))
         head = await self.answered
         status_line = head.split(b"\r\n", 1)[0].split(b" ", 2)
         if len(status_line) < 2 or not status_line[0].startswith(b"HTTP/1.") or not status_line[1].startswith(b"2"):
             raise ProxyRefused(f"the proxy refused a tunnel to the model server ({bytes(head[:40])!r})")
 
-    def data_received(self, data):
+    def data_received(self, data: bytes) -> None:
         if self.answered.done():
             return
         self.head += data
@@ -255,7 +269,7 @@ class _Tunnel(asyncio.Protocol):
         elif len(self.head) > MAX_TUNNEL_HEAD_BYTES:
             self.answered.set_exception(BadResponse("the proxy's answer to CONNECT is too long"))
 
-    def connection_lost(self, exc):
+    def connection_lost(self, exc: Exception | None) -> None:
         if not self.answered.done():
             self.answered.set_exception(ServerDisconnected("the proxy closed the connection before it answered"))
 
@@ -263,36 +277,39 @@ class _Tunnel(asyncio.Protocol):
 class _Connection(asyncio.Protocol):
     """One connection; one exchange at a time. httptools calls the on_* methods while parsing."""
 
-    def __init__(self, max_answer_bytes=DEFAULT_MAX_ANSWER_BYTES):
-        self.transport = None
+    def __init__(self, max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
+        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.max_bytes = max_answer_bytes
-        self.waiter = None
+        self.waiter: asyncio.Future[Response] | None = None
         self.closed = False
         self.reusable = False
         self.idle_since = 0.0
         self._reset()
 
-    def _reset(self):
-        self.headers = {}
+    def _reset(self) -> None:
+        self.headers: dict[str, str] = {}
         self.body = bytearray()
         self.wire_bytes = 0
-        self.inflater = None
+        self.inflater: _Inflater | None = None
         self.headers_done = False
         self.read_at = 0.0  # loop time of the last bytes of the answer in flight; 0: none yet
 
     @property
-    def open(self):
-        # is_closing: the server's close arrived and connection_lost is about to run.
+    def open(self) -> bool:
+        # is_closing: the server's close arrived and connection_lost is about to run. (The pool only
+        # asks connections that are made, so the transport is there.)
+        assert self.transport is not None
         return not self.closed and not self.transport.is_closing()
 
     # asyncio.Protocol
 
-    def connection_made(self, transport):
-        self.transport = transport
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # create_connection and start_tls hand a Transport; asyncio.Protocol's signature names the base class.
+        self.transport = cast(asyncio.Transport, transport)
         self.clock = asyncio.get_running_loop().time
 
-    def data_received(self, data):
+    def data_received(self, data: bytes) -> None:
         if self.waiter is None or self.waiter.done():
             # Nothing asked: a server that talks out of turn can't be trusted with the next request.
             self.abort()
@@ -305,7 +322,7 @@ class _Connection(asyncio.Protocol):
             self._fail(BadResponse(f"the model server's answer is not valid HTTP/1.1 ({exc})"))
             self.abort()
 
-    def connection_lost(self, exc):
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.waiter is None or self.waiter.done():
             return
@@ -317,10 +334,10 @@ class _Connection(asyncio.Protocol):
 
     # httptools callbacks
 
-    def on_header(self, name, value):
+    def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
-    def on_headers_complete(self):
+    def on_headers_complete(self) -> None:
         self.headers_done = True
         length = self.headers.get("content-length", "")
         if length.isdigit() and int(length) > self.max_bytes:
@@ -332,7 +349,7 @@ class _Connection(asyncio.Protocol):
             self._fail(BadResponse(f"the model server answered in an encoding this worker can't read ({encoding})"))
             raise _Stop
 
-    def on_body(self, body):
+    def on_body(self, body: bytes) -> None:
         self.wire_bytes += len(body)
         if self.wire_bytes > self.max_bytes:
             self._too_large(f"the model server's answer is longer than the {self.max_bytes}-byte cap")
@@ -349,11 +366,11 @@ class _Connection(asyncio.Protocol):
             self._too_large(f"the model server's {self.inflater.encoding} answer inflates to more than the "
                             f"{self.max_bytes}-byte cap")
 
-    def _too_large(self, message):
+    def _too_large(self, message: str) -> NoReturn:
         self._fail(AnswerTooLarge(message))
         raise _Stop
 
-    def on_message_complete(self):
+    def on_message_complete(self) -> None:
         if self.parser.get_status_code() < 200:
             self._reset()  # an interim 1xx answer: the real one follows
             return
@@ -361,16 +378,20 @@ class _Connection(asyncio.Protocol):
 
     # the exchange
 
-    async def exchange(self, request):
+    async def exchange(self, request: bytes) -> Response:
         if not self.open:
             raise ServerDisconnected("the connection to the model server closed")
-        self.waiter = asyncio.get_running_loop().create_future()
+        assert self.transport is not None  # open says so
+        waiter: asyncio.Future[Response] = asyncio.get_running_loop().create_future()
+        self.waiter = waiter
         self.reusable = False
         self._reset()
         self.transport.write(request)
-        return await self.waiter
+        return await waiter
 
-    def _finish(self, keep_alive):
+    def _finish(self, keep_alive: bool) -> None:
+        # Called only with an exchange in flight: data_received and connection_lost check for a waiter first.
+        assert self.waiter is not None
         if self.waiter.done():
             return  # failed by a cap while the parser still held the message's last bytes
         if self.inflater is not None and not self.inflater.ended:
@@ -381,7 +402,7 @@ class _Connection(asyncio.Protocol):
         self.read_at = 0.0
         self.waiter.set_result(Response(self.parser.get_status_code(), self.headers, self.body))
 
-    def _fail(self, exc):
+    def _fail(self, exc: TransportError) -> None:
         self.reusable = False
         # The failure (in the waiter) and this connection keep each other until a GC pass: let the
         # body go now, or every failed attempt would hold up to a cap's worth of memory.
@@ -389,11 +410,11 @@ class _Connection(asyncio.Protocol):
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_exception(exc)
 
-    def cut(self, exc):
+    def cut(self, exc: TransportError) -> None:
         self._fail(exc)
         self.abort()
 
-    def abort(self):
+    def abort(self) -> None:
         self.closed = True
         self.reusable = False
         self.read_at = 0.0
@@ -409,17 +430,17 @@ class _Stop(Exception):
 class _Inflater:
     """gzip or deflate, inflated as the pieces arrive, each piece's output bounded."""
 
-    def __init__(self, encoding):
+    def __init__(self, encoding: str) -> None:
         self.encoding = encoding
         # wbits 47: gzip or zlib by the header. "deflate" is decided on its first two bytes.
         self.stream = zlib.decompressobj(47) if encoding != "deflate" else None
         self.start = b""
 
     @property
-    def ended(self):
+    def ended(self) -> bool:
         return self.stream is not None and self.stream.eof
 
-    def inflate_into(self, data, body, most):
+    def inflate_into(self, data: bytes, body: bytearray, most: int) -> None:
         """Inflate `data` onto `body` (a bytearray), INFLATE_STEP at a time, until `body` holds `most`
         bytes; what would come out past that is never inflated."""
         if self.stream is None:
@@ -433,6 +454,6 @@ class _Inflater:
             data = self.stream.unconsumed_tail
 
 
-def _zlib_header(data):
+def _zlib_header(data: bytes) -> bool:
     """"deflate" as the RFC means it (a zlib stream), or, as many servers send it, raw deflate."""
     return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0

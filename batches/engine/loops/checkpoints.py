@@ -60,7 +60,7 @@ def usage_from(state):
     return Usage(*state) if state else Usage()
 
 
-def idempotency_key(text):
+def idempotency_key(text: str) -> str:
     """The Idempotency-Key header value: the first 32 hex digits of sha256(text), where
     text names the record and its round, tool call or step (README: Tool calling)."""
     return hashlib.sha256(text.encode()).hexdigest()[:32]

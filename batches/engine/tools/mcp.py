@@ -50,15 +50,16 @@ import codecs
 import itertools
 import re
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
 from batches.engine.loops.checkpoints import idempotency_key
 from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
-from openrelay.lib.outbound import OutboundError, OutboundResponse
+from openrelay.lib.outbound import OutboundClient, OutboundError, OutboundResponse
 from openrelay.lib.redaction import redact, secrets_of
 
 PROTOCOL_VERSION = "2025-06-18"
@@ -89,7 +90,7 @@ CLIENT_VERSION = _client_version()
 class McpExecutor:
     """Runs one record's tool calls against one MCP server, across rounds."""
 
-    def __init__(self, outbound, custom_id: str, tool_config: dict) -> None:
+    def __init__(self, outbound: OutboundClient, custom_id: str, tool_config: dict[str, Any]) -> None:
         self.outbound = outbound
         self.custom_id = custom_id
         self.url = tool_config["url"]
@@ -102,7 +103,7 @@ class McpExecutor:
         self._lock = asyncio.Lock()
         self._ids = itertools.count(1)
 
-    async def execute(self, tool_calls: list[dict], key: str | None = None) -> list[ToolResult]:
+    async def execute(self, tool_calls: list[dict[str, Any]], key: str | None = None) -> list[ToolResult]:
         calls = [self._prepare(tc) for tc in tool_calls]
         if not calls:
             return []
@@ -132,10 +133,10 @@ class McpExecutor:
 
     # --- tool calls ------------------------------------------------------
 
-    def _prepare(self, tool_call: dict) -> tuple[str, str, dict]:
+    def _prepare(self, tool_call: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
         function = tool_call.get("function") if isinstance(tool_call, dict) else None
         name = function.get("name") if isinstance(function, dict) else None
-        if not isinstance(name, str) or not name:
+        if not isinstance(function, dict) or not isinstance(name, str) or not name:
             raise ToolExecutionFailed("MCP tools/call failed: a tool call has no function name")
         raw = function.get("arguments")
         if isinstance(raw, str):
@@ -156,7 +157,7 @@ class McpExecutor:
             arguments = {**arguments, "_context": self.context}
         return str(tool_call.get("id", "")), name, arguments
 
-    async def _call(self, call_id: str, name: str, arguments: dict, key: str | None = None) -> ToolResult:
+    async def _call(self, call_id: str, name: str, arguments: dict[str, Any], key: str | None = None) -> ToolResult:
         step = f"tools/call {_quote(name)}"
         params = {"name": name, "arguments": arguments}
         session = self.session_id
@@ -167,7 +168,7 @@ class McpExecutor:
         result = self._result_of(response, rid, step)
         return ToolResult(tool_call_id=call_id, content=self._tool_text(result, step))
 
-    def _tool_text(self, result: dict, step: str) -> str:
+    def _tool_text(self, result: dict[str, Any], step: str) -> str:
         content = result.get("content")
         if not isinstance(content, list):
             raise self._failed(step, "malformed response (the result has no content list)")
@@ -217,13 +218,13 @@ class McpExecutor:
 
     # --- one exchange ----------------------------------------------------
 
-    async def _send_request(self, method: str, params: dict, step: str,
+    async def _send_request(self, method: str, params: dict[str, Any], step: str,
                             key: str | None = None) -> tuple[int, OutboundResponse]:
         rid = next(self._ids)
         message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
         return rid, await self._post(message, step, key)
 
-    async def _post(self, message: dict, step: str, key: str | None = None) -> OutboundResponse:
+    async def _post(self, message: dict[str, Any], step: str, key: str | None = None) -> OutboundResponse:
         # Every POST carries an Idempotency-Key: a tools/call's is stable across runs of its
         # round; the handshake's is new each time (a resumed record starts a new session).
         headers = {**self._headers(), "Idempotency-Key": key or secrets.token_hex(16)}
@@ -245,7 +246,7 @@ class McpExecutor:
             headers["MCP-Protocol-Version"] = self.protocol_version
         return headers
 
-    def _result_of(self, response: OutboundResponse, rid: int, step: str) -> dict:
+    def _result_of(self, response: OutboundResponse, rid: int, step: str) -> dict[str, Any]:
         """The `result` of the JSON-RPC response to request `rid`, or a failure."""
         if not response.ok:
             raise self._failed(step, self._status_problem(response))
@@ -283,7 +284,7 @@ def _quote(name: str) -> str:
     return "'" + (name if len(name) <= 64 else name[:61] + "...") + "'"
 
 
-def _rpc_error_text(error: Any, secrets) -> str:
+def _rpc_error_text(error: Any, secrets: tuple[str, ...]) -> str:
     if not isinstance(error, dict):
         return "JSON-RPC error (malformed error object)"
     code = error.get("code")
@@ -301,7 +302,7 @@ class MalformedResponse(Exception):
     """The body is not what Streamable HTTP promises; the text says why."""
 
 
-def find_response(response: OutboundResponse, rid: int) -> dict:
+def find_response(response: OutboundResponse, rid: int) -> dict[str, Any]:
     """The JSON-RPC response (result or error) to request ``rid`` in a 2xx body.
 
     ``application/json`` carries one message; ``text/event-stream`` carries
@@ -311,6 +312,7 @@ def find_response(response: OutboundResponse, rid: int) -> dict:
     id null counts too (the server could not read our id).
     """
     ctype = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    messages: Iterable[Any]
     if ctype == "application/json":
         messages = [_json(response.body, "the body is not valid JSON")]
     elif ctype == "text/event-stream":
@@ -336,7 +338,7 @@ def _json(data: bytes, problem: str) -> Any:
         raise MalformedResponse(problem) from None
 
 
-def _answers(message: Any, rid: int) -> bool:
+def _answers(message: Any, rid: int) -> TypeGuard[dict[str, Any]]:
     if not isinstance(message, dict) or "method" in message:
         return False
     if "result" in message:
