@@ -2,7 +2,7 @@
 
 Every query is scoped to the signed-in user's organization (its Membership);
 another organization's id answers 404, like an unknown one. Pages render the
-Batch object of batches.presenters; static/dashboard/live.js keeps them live
+Batch object of batches.presenters; static/dashboard/dashboard.js keeps them live
 from the websocket feeds of batches.dashboard.consumers, formatting values the way
 `display` does here.
 
@@ -137,7 +137,7 @@ def _file_or_404(request, file_id):
 
 
 # ---------------------------------------------------------------------------
-# Display: the same rules as static/dashboard/live.js
+# Display: the same rules as static/dashboard/dashboard.js
 
 
 def display(batch, not_run=0):
@@ -185,7 +185,7 @@ def share(part, total):
 
 
 def duration(seconds):
-    """`45 s`, `3 min 20 s`, `2 h 05 min`: the time left or taken, as live.js writes it too."""
+    """`45 s`, `3 min 20 s`, `2 h 05 min`: the time left or taken, as dashboard.js writes it too."""
     if seconds is None:
         return "\u2014"
     seconds = max(0, round(seconds))

@@ -3,8 +3,10 @@
 uvloop's event loop (libuv, in C) spends fewer instructions per socket event
 than asyncio's selector loop: the simulated model server needed 12% fewer
 per request on it (callgrind). Where uvloop is missing (Windows), asyncio's
-own loop runs the same code. The engine's workers stay on asyncio's loop:
-there uvloop measured no gain (their time goes to aiohttp's client code).
+own loop runs the same code. Only the simulator runs on it: the engine's
+workers stay on asyncio's loop, where uvloop measured no gain when they
+called model servers through aiohttp's client (they now use their own
+transport, batches/engine/calls/transport.py; not measured again since).
 """
 
 import asyncio
