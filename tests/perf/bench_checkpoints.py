@@ -16,45 +16,21 @@
 import argparse
 import asyncio
 import os
-import secrets
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
+
+from tests.perf.common import django_in_throwaway_database
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
 def setup(database_url):
-    os.environ.setdefault("OPENRELAY_DATA_DIR", tempfile.mkdtemp(prefix="ckbench-"))
     os.environ["OPENRELAY_ALLOW_PRIVATE_URLS"] = "true"
-    os.environ.setdefault("OPENRELAY_LOG_LEVEL", "WARNING")
-    dropper = None
-    if database_url:
-        import psycopg
-
-        name = "ckbench_" + secrets.token_hex(4)
-        with psycopg.connect(database_url, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-        os.environ["DATABASE_URL"] = database_url.rsplit("/", 1)[0] + "/" + name
-
-        def dropper():
-            from django.db import connections
-
-            connections.close_all()
-            with psycopg.connect(database_url, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "openrelay.settings")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", "--noinput", verbosity=0)
-    return dropper
+    return django_in_throwaway_database(database_url, "ckbench")
 
 
 def make_world(sim):

@@ -1,5 +1,8 @@
 """Small helpers the benchmarks share."""
 
+import os
+import secrets
+import tempfile
 import threading
 import time
 
@@ -49,3 +52,33 @@ def wait_http(process, url, deadline_s=60):
         except httpx.TransportError:
             time.sleep(0.05)
     raise RuntimeError(f"{url} did not answer in time")
+
+
+def django_in_throwaway_database(database_url, prefix):
+    """Set Django up on a database of its own, migrated: a new PostgreSQL database on `database_url`'s server,
+    or a temp SQLite file when it is None. Returns a function that drops the PostgreSQL one (None for SQLite)."""
+    os.environ.setdefault("OPENRELAY_DATA_DIR", tempfile.mkdtemp(prefix=f"{prefix}-"))
+    os.environ.setdefault("OPENRELAY_LOG_LEVEL", "WARNING")
+    dropper = None
+    if database_url:
+        import psycopg
+
+        name = f"{prefix}_" + secrets.token_hex(4)
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        os.environ["DATABASE_URL"] = database_url.rsplit("/", 1)[0] + "/" + name
+
+        def dropper():
+            from django.db import connections
+
+            connections.close_all()
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "openrelay.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", "--noinput", verbosity=0)
+    return dropper
