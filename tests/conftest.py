@@ -1,54 +1,21 @@
-"""Shared fixtures: personas (alice and bob in their own organizations, an admin)."""
+"""The suite's root conftest: registers the shared fixtures of tests/fixtures/ as pytest plugins.
 
-from dataclasses import dataclass
+pytest_plugins may only be set here (the rootdir's conftest). Every folder sees
+these fixtures without importing them; plain helpers are in tests/helpers.py.
+"""
 
 import pytest
-from rest_framework.test import APIClient
 
-from openrelay.core.models import ApiKey, Organization
+# Before anything imports it: helpers' asserts report their operands, as a conftest's do.
+pytest.register_assert_rewrite("tests.helpers")
 
-
-@dataclass
-class Persona:
-    org: Organization
-    key: str
-    client: APIClient
-
-
-def make_persona(name, **org_fields):
-    org = Organization.objects.create(name=name, **org_fields)
-    _, key = ApiKey.issue(org, name=f"{name} key")
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
-    return Persona(org=org, key=key, client=client)
-
-
-@pytest.fixture
-def alice(db):
-    return make_persona("alice-org")
-
-
-@pytest.fixture
-def bob(db):
-    return make_persona("bob-org")
-
-
-@pytest.fixture
-def admin_user(db, django_user_model):
-    return django_user_model.objects.create_superuser("admin", "admin@example.com", "admin-password")
-
-
-@pytest.fixture(scope="session")
-def sim_server():
-    """One simulated model server for the session (tests that need knobs start their own)."""
-    from openrelay.simulator.config import SimulatorConfig
-    from openrelay.simulator.server import run_in_thread
-
-    with run_in_thread(SimulatorConfig()) as server:
-        yield server
-
-
-@pytest.fixture
-def sim(sim_server):
-    sim_server.reset()
-    return sim_server
+pytest_plugins = [
+    "tests.fixtures.storage",  # tmp_storage
+    "tests.fixtures.organizations",  # alice, bob, admin_user, sdk
+    "tests.fixtures.simulator",  # sim_server, sim, fresh_sim, model
+    "tests.fixtures.clusters",  # clusters (real q2 clusters)
+    "tests.fixtures.tool_executor",  # executor_server, executor
+    "tests.fixtures.workflow_callback",  # callback_server, callback
+    "tests.fixtures.webhook_receiver",  # receiver, verifier
+    "tests.fixtures.mcp_servers",  # official_server, stateless_server, auth_server
+]

@@ -7,14 +7,8 @@ from tests.batches_api_tests.helpers import GEMMA, QWEN
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings, tmp_path):
-    settings.STORAGES = {
-        **settings.STORAGES,
-        "default": {
-            "BACKEND": "django.core.files.storage.FileSystemStorage",
-            "OPTIONS": {"location": str(tmp_path / "files")},
-        },
-    }
+def _storage(tmp_storage):
+    """Every Batches API test keeps its stored files in tmp_path."""
 
 
 def _catalog_model(name):

@@ -78,7 +78,7 @@ def test_the_limits_are_the_ones_enforced(alice, settings):
 
 
 def test_an_organizations_own_limits_show(db):
-    from tests.conftest import make_persona
+    from tests.helpers import make_persona
 
     carol = make_persona("carol-org", workflows_enabled=True, max_concurrency=12)
     limits = carol.client.get("/v1/limits").json()

@@ -68,7 +68,7 @@ def test_a_responses_record_without_a_model_is_rejected(alice, gemma):
 
 def test_workflows_stay_chat_only(db):
     from openrelay.core.models import Deployment, Model
-    from tests.conftest import make_persona
+    from tests.helpers import make_persona
 
     carol = make_persona("carol-org", workflows_enabled=True)
     Deployment.objects.create(model=Model.objects.create(name=GEMMA), base_url="http://127.0.0.1:9/v1")

@@ -1,6 +1,6 @@
 """Billing fixtures: a priced model on the real simulator, batches created through the API.
 
-Batches here are created with POST /v1/batches (not tests/engine_tests'
+Batches here are created with POST /v1/batches (not tests/helpers'
 make_batch) so every test runs on the prices create snapshots.
 """
 
@@ -8,22 +8,14 @@ import threading
 from decimal import Decimal
 from fractions import Fraction
 
-import orjson
 import pytest
 from django.db import connection
 
 from batches.engine.runner import run_batch
 from batches.models import Batch
-from files.services import open_content
-from openrelay.core.models import Deployment, Model, Price
+from openrelay.core.models import Price
+from tests.helpers import CHAT, MODEL, deploy
 
-# The tool executor and workflow callback servers of tests/tool_tests and
-# tests/workflow_tests, reused as they are (real servers on 127.0.0.1).
-from tests.tool_tests.conftest import executor, executor_server  # noqa: F401
-from tests.workflow_tests.conftest import callback, callback_server  # noqa: F401
-
-MODEL = "openrelay/gemma-4-31b"
-CHAT = "/v1/chat/completions"
 # USD per 1M tokens at the sync rate.
 PRICE_INPUT, PRICE_CACHED_INPUT, PRICE_OUTPUT = Decimal("0.20"), Decimal("0.05"), Decimal("0.80")
 # ~200 prompt tokens: the simulator reports 64 of them cached.
@@ -31,25 +23,17 @@ LONG = "word " * 160
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
-    settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # executors and callbacks listen on 127.0.0.1
-
-
+def _storage_and_loopback(tmp_storage, settings):
+    settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # executors and callbacks (tests/fixtures/) listen on 127.0.0.1
 
 
 @pytest.fixture
 def model(transactional_db, sim):
-    model = Model.objects.create(name=MODEL)
-    Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model="sim-upstream", max_concurrency=16)
+    """Overrides the shared `model`: priced, and on the session's simulator (not a simulator of the test's own)."""
+    model = deploy(MODEL, sim.base_url)
     Price.objects.create(model=model, input_per_mtok=PRICE_INPUT, cached_input_per_mtok=PRICE_CACHED_INPUT,
                          output_per_mtok=PRICE_OUTPUT)
     return model
-
-
-def chat(content, **extra):
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
 
 
 def record(custom_id, body):
@@ -79,13 +63,6 @@ def run_batch_in_thread(batch):
     worker = threading.Thread(target=work)
     worker.start()
     return worker
-
-
-def read_lines(file):
-    if file is None:
-        return []
-    with open_content(file) as f:
-        return [orjson.loads(line) for line in f.read().splitlines()]
 
 
 def usage_of_lines(lines):

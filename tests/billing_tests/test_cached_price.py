@@ -14,7 +14,8 @@ from django.urls import reverse
 from batches.engine.runner import run_batch
 from billing.models import LedgerEntry
 from openrelay.core.models import Price
-from tests.billing_tests.conftest import LONG, MODEL, PRICE_INPUT, PRICE_OUTPUT, chat, create, oracle_cost
+from tests.billing_tests.conftest import LONG, PRICE_INPUT, PRICE_OUTPUT, create, oracle_cost
+from tests.helpers import MODEL, chat
 
 
 @pytest.fixture

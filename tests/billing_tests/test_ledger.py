@@ -16,16 +16,8 @@ from batches.models import Batch
 from billing import ledger
 from billing.models import LedgerEntry
 from openrelay.core.models import Price
-from tests.billing_tests.conftest import (
-    LONG,
-    MODEL,
-    as_usd,
-    chat,
-    create,
-    oracle_cost,
-    read_lines,
-    usage_of_lines,
-)
+from tests.billing_tests.conftest import LONG, as_usd, create, oracle_cost, usage_of_lines
+from tests.helpers import MODEL, chat, read_lines
 
 USAGE = {"input_tokens": 1000, "cached_tokens": 256, "output_tokens": 300, "reasoning_tokens": 12}
 

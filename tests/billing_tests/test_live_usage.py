@@ -4,7 +4,8 @@ import time
 from decimal import Decimal
 
 from billing.models import LedgerEntry
-from tests.billing_tests.conftest import LONG, as_usd, chat, create, run_batch_in_thread
+from tests.billing_tests.conftest import LONG, as_usd, create, run_batch_in_thread
+from tests.helpers import chat
 
 
 def test_it_shows_usage_and_cost_rising_while_the_batch_runs(alice, model, sim):

@@ -4,7 +4,8 @@ from batches.engine.runner import run_batch
 from batches.models import Batch
 from batches.presenters import batch_object
 from billing.models import LedgerEntry
-from tests.billing_tests.conftest import LONG, MODEL, oracle_cost, read_lines
+from tests.billing_tests.conftest import LONG, oracle_cost
+from tests.helpers import MODEL, read_lines
 
 RESPONSES, MODERATIONS = "/v1/responses", "/v1/moderations"
 

@@ -7,7 +7,8 @@ from django.utils import timezone
 
 from batches.engine.runner import run_batch
 from billing.models import LedgerEntry
-from tests.billing_tests.conftest import LONG, MODEL, as_usd, chat, create, oracle_cost
+from tests.billing_tests.conftest import LONG, as_usd, create, oracle_cost
+from tests.helpers import MODEL, chat
 
 OTHER_MODEL = "openrelay/other-model"
 URL = "/v1/organization/usage"

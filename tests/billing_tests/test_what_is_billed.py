@@ -13,19 +13,9 @@ from batches.engine.runner import run_batch
 from batches.models import Record, RecordStatus
 from billing.models import LedgerEntry
 from openrelay.simulator.answers import answer_chat
-from tests.billing_tests.conftest import (
-    CHAT,
-    LONG,
-    MODEL,
-    as_usd,
-    chat,
-    create,
-    oracle_cost,
-    read_lines,
-    run_batch_in_thread,
-    usage_of_lines,
-)
-from tests.tool_tests.conftest import per_record, status
+from tests.billing_tests.conftest import LONG, as_usd, create, oracle_cost, run_batch_in_thread, usage_of_lines
+from tests.fixtures.tool_executor import per_record, status
+from tests.helpers import CHAT, MODEL, chat, read_lines
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}

@@ -12,28 +12,22 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
 from typer.testing import CliRunner
 
 from openrelay.cli.app import app
-from openrelay.core.models import Deployment, Model
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
+from tests.helpers import MODEL, ROOT, database_url, deploy
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "openrelay/gemma-4-31b"
 CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture
-def data_dir(tmp_path, settings):
-    """Storage shared by the live server (this process) and worker subprocesses."""
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+def data_dir(tmp_storage, tmp_path, settings):
+    """Storage shared by the live server (this process) and worker subprocesses: tmp_storage, uploads in tmp_path."""
     settings.FILE_UPLOAD_TEMP_DIR = str(tmp_path)
     return tmp_path
 
@@ -45,10 +39,9 @@ def base_url(live_server, data_dir):
 
 @pytest.fixture
 def model(transactional_db):
+    """Overrides the shared `model`: MODEL on a simulator of the test's own with the default config, max_concurrency 8."""
     with run_in_thread(SimulatorConfig()) as sim:
-        model = Model.objects.create(name=MODEL)
-        Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model="x", max_concurrency=8)
-        yield model
+        yield deploy(MODEL, sim.base_url, upstream_model="x", max_concurrency=8)
 
 
 @dataclass
@@ -99,13 +92,6 @@ def wait_for(predicate, what, timeout=30):
 # A real django-q2 cluster (after tests/engine_tests/test_workers.py)
 
 
-def _database_url():
-    s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
-
-
 @pytest.fixture
 def worker(data_dir, model):
     """`manage.py qcluster` on the test database, killed (with its workers) after the test."""
@@ -115,7 +101,7 @@ def worker(data_dir, model):
 
         # Tasks other tests enqueued without a worker would be run first.
         redis.Redis.from_url(django_settings.REDIS_URL).delete(f"django_q:{Conf.PREFIX}:q")
-    env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
+    env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
            "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_ALLOW_PRIVATE_URLS": "true"}
     process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -2,10 +2,8 @@
 
 import json
 
-from tests.webhooks_tests.conftest import receiver, verifier  # noqa: F401  (a real receiver, the SDK's check)
 
-
-def test_the_webhook_commands(orl, alice, receiver, verifier):  # noqa: F811
+def test_the_webhook_commands(orl, alice, receiver, verifier):
     created = orl("webhooks", "create", receiver.url, "--name", "ci", "--event", "batch.completed",
                   "--event", "batch.failed")
     assert created.exit_code == 0, created.output

@@ -18,33 +18,16 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
 
-from openrelay.core.models import Deployment, Model
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
+from tests.helpers import MODEL, ROOT, database_url, deploy, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
-MODEL = "openrelay/gemma-4-31b"
-CHAT = "/v1/chat/completions"
 SERVERS = {
     "uvicorn": lambda port: ["-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
                              "--log-level", "warning", "openrelay.asgi:application"],
     "daphne": lambda port: ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"],
 }
-
-
-def database_url():
-    s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, what, timeout=30):
@@ -53,10 +36,6 @@ def wait_for(predicate, what, timeout=30):
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
     return value
-
-
-def stored_files(directory):
-    return sorted(p.relative_to(directory).as_posix() for p in Path(directory).rglob("*") if p.is_file())
 
 
 def chat_line(custom_id, content="hello"):
@@ -144,11 +123,9 @@ def daphne_server(django_db_setup, tmp_path_factory):
 
 @pytest.fixture
 def model(transactional_db):
-    """MODEL in the catalog, served by a simulated model server in a thread."""
+    """Overrides the shared `model`: MODEL on a simulator of the test's own with the default config."""
     with run_in_thread(SimulatorConfig()) as sim:
-        model = Model.objects.create(name=MODEL)
-        Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model="x", max_concurrency=16)
-        yield model
+        yield deploy(MODEL, sim.base_url, upstream_model="x")
 
 
 @pytest.fixture

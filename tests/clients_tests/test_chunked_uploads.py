@@ -6,8 +6,8 @@ import psutil
 import pytest
 
 from files.models import File
-from tests.clients_tests.conftest import chat_line, stored_files
-from tests.files_tests.conftest import streamed_multipart
+from tests.clients_tests.conftest import chat_line
+from tests.helpers import stored_files, streamed_multipart
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

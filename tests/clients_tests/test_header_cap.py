@@ -11,7 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.clients_tests.conftest import _listening, free_port, start, wait_for
+from tests.clients_tests.conftest import _listening, start, wait_for
+from tests.helpers import free_port
 
 APP = "openrelay.asgi:application"
 UVICORN = ["-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log", "--log-level", "warning"]

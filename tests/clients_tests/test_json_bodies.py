@@ -6,7 +6,8 @@ import orjson
 import pytest
 
 from batches.models import Batch
-from tests.clients_tests.conftest import CHAT, chat_line
+from tests.clients_tests.conftest import chat_line
+from tests.helpers import CHAT
 from webhooks.models import WebhookEndpoint
 
 pytestmark = pytest.mark.django_db(transaction=True)

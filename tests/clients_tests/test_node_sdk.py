@@ -8,7 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.clients_tests.conftest import ROOT, chat_line
+from tests.clients_tests.conftest import chat_line
+from tests.helpers import ROOT
 
 NODE_DIR = ROOT / "tests" / "node"
 

@@ -7,7 +7,7 @@ import time
 import openai
 import pytest
 
-from tests.clients_tests.conftest import MODEL
+from tests.helpers import MODEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

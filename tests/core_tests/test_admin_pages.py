@@ -3,11 +3,7 @@ import pytest
 from batches.models import Batch, BatchStatus
 from files import services as file_services
 
-
-@pytest.fixture(autouse=True)
-def _storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}}}
+pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
 
 
 @pytest.mark.django_db

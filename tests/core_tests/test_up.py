@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from tests.helpers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 EMBEDDED_ONLY = ("DATABASE_URL", "REDIS_URL")
 # `up` runs on the embedded defaults whatever the environment (these tests drop DATABASE_URL
@@ -20,12 +21,6 @@ EMBEDDED_ONLY = ("DATABASE_URL", "REDIS_URL")
 EMBEDDED_PASS_ONLY = pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")),
                                         reason="up runs on the embedded defaults: the SQLite pass runs it")
 pytestmark = EMBEDDED_PASS_ONLY
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _read_banner(process, deadline):
@@ -41,7 +36,7 @@ def _read_banner(process, deadline):
 
 @pytest.mark.slow
 def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
-    port, sim_port = _free_port(), _free_port()
+    port, sim_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
     env["OPENRELAY_DATA_DIR"] = str(tmp_path)
     process = subprocess.Popen(
@@ -115,7 +110,7 @@ def _record_statuses(tmp_path):
 def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp_path):
     """Ctrl-C reaches `up` (its children have sessions of their own): it stops the workers before
     the simulator, so calls in flight finish or go back to pending; none fails."""
-    port, sim_port = _free_port(), _free_port()
+    port, sim_port = free_port(), free_port()
     process, key = _start_up(tmp_path, port, sim_port)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)

@@ -16,7 +16,8 @@ from django.contrib.auth import get_user_model
 from openrelay.core.auth import authenticate_key
 from openrelay.core.management.commands.up import CREDENTIALS_FILE, KEPT, Command
 from openrelay.core.models import ApiKey
-from tests.core_tests.test_up import EMBEDDED_ONLY, EMBEDDED_PASS_ONLY, ROOT, _free_port
+from tests.core_tests.test_up import EMBEDDED_ONLY, EMBEDDED_PASS_ONLY, ROOT
+from tests.helpers import free_port
 
 
 @pytest.fixture
@@ -80,9 +81,9 @@ def _run_up(data_dir):
     """Start `manage.py up`; return (process, its output lines so far: stdout and stderr, as a terminal shows)."""
     env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
     env["OPENRELAY_DATA_DIR"] = str(data_dir)
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(_free_port())],
+        [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(free_port())],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
     lines = []

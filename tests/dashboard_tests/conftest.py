@@ -14,9 +14,8 @@ CHAT = "/v1/chat/completions"
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+def _storage(tmp_storage):
+    """Every dashboard test keeps its stored files in tmp_path."""
 
 
 @pytest.fixture(autouse=True)

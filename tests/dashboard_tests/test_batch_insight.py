@@ -9,8 +9,8 @@ from django.utils import timezone
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record, RecordStatus
 from tests.dashboard_tests.conftest import make_batch
-from tests.engine_tests.conftest import _storage, chat, model, sim  # noqa: F401  (engine fixtures)
-from tests.engine_tests.conftest import make_batch as make_engine_batch
+from tests.helpers import chat
+from tests.helpers import make_batch as make_engine_batch
 
 
 def _page(response):
@@ -100,7 +100,7 @@ def _error_codes(lines):
     return codes
 
 
-def test_failures_by_code_match_the_error_file_and_each_code_downloads_its_lines(alice_client, alice, model):  # noqa: F811
+def test_failures_by_code_match_the_error_file_and_each_code_downloads_its_lines(alice_client, alice, model):
     bodies = [chat("fine"), chat("bad [[status:400]]"), chat("bad [[status:400]]"), chat("gone [[status:404]]"),
               chat("fine")]
     batch = make_engine_batch(alice.org, bodies)
@@ -149,7 +149,7 @@ def test_the_batch_page_shows_metadata_rate_and_time_left(alice_client, alice):
     assert samples[0] == [int(start.timestamp()), 0, 0] and samples[-1][1] == 400
 
 
-def test_the_engine_samples_progress_as_it_runs_and_the_close_ends_it_at_the_finish(alice, model):  # noqa: F811
+def test_the_engine_samples_progress_as_it_runs_and_the_close_ends_it_at_the_finish(alice, model):
     # 16 calls at a time, 0.8 s each: ten waves, ~8 s, so a sample every 2 s gives at least three even when a
     # loaded machine stretches the first waves (five waves, ~4 s, gave two samples on a busy CI run).
     batch = make_engine_batch(alice.org, [chat(f"q{i} [[latency:800]]") for i in range(160)])

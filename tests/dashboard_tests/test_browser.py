@@ -20,7 +20,7 @@ import orjson
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import connection, connections
+from django.db import connections
 from playwright.sync_api import sync_playwright
 
 from batches.dashboard import events
@@ -29,6 +29,7 @@ from openrelay.core.models import Deployment, Membership, Model, Organization, P
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch
+from tests.helpers import database_url, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(settings.DATA_DIR) / "screenshots"
@@ -47,19 +48,6 @@ def _fast_passwords():
     """Overrides conftest's: the server process checks passwords with the default hashers."""
 
 
-def _database_url():
-    s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _wait_for(predicate, timeout, what):
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -71,7 +59,7 @@ class Processes:
     """The web server and the worker cluster, each in its own process group, on the test database."""
 
     def __init__(self, data_dir):
-        self.env = {**os.environ, "DATABASE_URL": _database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
+        self.env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
                     "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_LOG_LEVEL": "WARNING"}
         self.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         self.started = []
@@ -85,7 +73,7 @@ class Processes:
         log.close()
 
     def web(self, server):
-        port = _free_port()
+        port = free_port()
         if server == "uvicorn":
             argv = ["-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--no-access-log"]
         else:

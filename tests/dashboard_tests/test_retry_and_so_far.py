@@ -6,7 +6,7 @@ import orjson
 
 from batches.engine.runner import run_batch
 from batches.models import Batch
-from tests.engine_tests.conftest import _storage, chat, make_batch, model, sim  # noqa: F401  (engine fixtures)
+from tests.helpers import chat, make_batch
 
 
 def _retry_shown(page):
@@ -15,7 +15,7 @@ def _retry_shown(page):
     return " hidden" not in form
 
 
-def test_a_finished_batch_with_failures_offers_a_retry_that_makes_a_new_batch(alice_client, alice, model):  # noqa: F811
+def test_a_finished_batch_with_failures_offers_a_retry_that_makes_a_new_batch(alice_client, alice, model):
     batch = make_batch(alice.org, [chat("fine"), chat("bad [[status:400]]")])
     run_batch(batch.pk)
     page = alice_client.get(f"/batches/{batch.public_id}").content.decode()
@@ -32,14 +32,14 @@ def test_a_finished_batch_with_failures_offers_a_retry_that_makes_a_new_batch(al
     assert Batch.objects.count() == 2
 
 
-def test_no_retry_button_without_failures_or_before_the_end(alice_client, alice, model):  # noqa: F811
+def test_no_retry_button_without_failures_or_before_the_end(alice_client, alice, model):
     batch = make_batch(alice.org, [chat("fine")])
     assert not _retry_shown(alice_client.get(f"/batches/{batch.public_id}").content.decode())
     run_batch(batch.pk)
     assert not _retry_shown(alice_client.get(f"/batches/{batch.public_id}").content.decode())
 
 
-def test_the_lines_finished_so_far_download_while_it_runs(alice_client, alice, bob, model):  # noqa: F811
+def test_the_lines_finished_so_far_download_while_it_runs(alice_client, alice, bob, model):
     from batches.models import Record, RecordStatus
 
     batch = make_batch(alice.org, [chat("one"), chat("bad [[status:400]]"), chat("three")])

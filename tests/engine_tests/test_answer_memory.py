@@ -13,7 +13,7 @@ import pytest
 
 from batches.models import Record
 from openrelay.core.models import Deployment, Model
-from tests.engine_tests.conftest import MODEL, chat, make_batch, wait_for
+from tests.helpers import MODEL, chat, make_batch, wait_for
 
 CAP = 64 * 1024 * 1024
 MB = 1024 * 1024

@@ -8,24 +8,24 @@ import pytest
 from batches import services
 from batches.models import Batch
 from billing.models import LedgerEntry
-from tests.engine_tests.conftest import assert_exactly_once, chat, make_batch, read_lines, status_of, wait_for
-from tests.tool_tests.conftest import executor, executor_server, sleep  # noqa: F401 (fixtures)
-from tests.workflow_tests.conftest import Reply, callback, callback_server  # noqa: F401 (fixtures)
+from tests.fixtures.tool_executor import sleep
+from tests.fixtures.workflow_callback import Reply
+from tests.helpers import assert_exactly_once, chat, make_batch, read_lines, status_of, wait_for
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 # Short leases: a killed cluster's records are claimable again within 2 s.
 FAST = {"OPENRELAY_LEASE_S": 2}
 
 
-def tool_line(executor, i):  # noqa: F811
+def tool_line(executor, i):
     return chat(f"weather {i} [[tool_rounds:6]]", tools=[TOOL], openrelay={"tool_config": {"url": executor.url}})
 
 
-def workflow_line(callback, context):  # noqa: F811
+def workflow_line(callback, context):
     return {**chat("start"), "openrelay": {"workflow": {"url": callback.url, "context": context}}}
 
 
-def rounds_seen(executor):  # noqa: F811
+def rounds_seen(executor):
     """(custom_id, the round's tool_call ids) -> the Idempotency-Key of every POST of that round."""
     seen = defaultdict(list)
     for request in list(executor.received):
@@ -35,7 +35,7 @@ def rounds_seen(executor):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_kill_9_mid_tool_loop_resumes_at_the_round_in_flight(alice, model, executor, clusters):  # noqa: F811
+def test_kill_9_mid_tool_loop_resumes_at_the_round_in_flight(alice, model, executor, clusters):
     executor.answer(sleep(0.3))
     batch = make_batch(alice.org, [tool_line(executor, i) for i in range(6)])
     first = clusters(**FAST)
@@ -55,7 +55,7 @@ def test_kill_9_mid_tool_loop_resumes_at_the_round_in_flight(alice, model, execu
     assert any(len(keys) == 2 for keys in seen.values()), "no round was in flight at the kill"
 
 
-def steps_by_record(callback):  # noqa: F811
+def steps_by_record(callback):
     steps = defaultdict(list)
     for call in list(callback.calls):
         steps[call.payload["custom_id"]].append((call.payload["step"], call.headers["Idempotency-Key"]))
@@ -63,7 +63,7 @@ def steps_by_record(callback):  # noqa: F811
 
 
 @pytest.mark.slow
-def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback, clusters):  # noqa: F811
+def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback, clusters):
     alice.org.workflows_enabled = True
     alice.org.save(update_fields=["workflows_enabled"])
     hang = {"at_step_3": True}
@@ -96,7 +96,7 @@ def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback
 
 
 @pytest.mark.slow
-def test_cancel_and_expiry_mid_workflow_bill_exactly_the_succeeded_requests(alice, model, callback, clusters):  # noqa: F811
+def test_cancel_and_expiry_mid_workflow_bill_exactly_the_succeeded_requests(alice, model, callback, clusters):
     alice.org.workflows_enabled = True
     alice.org.save(update_fields=["workflows_enabled"])
 

@@ -7,9 +7,7 @@ from batches.engine import store
 from batches.engine.loops import checkpoints
 from batches.engine.runner import run_batch
 from batches.models import Record
-from tests.engine_tests.conftest import chat, make_batch, read_lines
-from tests.tool_tests.conftest import executor, executor_server  # noqa: F401 (fixtures)
-from tests.workflow_tests.conftest import callback, callback_server  # noqa: F401 (fixtures)
+from tests.helpers import chat, make_batch, read_lines
 
 TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
 OWNER = "test-engine"
@@ -20,7 +18,7 @@ def _private_urls(settings):
     settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # the executor and the callback listen on 127.0.0.1
 
 
-def tool_body(executor, rounds):  # noqa: F811
+def tool_body(executor, rounds):
     return chat(f"weather [[tool_rounds:{rounds}]]", tools=[TOOL],
                 openrelay={"tool_config": {"url": executor.url}})
 
@@ -47,7 +45,7 @@ def key(batch, *parts):
     return checkpoints.idempotency_key(":".join(map(str, (batch.public_id, 1, *parts))))
 
 
-def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor):  # noqa: F811
+def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor):
     batch = make_batch(alice.org, [tool_body(executor, 3)])
     hand_back_with(batch, {"kind": "tools", "rounds": 2, "usage": [100, 0, 10, 0], "added": round_messages(2),
                            "pending": None})
@@ -63,7 +61,7 @@ def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor): 
     assert Record.objects.get(batch=batch).checkpoint is None
 
 
-def test_it_runs_the_checkpointed_turns_tool_calls_without_asking_the_model_again(alice, model, executor):  # noqa: F811
+def test_it_runs_the_checkpointed_turns_tool_calls_without_asking_the_model_again(alice, model, executor):
     batch = make_batch(alice.org, [tool_body(executor, 2)])
     added = round_messages(2)
     hand_back_with(batch, {"kind": "tools", "rounds": 1, "usage": [100, 0, 10, 0], "added": added[:2],
@@ -77,7 +75,7 @@ def test_it_runs_the_checkpointed_turns_tool_calls_without_asking_the_model_agai
     assert line["response"]["body"]["choices"][0]["finish_reason"] == "stop"
 
 
-def test_it_resumes_a_workflow_at_its_step_in_flight(alice, model, callback):  # noqa: F811
+def test_it_resumes_a_workflow_at_its_step_in_flight(alice, model, callback):
     alice.org.workflows_enabled = True
     alice.org.save(update_fields=["workflows_enabled"])
     body = {**chat("start"), "openrelay": {"workflow": {"url": callback.url}}}

@@ -10,7 +10,7 @@ from batches.models import Batch, Record, RecordStatus
 from openrelay.core.models import Deployment
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.engine_tests.conftest import chat, make_batch, read_lines
+from tests.helpers import chat, make_batch, read_lines
 
 
 def _finished(batch):
@@ -176,7 +176,7 @@ def test_a_dead_engines_many_records_are_taken_back_at_the_claim_rate(alice, mod
     25 s); an engine that finds some keeps claiming them at its claim rate."""
     from datetime import timedelta
 
-    from tests.engine_tests.conftest import wait_for
+    from tests.helpers import wait_for
 
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(400)])
     store.claim(batch.pk, "dead-worker", 400, lease_s=1)

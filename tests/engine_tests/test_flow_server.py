@@ -113,10 +113,9 @@ def test_two_organizations_share_an_adapting_model_evenly(alice, model, adaptive
     Alice's finished first. Now Bob's 300 finish while Alice has 700-1,000 (fixed limits: 530-840;
     an even split would be ~300: the gap is the engine's, not the limit's, and is noted for later)."""
     from batches.models import Batch
-    from tests.conftest import make_persona
-    from tests.engine_tests.conftest import chat as record
-    from tests.engine_tests.conftest import make_batch, status_of, wait_for
     from tests.engine_tests.test_shares import Engines
+    from tests.helpers import chat as record
+    from tests.helpers import make_batch, make_persona, status_of, wait_for
 
     adaptive.OPENRELAY_CONCURRENCY_START = 4
     bob = make_persona("bob-org")

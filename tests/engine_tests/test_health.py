@@ -7,8 +7,8 @@ from batches.models import Record
 from openrelay.core.models import Deployment
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.engine_tests.conftest import assert_exactly_once, chat, make_batch, status_of, succeeded, wait_for
 from tests.engine_tests.test_shares import Engines
+from tests.helpers import assert_exactly_once, chat, make_batch, status_of, succeeded, wait_for
 
 
 def test_the_only_model_server_away_for_seconds_is_a_pause_not_failed_records(alice, model, settings):

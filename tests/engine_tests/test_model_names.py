@@ -12,7 +12,7 @@ from batches.engine.runner import run_batch
 from batches.presenters import batch_object
 from openrelay.core.models import Deployment
 from openrelay.simulator.server import AppThread
-from tests.engine_tests.conftest import MODEL, chat, make_batch, read_lines
+from tests.helpers import MODEL, chat, make_batch, read_lines
 
 
 def files_text(batch):

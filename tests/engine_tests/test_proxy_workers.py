@@ -9,18 +9,8 @@ import threading
 import pytest
 
 from openrelay.core.models import Deployment
-from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
-    _storage,
-    assert_exactly_once,
-    chat,
-    clusters,
-    make_batch,
-    model,
-    sim,
-    status_of,
-    wait_for,
-)
 from tests.engine_tests.test_proxies import Proxy
+from tests.helpers import assert_exactly_once, chat, make_batch, status_of, wait_for
 
 RECORDS = 20
 # .invalid never resolves (RFC 6761): only the proxy knows where this model server is.
@@ -61,7 +51,7 @@ def no_proxies(monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_worker_cluster_reaches_a_deployment_only_its_proxy_can_reach(alice, model, sim, clusters, no_proxies):  # noqa: F811
+def test_a_worker_cluster_reaches_a_deployment_only_its_proxy_can_reach(alice, model, sim, clusters, no_proxies):
     port = sim.base_url.rsplit(":", 1)[1].split("/")[0]
     Deployment.objects.filter(model=model).update(base_url=f"http://{HIDDEN_HOST}:{port}/v1")
     with ProxyThread(hosts={HIDDEN_HOST: "127.0.0.1"}) as proxy:
@@ -80,7 +70,7 @@ def test_a_worker_cluster_reaches_a_deployment_only_its_proxy_can_reach(alice, m
 
 
 @pytest.mark.slow
-def test_a_worker_cluster_calls_a_no_proxy_host_directly(alice, model, clusters, no_proxies):  # noqa: F811
+def test_a_worker_cluster_calls_a_no_proxy_host_directly(alice, model, clusters, no_proxies):
     with ProxyThread() as proxy:
         batch = make_batch(alice.org, [chat(f"q {i}") for i in range(RECORDS)])
         clusters(HTTP_PROXY=f"http://127.0.0.1:{proxy.port}", NO_PROXY="localhost,127.0.0.1")

@@ -5,7 +5,7 @@ import orjson
 from batches.engine.runner import run_batch
 from batches.models import Batch, BatchStatus
 from files import services as file_services
-from tests.engine_tests.conftest import chat, make_batch
+from tests.helpers import chat, make_batch
 
 
 def _input_lines(batch):

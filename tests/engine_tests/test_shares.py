@@ -13,9 +13,8 @@ from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.conftest import make_persona
-from tests.engine_tests.conftest import chat, make_batch, status_of, wait_for
-from tests.tool_tests.conftest import ExecutorServer, sleep
+from tests.fixtures.tool_executor import ExecutorServer, sleep
+from tests.helpers import chat, make_batch, make_persona, status_of, wait_for
 
 
 def test_split_adds_up_to_the_whole_and_differs_by_at_most_one():

@@ -5,7 +5,7 @@ from django.utils import timezone
 from batches import lifecycle
 from batches.engine.runner import run_batch
 from batches.models import Batch
-from tests.engine_tests.conftest import chat, make_batch
+from tests.helpers import chat, make_batch
 
 
 def test_an_engine_that_loses_the_start_race_still_runs_records(alice, model, monkeypatch):

@@ -8,7 +8,7 @@ from batches.engine.calls.usage import Usage
 from batches.engine.runner import run_batch
 from openrelay.core.models import Deployment
 from openrelay.simulator.server import AppThread
-from tests.engine_tests.conftest import chat, make_batch, read_lines
+from tests.helpers import chat, make_batch, read_lines
 
 # What a real server said (llama.cpp answered n: 2 with one choice's tokens), and worse.
 USAGES = {

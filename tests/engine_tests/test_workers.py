@@ -10,14 +10,7 @@ from batches.models import Record
 from openrelay.core.models import Deployment
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.engine_tests.conftest import (
-    assert_exactly_once,
-    chat,
-    make_batch,
-    status_of,
-    succeeded,
-    wait_for,
-)
+from tests.helpers import assert_exactly_once, chat, make_batch, status_of, succeeded, wait_for
 
 
 @pytest.mark.slow

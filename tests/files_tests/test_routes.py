@@ -10,7 +10,8 @@ from django.utils import timezone
 
 from files import services
 from files.models import File
-from tests.files_tests.conftest import CHAT_LINE, assert_envelope, stored_files
+from tests.files_tests.conftest import assert_envelope
+from tests.helpers import CHAT_LINE, stored_files
 
 pytestmark = pytest.mark.django_db
 

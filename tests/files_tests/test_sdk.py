@@ -4,12 +4,7 @@ import openai
 import pytest
 
 from files import services
-from tests.files_tests.conftest import CHAT_LINE, stored_files
-
-
-@pytest.fixture
-def sdk(live_server, alice):
-    return openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=alice.key, max_retries=0)
+from tests.helpers import CHAT_LINE, stored_files
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from files.models import File
 from files.uploads import BatchInputUploadHandler
-from tests.files_tests.conftest import CHAT_LINE, assert_envelope, assert_nothing_left, stored_files, streamed_multipart
+from tests.files_tests.conftest import assert_envelope, assert_nothing_left
+from tests.helpers import CHAT_LINE, stored_files, streamed_multipart
 
 pytestmark = pytest.mark.django_db
 

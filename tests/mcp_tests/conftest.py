@@ -1,235 +1,26 @@
-"""Real MCP servers for the executor tests.
+"""MCP helpers for the executor tests: a hand-written server, and running the executor.
 
-* `official_server` / `stateless_server` / `auth_server`: the official `mcp`
-  package's MCPServer (2.x's name for FastMCP) over Streamable HTTP, served by
-  uvicorn on 127.0.0.1 in a background thread (mcp-notes.md section 3). A
-  small ASGI wrapper records what reached the server and what it answered.
 * `scripted_server`: a hand-written aiohttp JSON-RPC server, for what the
   official server never does (404/405 on initialize, CRLF streams built by
   hand, malformed bodies, slow answers...). It runs inside the test's own
   event loop.
+* The official servers (`official_server`, `stateless_server`, `auth_server`)
+  are shared: tests/fixtures/mcp_servers.py.
 
 pytest-asyncio is not installed: scenarios run in asyncio.run.
 """
 
 import asyncio
 import json
-import threading
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import pytest
-import uvicorn
 from aiohttp import web
-from mcp.server import MCPServer
-from mcp.server.auth.provider import AccessToken
-from mcp.server.auth.settings import AuthSettings
-from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
 
 from batches.engine.tools.mcp import McpExecutor
 from openrelay.lib.outbound import OutboundClient
-
-SECRET = "sk-mcp-very-secret-token"
-AUTHORIZATION = f"Bearer {SECRET}"
-
-
-# --- what a server saw -----------------------------------------------------
-
-
-@dataclass
-class Seen:
-    """One HTTP request as the server received it (header names lower-case)."""
-
-    method: str
-    headers: dict
-    message: object
-    status: int | None = None
-    response_headers: dict = field(default_factory=dict)
-    response_body: bytes = b""
-
-    @property
-    def rpc_method(self):
-        return self.message.get("method") if isinstance(self.message, dict) else None
-
-
-def rpc_methods(seen):
-    return [s.rpc_method for s in seen]
-
-
-class Recorder:
-    """ASGI wrapper: records each HTTP request and the status it got.
-
-    JSON-RPC POSTs go to `seen`; the DELETEs that end sessions to `deleted`.
-    """
-
-    def __init__(self, app):
-        self.app = app
-        self.seen: list[Seen] = []
-        self.deleted: list[Seen] = []
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        body = b""
-        more = True
-        while more:
-            msg = await receive()
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        entry = Seen(scope["method"], headers, json.loads(body) if body else None)
-        (self.deleted if scope["method"] == "DELETE" else self.seen).append(entry)
-        replayed = False
-
-        async def replay():
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        async def record_send(msg):
-            if msg["type"] == "http.response.start":
-                entry.status = msg["status"]
-                entry.response_headers = {
-                    k.decode("latin-1").lower(): v.decode("latin-1") for k, v in msg.get("headers", [])
-                }
-            elif msg["type"] == "http.response.body":
-                entry.response_body += msg.get("body", b"")
-            await send(msg)
-
-        await self.app(scope, replay, record_send)
-
-
-# --- the official server ---------------------------------------------------
-
-
-class StaticTokens:
-    """A TokenVerifier that knows one token."""
-
-    async def verify_token(self, token):
-        if token == SECRET:
-            return AccessToken(token=token, client_id="batch-worker", scopes=["tools"])
-        return None
-
-
-def build_mcp_server(*, auth=False):
-    """An MCPServer with the tools the tests call; `received` logs raw arguments."""
-    kwargs = {}
-    if auth:
-        kwargs = {
-            "token_verifier": StaticTokens(),
-            "auth": AuthSettings(
-                issuer_url="http://127.0.0.1:1/issuer",
-                resource_server_url=None,
-                required_scopes=["tools"],
-            ),
-        }
-    server = MCPServer("openrelay-test", version="1.0", **kwargs)
-    received = []
-
-    @server.tool()
-    async def lookup(query: str, ctx: Context) -> str:
-        """Look a contract up."""
-        # MCPServer tools cannot declare `_context` (no leading underscore),
-        # and validation drops it; the raw params still carry it.
-        received.append(dict(ctx.request_context.params["arguments"]))
-        return f"found {query}"
-
-    @server.tool()
-    async def chatty(ctx: Context) -> str:
-        """Logs before answering, so the SSE stream carries a notification first."""
-        await ctx.info("working on it")
-        return "done talking"
-
-    @server.tool()
-    def pair() -> list[str]:
-        """Two text content items."""
-        return ["first", "second"]
-
-    @server.tool()
-    def refuse() -> str:
-        """A tool error (isError: true)."""
-        raise ToolError("contract is locked")
-
-    return server, received
-
-
-@dataclass
-class OfficialServer:
-    url: str
-    recorder: Recorder
-    received: list
-
-    @property
-    def seen(self):
-        return self.recorder.seen
-
-    @property
-    def deleted(self):
-        return self.recorder.deleted
-
-    def reset(self):
-        self.recorder.seen.clear()
-        self.recorder.deleted.clear()
-        self.received.clear()
-
-
-def _serve_official(**app_options):
-    auth = app_options.pop("auth", False)
-    mcp, received = build_mcp_server(auth=auth)
-    recorder = Recorder(mcp.streamable_http_app(**app_options))
-    server = uvicorn.Server(uvicorn.Config(recorder, host="127.0.0.1", port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    if not server.started:
-        raise RuntimeError("the MCP server did not start")
-    port = server.servers[0].sockets[0].getsockname()[1]
-    return server, thread, OfficialServer(f"http://127.0.0.1:{port}/mcp", recorder, received)
-
-
-def _official_fixture(**app_options):
-    @pytest.fixture(scope="session")
-    def running():
-        server, thread, handle = _serve_official(**app_options)
-        yield handle
-        server.should_exit = True
-        thread.join(timeout=5)
-
-    return running
-
-
-_official_stateful = _official_fixture()
-_official_stateless = _official_fixture(stateless_http=True, json_response=True)
-_official_auth = _official_fixture(auth=True)
-
-
-@pytest.fixture
-def official_server(_official_stateful):
-    """Default mode: sessions and SSE responses."""
-    _official_stateful.reset()
-    return _official_stateful
-
-
-@pytest.fixture
-def stateless_server(_official_stateless):
-    """stateless_http + json_response: no session id, plain JSON answers."""
-    _official_stateless.reset()
-    return _official_stateless
-
-
-@pytest.fixture
-def auth_server(_official_auth):
-    """Stateful, and every request needs `Bearer SECRET` with scope tools."""
-    _official_auth.reset()
-    return _official_auth
-
+from tests.fixtures.mcp_servers import Seen
 
 # --- the hand-written server -----------------------------------------------
 

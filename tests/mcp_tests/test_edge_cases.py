@@ -9,10 +9,9 @@ from aiohttp import web
 
 from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
 from openrelay.lib.outbound import HOST_REFUSED, OutboundClient
+from tests.fixtures.mcp_servers import AUTHORIZATION, SECRET, rpc_methods
 
 from .conftest import (
-    AUTHORIZATION,
-    SECRET,
     SESSION,
     McpExecutor,
     accepted,
@@ -20,7 +19,6 @@ from .conftest import (
     execute_rounds,
     handshake_ok,
     init_result,
-    rpc_methods,
     rpc_response,
     scripted_server,
     sse_response,

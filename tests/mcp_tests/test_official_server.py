@@ -4,8 +4,9 @@ import pytest
 
 from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
 from batches.engine.tools.mcp import CLIENT_NAME, CLIENT_VERSION
+from tests.fixtures.mcp_servers import AUTHORIZATION, SECRET, rpc_methods
 
-from .conftest import AUTHORIZATION, SECRET, config, rpc_methods, run_rounds, tool_call
+from .conftest import config, run_rounds, tool_call
 
 ACCEPT = "application/json, text/event-stream"
 

@@ -8,9 +8,9 @@ import pytest
 from batches.engine.tools.executors import ToolResult
 from batches.engine.tools.mcp import ACCEPT, McpExecutor
 from openrelay.lib.outbound import OutboundClient
+from tests.fixtures.mcp_servers import AUTHORIZATION
 
 from .conftest import (
-    AUTHORIZATION,
     SESSION,
     config,
     execute_rounds,

@@ -16,8 +16,7 @@ from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-
-from .conftest import AUTHORIZATION, SECRET, rpc_methods
+from tests.fixtures.mcp_servers import AUTHORIZATION, SECRET, rpc_methods
 
 CHAT = "/v1/chat/completions"
 SIM_MODEL = "sim-model"

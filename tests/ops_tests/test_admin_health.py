@@ -3,28 +3,20 @@ calls in flight against the limit, calls a minute, error rate; each model's queu
 
 import re
 
+import pytest
 from django.test import Client
 
 from batches.models import Engine
 from openrelay.core.models import Deployment
-from tests.conftest import make_persona
-from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
-    MODEL,
-    _storage,
-    chat,
-    clusters,
-    make_batch,
-    model,
-    sim,
-    status_of,
-    wait_for,
-)
+from tests.helpers import chat, make_batch, make_persona, status_of, wait_for
 from tests.ops_tests.conftest import closed_port
+
+pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
 
 KEY = "sk-upstream-Secret-0123456789abcdef"
 
 
-def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, admin_user):  # noqa: F811
+def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, admin_user):
     dead = Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1",
                                      upstream_model="m", api_key=KEY, max_concurrency=8)
     alice = make_persona("alice-org")
@@ -68,7 +60,7 @@ def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, ad
     assert "queue depth" in models.lower() and re.search(r"0 / (24|\d+ \(max 24\))<", models)
 
 
-def test_it_shows_each_models_queue_depth(model, admin_user):  # noqa: F811
+def test_it_shows_each_models_queue_depth(model, admin_user):
     alice = make_persona("alice-org")
     batch = make_batch(alice.org, [chat(f"q {i}") for i in range(7)])
     batch.status = "in_progress"

@@ -4,23 +4,15 @@ import logging
 from pathlib import Path
 
 import orjson
+import pytest
 
 from batches.models import Record
 from openrelay.core.models import Deployment
 from openrelay.lib import logs
-from tests.conftest import make_persona
-from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
-    MODEL,
-    _storage,
-    chat,
-    clusters,
-    make_batch,
-    model,
-    sim,
-    status_of,
-    wait_for,
-)
+from tests.helpers import chat, make_batch, make_persona, status_of, wait_for
 from tests.ops_tests.conftest import closed_port
+
+pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
 
 KEY = "sk-upstream-Secret-0123456789abcdef"
 SECRET_KEY = "django-secret-key-for-the-json-log-test-42"
@@ -31,7 +23,7 @@ def json_lines(path):
     return [orjson.loads(line) for line in lines]  # a line that is not JSON fails here
 
 
-def test_a_clusters_lines_parse_carry_batch_and_record_ids_and_no_secret(model, clusters, tmp_path):  # noqa: F811
+def test_a_clusters_lines_parse_carry_batch_and_record_ids_and_no_secret(model, clusters, tmp_path):
     Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1", upstream_model="m",
                               api_key=KEY, max_concurrency=8)
     batch = make_batch(make_persona("alice-org").org, [chat(f"q {i}") for i in range(20)])

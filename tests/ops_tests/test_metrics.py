@@ -7,19 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batches.engine import tallies
 from batches.models import Batch, Record, Tally
-from tests.conftest import make_persona
-from tests.engine_tests.conftest import (  # noqa: F401 (fixtures)
-    MODEL,
-    _storage,
-    chat,
-    clusters,
-    make_batch,
-    model,
-    read_lines,
-    sim,
-    status_of,
-    wait_for,
-)
+from tests.helpers import MODEL, chat, make_batch, make_persona, read_lines, status_of, wait_for
+
+pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
 
 TOKEN = "metrics-token-7f3a9c"
 
@@ -58,7 +48,7 @@ def test_it_wants_the_token_as_a_bearer_credential(db, token):
     assert "openrelay_batches" in scrape()
 
 
-def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_workers(model, clusters, token):  # noqa: F811
+def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_workers(model, clusters, token):
     alice = make_persona("alice-org")
     deployment = str(model.deployments.get().pk)
     before = samples(scrape())
@@ -128,7 +118,7 @@ def test_tallies_add_up_across_saves(db, token):
     assert value(figures, "openrelay_record_resumes_total") == 1
 
 
-def test_calls_in_flight_rise_while_real_workers_call_and_a_dead_deployment_reads_down(model, clusters, token):  # noqa: F811
+def test_calls_in_flight_rise_while_real_workers_call_and_a_dead_deployment_reads_down(model, clusters, token):
     from openrelay.core.models import Deployment
     from tests.ops_tests.conftest import closed_port
 

@@ -16,9 +16,8 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from files import storage
-from tests.conftest import make_persona
-from tests.engine_tests.conftest import MODEL, Cluster, model, sim, status_of, wait_for  # noqa: F401 (fixtures)
-from tests.ops_tests.conftest import free_port
+from tests.fixtures.clusters import Cluster
+from tests.helpers import MODEL, free_port, make_persona, status_of, wait_for
 
 # 20 ms calls, so the batch lasts long enough for both machines' engines to join whichever
 # sees it first (40 instant calls could all go to one engine on a loaded machine).
@@ -97,7 +96,7 @@ def test_ranged_reads_give_every_line_across_range_edges(on_s3):
 
 
 def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separate_data_folders(
-        on_s3, model, tmp_path):  # noqa: F811
+        on_s3, model, tmp_path):
     import psutil
 
     from batches.models import Batch, Engine

@@ -2,16 +2,9 @@
 
 import pytest
 from django.conf import settings as django_settings
-from django.db import connection
 
+from tests.helpers import database_url
 from tests.ops_tests.conftest import closed_port
-
-
-def database_url():
-    s = connection.settings_dict
-    if s["ENGINE"].endswith("sqlite3"):
-        return f"sqlite:///{s['NAME']}"
-    return f"postgres://{s['USER']}@{s['HOST']}:{s['PORT']}/{s['NAME']}"
 
 
 def test_it_answers_ready_when_the_database_and_broker_answer(client, db):

@@ -32,6 +32,7 @@ from openrelay.lib.outbound import (
     is_blocked_address,
     redact_headers,
 )
+from tests.helpers import free_port
 
 SECRET = "sk-live-very-secret-token"
 CAP = 10 * 1024 * 1024
@@ -169,12 +170,6 @@ async def raw_server(response: bytes, trailing: int = 0):
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- addresses -------------------------------------------------------------

@@ -35,7 +35,7 @@ def setup(database_url):
 
 def make_world(sim):
     from openrelay.core.models import Deployment, Model
-    from tests.conftest import make_persona
+    from tests.helpers import make_persona
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
     Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model="sim", max_concurrency=64)
@@ -46,7 +46,7 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 
 
 def tool_lines(executor, n, rounds):
-    from tests.engine_tests.conftest import chat
+    from tests.helpers import chat
 
     return [chat(f"q{i} [[tool_rounds:{rounds}]]", tools=[TOOL], openrelay={"tool_config": {"url": executor.url}})
             for i in range(n)]
@@ -56,7 +56,7 @@ def bench_turn(org, executor):
     """The state after each of 6 rounds of the simulator's loop, encoded and written."""
     from batches.engine import store
     from batches.engine.loops import checkpoints
-    from tests.engine_tests.conftest import make_batch
+    from tests.helpers import make_batch
 
     batch = make_batch(org, tool_lines(executor, 640, 6))
     claimed = store.claim(batch.pk, "bench", 640, lease_s=600)
@@ -91,7 +91,7 @@ def bench_batch(org, executor, records):
 
     from batches.engine.runner import Engine
     from batches.models import Record
-    from tests.engine_tests.conftest import make_batch
+    from tests.helpers import make_batch
 
     batch = make_batch(org, tool_lines(executor, records, 1))
     engine = Engine(only=[batch.pk], until_closed=True)
@@ -128,8 +128,9 @@ def bench_batch(org, executor, records):
 
 
 def bench_resume(org, executor):
-    from tests.engine_tests.conftest import Cluster, make_batch, status_of
-    from tests.tool_tests.conftest import sleep
+    from tests.fixtures.clusters import Cluster
+    from tests.fixtures.tool_executor import sleep
+    from tests.helpers import make_batch, status_of
 
     executor.reset()
     executor.answer(sleep(0.2))
@@ -170,7 +171,7 @@ def main():
     dropper = setup(args.database_url)
     from openrelay.simulator.config import SimulatorConfig
     from openrelay.simulator.server import run_in_thread
-    from tests.tool_tests.conftest import ExecutorServer
+    from tests.fixtures.tool_executor import ExecutorServer
 
     skip = set(filter(None, args.skip.split(",")))
     executor = ExecutorServer().start()

@@ -1,19 +1,21 @@
-"""Shared helpers for the reliability and security tests."""
+"""Shared helpers for the reliability and security tests.
+
+The real user-URL servers they call (a tool executor, a workflow callback,
+the official MCP server requiring a bearer token) are tests/fixtures/'s.
+"""
 
 import orjson
 import pytest
 
 from openrelay.core.models import Deployment, Model
+from tests.helpers import CHAT, MODEL
 
-MODEL = "openrelay/gemma-4-31b"
-CHAT = "/v1/chat/completions"
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+def _storage(tmp_storage):
+    """Every reliability test keeps its stored files in tmp_path."""
 
 
 @pytest.fixture
@@ -63,11 +65,3 @@ def create(client, **body):
     body.setdefault("endpoint", CHAT)
     body.setdefault("completion_window", "24h")
     return client.post("/v1/batches", body, format="json")
-
-
-# Real user-URL servers, shared with the suites that own them: a tool executor,
-# a workflow callback and the official MCP server (requiring a bearer token).
-from tests.mcp_tests.conftest import SECRET as MCP_TOKEN  # noqa: E402,F401
-from tests.mcp_tests.conftest import _official_auth, auth_server  # noqa: E402,F401
-from tests.tool_tests.conftest import executor, executor_server  # noqa: E402,F401
-from tests.workflow_tests.conftest import callback, callback_server  # noqa: E402,F401

@@ -4,7 +4,7 @@ broker restarted mid-batch, the web process killed mid-upload.
 Every time the batch finishes, each record appears exactly once across the
 output and error files, and billed usage (the batch's input/output tokens)
 equals the sum over the output lines. Real processes throughout: qcluster
-workers (tests.engine_tests.conftest.Cluster), the simulated model
+workers (tests.fixtures.clusters.Cluster), the simulated model
 server, the ASGI web server `manage.py up` runs.
 """
 
@@ -25,15 +25,12 @@ from batches.models import Record
 from files.models import File
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.engine_tests.conftest import (  # noqa: F401 (model, sim, clusters: fixtures)
+from tests.helpers import (
     assert_exactly_once,
     chat,
-    clusters,
     database_url,
+    free_port,
     make_batch,
-    model,
-    read_lines,
-    sim,
     status_of,
     succeeded,
     wait_for,
@@ -44,15 +41,15 @@ RECORDS = 3000
 
 
 @pytest.fixture
-def slow_model(model):  # noqa: F811
+def slow_model(model):
     """The catalog model on a simulator slow enough that a batch outlives a few crashes."""
-    with run_in_thread(SimulatorConfig(latency_ms=25)) as sim:  # noqa: F811
+    with run_in_thread(SimulatorConfig(latency_ms=25)) as sim:
         model.deployments.update(base_url=sim.base_url, max_concurrency=16)
         yield model
 
 
 @pytest.mark.slow
-def test_repeated_kill_9_of_the_workers(alice, slow_model, clusters):  # noqa: F811
+def test_repeated_kill_9_of_the_workers(alice, slow_model, clusters):
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(RECORDS - 1)] + [chat("bad [[status:400]]")])
     # Short leases: what is tested is exactly-once across kills; how soon a dead engine's
     # records come back at the default lease is test_workers' kill -9 test.
@@ -93,7 +90,7 @@ def _postgres_ready():
 @pytest.mark.slow
 @pytest.mark.skipif(connection.vendor != "postgresql" or not _postgres_cluster() or not shutil.which("pg_ctlcluster"),
                     reason="restarts PostgreSQL: only when the tests run against it")
-def test_a_postgresql_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
+def test_a_postgresql_restart_mid_batch(alice, slow_model, clusters):
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
     cluster = clusters()
     wait_for(lambda: succeeded(batch) >= 200, 60, "progress")
@@ -129,7 +126,7 @@ def _start_redis():
 @pytest.mark.slow
 @pytest.mark.skipif(not django_settings.REDIS_URL or not shutil.which("redis-server"),
                     reason="restarts Redis: only when REDIS_URL is set")
-def test_a_redis_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
+def test_a_redis_restart_mid_batch(alice, slow_model, clusters):
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
     cluster = clusters()
     wait_for(lambda: succeeded(batch) >= 200, 60, "progress")
@@ -157,17 +154,11 @@ def test_a_redis_restart_mid_batch(alice, slow_model, clusters):  # noqa: F811
 # --- the web process killed mid-upload --------------------------------------------------------
 
 
-def _free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class WebServer:
     """The ASGI web server as `manage.py up` runs it, on the test database."""
 
     def __init__(self, data_dir):
-        self.port = _free_port()
+        self.port = free_port()
         env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir)}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",

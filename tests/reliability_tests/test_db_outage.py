@@ -12,7 +12,7 @@ from django.db import OperationalError
 from batches.engine import dbretry, store
 from batches.engine.runner import run_batch
 from batches.models import Batch
-from tests.engine_tests.conftest import assert_exactly_once, chat, make_batch, model, read_lines, sim  # noqa: F401
+from tests.helpers import assert_exactly_once, chat, make_batch
 
 
 def test_a_call_is_retried_until_the_database_answers(settings):
@@ -69,7 +69,7 @@ def _failing(monkeypatch, name, *, after_commit, times):
     return left
 
 
-def test_a_batch_survives_lost_connections_in_one_engine(alice, model, monkeypatch):  # noqa: F811
+def test_a_batch_survives_lost_connections_in_one_engine(alice, model, monkeypatch):
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(300)])
     # The engine flushes and claims in one transaction (store.trip): it fails
     # before its work, and after committing it (the answer lost on the way

@@ -12,7 +12,7 @@ from batches.models import Batch, Record
 from openrelay.core.models import Deployment
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.engine_tests.conftest import chat, make_batch, read_lines
+from tests.helpers import chat, make_batch, read_lines
 
 # custom_id -> (prompt, expected outcome, model calls the simulator should see for it)
 # outcome: ("ok",) | ("response", status) | ("error", code)

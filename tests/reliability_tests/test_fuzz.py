@@ -17,7 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tests.reliability_tests.conftest import CHAT, assert_envelope, record, upload
+from tests.helpers import CHAT
+from tests.reliability_tests.conftest import assert_envelope, record, upload
 
 # Derandomized for CI (the same examples every run); OPENRELAY_FUZZ_EXAMPLES=2000 with
 # OPENRELAY_FUZZ_RANDOM=1 digs deeper locally.

@@ -12,7 +12,7 @@ from batches.validation.jsonl import MAX_LINE_BYTES, MAX_NESTING_DEPTH, iter_lin
 from batches.validation.records import RecordChecker
 from openrelay.core.models import ApiKey
 from openrelay.lib.env import ImproperlyConfiguredEnv, envrate, parse_rate
-from tests.conftest import make_persona
+from tests.helpers import make_persona
 from tests.reliability_tests.conftest import assert_envelope, create, jsonl, record, upload
 
 

@@ -18,7 +18,7 @@ from batches.models import Batch
 from openrelay.core.models import Deployment, Model
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.engine_tests.conftest import MODEL, make_batch, read_lines
+from tests.helpers import MODEL, make_batch, read_lines
 
 BLOCKED = re.compile(r"blocked|private, loopback|not allowed")
 TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {

@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from batches.validation import params
-from tests.conftest import make_persona
+from tests.helpers import make_persona
 
 SCHEMA_URL = "/v1/openapi.json"
 # Routes whose shapes this project states (openrelay/api/openapi.py); other /v1/ routes must at least be listed.

@@ -33,9 +33,11 @@ from batches.models import Batch, Record
 from openrelay.core.models import Deployment, Model
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.reliability_tests.conftest import MCP_TOKEN, MODEL, jsonl, upload
-from tests.tool_tests.conftest import ok
-from tests.workflow_tests.conftest import Reply
+from tests.fixtures.mcp_servers import SECRET as MCP_TOKEN
+from tests.fixtures.tool_executor import ok
+from tests.fixtures.workflow_callback import Reply
+from tests.helpers import MODEL, database_url
+from tests.reliability_tests.conftest import jsonl, upload
 
 ROOT = Path(__file__).resolve().parents[2]
 TOOL_SECRET = "tool-SECRET-7f3a9c"
@@ -122,8 +124,6 @@ def _wait_for(predicate, timeout, what):
 
 
 def _worker(tmp_path, log_path):
-    from tests.engine_tests.conftest import database_url
-
     env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(tmp_path),
            "OPENRELAY_ALLOW_PRIVATE_URLS": "true", "OPENRELAY_LOG_LEVEL": "DEBUG", "OPENRELAY_Q_WORKERS": "1",
            "OPENRELAY_CALL_TIME_LIMIT_S": "10"}

@@ -14,10 +14,11 @@ from batches.engine.loops import toolloop
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
 from files.services import open_content
-from openrelay.core.models import Deployment, Model
 from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator.answers import answer_chat
-from tests.tool_tests.conftest import CHAT, per_record, record_context, status
+from tests.fixtures.tool_executor import per_record, status
+from tests.helpers import deploy
+from tests.tool_tests.conftest import CHAT, record_context
 
 MODEL = "openrelay/tool-model"
 UPSTREAM = "sim-upstream"
@@ -29,18 +30,14 @@ WEATHER_TOOL = {
 CLOCK_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 
 
-@pytest.fixture(autouse=True)
-def _storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
 
 
 @pytest.fixture
 def model(transactional_db, sim, settings):
+    """Overrides the shared `model`: another model name, on the session's simulator, max_concurrency 8."""
     settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # the executor listens on 127.0.0.1
-    model = Model.objects.create(name=MODEL)
-    Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model=UPSTREAM, max_concurrency=8)
-    return model
+    return deploy(MODEL, sim.base_url, upstream_model=UPSTREAM, max_concurrency=8)
 
 
 def line(custom_id, text, tools=(WEATHER_TOOL,), tool_config=None):

@@ -10,7 +10,8 @@ import pytest
 from batches.engine.calls.caller import Usage
 from batches.engine.tools.executors import ToolExecutionFailed
 from batches.engine.tools.http_executor import parse_results
-from tests.tool_tests.conftest import CHAT, SIM_MODEL, missing_result, raw, redirect, shaped, sleep, status, streamed
+from tests.fixtures.tool_executor import missing_result, raw, redirect, shaped, sleep, status, streamed
+from tests.tool_tests.conftest import CHAT, SIM_MODEL
 
 SECRET = "Bearer tool-secret-123"
 QUERY_SECRET = "query-secret-456"

@@ -14,7 +14,8 @@ from batches.engine.loops import dispatch, toolloop
 from batches.engine.store import ClaimedRecord
 from batches.engine.tools.http_executor import HttpExecutor
 from openrelay.lib.outbound import OutboundClient
-from tests.tool_tests.conftest import CHAT, SIM_MODEL, ok, record_context, sleep, status
+from tests.fixtures.tool_executor import ok, sleep, status
+from tests.tool_tests.conftest import CHAT, SIM_MODEL, record_context
 
 WEATHER_TOOL = {
     "type": "function",

@@ -5,12 +5,6 @@ import pytest
 
 from webhooks.models import WebhookEndpoint
 
-
-@pytest.fixture
-def sdk(live_server, alice):
-    return openai.OpenAI(api_key=alice.key, base_url=f"{live_server.url}/v1", max_retries=0)
-
-
 EVENTS = ["batch.completed", "batch.failed"]
 
 

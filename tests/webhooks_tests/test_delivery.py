@@ -14,8 +14,7 @@ from batches.engine import finish
 from batches.engine.runner import run_batch
 from batches.models import Batch, BatchStatus
 from openrelay.core.models import Deployment, Model
-from tests.conftest import make_persona
-from tests.engine_tests.conftest import MODEL, chat, make_batch
+from tests.helpers import MODEL, chat, make_batch, make_persona
 from webhooks import services, tasks
 from webhooks.models import DeliveryStatus, WebhookDelivery
 

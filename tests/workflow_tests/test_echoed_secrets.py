@@ -8,7 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.echoes import assert_no_piece, echoes
-from tests.workflow_tests.conftest import Reply, chat, run_workflow, workflow_body
+from tests.fixtures.workflow_callback import Reply
+from tests.helpers import chat
+from tests.workflow_tests.conftest import run_workflow, workflow_body
 
 POSITIONS = ["error message", "duplicate id", "status", "model", "output", "request body", "http error body",
              "header"]

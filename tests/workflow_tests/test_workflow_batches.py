@@ -1,29 +1,25 @@
 """Workflows end to end: create through the API, run the batch with the engine, read the result files."""
 
-import orjson
 import pytest
 
 from batches.engine.runner import run_batch
 from batches.models import Batch
 from files.services import open_content
-from openrelay.core.models import Deployment, Model
-from tests.workflow_tests.conftest import MODEL, chat, workflow_body
+from tests.helpers import MODEL, chat, deploy, read_lines
+from tests.workflow_tests.conftest import workflow_body
 
 TOKEN = "Bearer e2e-secret-token-42"
 
 
 @pytest.fixture(autouse=True)
-def _storage(settings, tmp_path):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
-    settings.OPENRELAY_ALLOW_PRIVATE_URLS = True
+def _storage_and_loopback(tmp_storage, settings):
+    settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # the callback listens on 127.0.0.1
 
 
 @pytest.fixture
 def model(transactional_db, sim):
-    model = Model.objects.create(name=MODEL)
-    Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model="sim-upstream", max_concurrency=8)
-    return model
+    """Overrides the shared `model`: on the session's simulator, max_concurrency 8."""
+    return deploy(MODEL, sim.base_url, max_concurrency=8)
 
 
 def record(custom_id, body):
@@ -37,13 +33,6 @@ def create(persona, *records):
     )
     assert response.status_code == 200, response.content
     return Batch.objects.get(public_id=response.json()["id"])
-
-
-def read_lines(file):
-    if file is None:
-        return []
-    with open_content(file) as f:
-        return [orjson.loads(line) for line in f.read().splitlines()]
 
 
 def test_it_runs_a_workflow_batch_to_its_output_line(alice, model, sim, callback):

@@ -1,7 +1,9 @@
 """The workflow loop (workflows.md), record by record: a real callback server, the simulator as the model."""
 
 from batches.engine.calls.caller import Usage
-from tests.workflow_tests.conftest import MODEL, Reply, chat, run_workflow, workflow_body
+from tests.fixtures.workflow_callback import Reply
+from tests.helpers import MODEL, chat
+from tests.workflow_tests.conftest import run_workflow, workflow_body
 
 COMPLETED = {"status": "completed", "output": {"ok": True}}
 
