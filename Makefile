@@ -7,11 +7,11 @@ REDIS ?= redis://127.0.0.1:6379/0
 
 .PHONY: lint fmt test test-pg bench
 
-# ruff's rules, the import layers of docs/architecture.md, then mypy on pyproject's [tool.mypy] files (all in .ci/run).
+# ruff's rules and format, the import layers of docs/architecture.md, then mypy on pyproject's [tool.mypy] files (all in .ci/run).
 lint:
-	$(VENV)/bin/ruff check . && $(VENV)/bin/lint-imports && $(VENV)/bin/mypy
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/lint-imports && $(VENV)/bin/mypy
 
-# Not run over the whole tree yet: see docs/architecture.md, "Tooling".
+# The house format (ruff format; .ci/run checks it with --check).
 fmt:
 	$(VENV)/bin/ruff format $(or $(ARGS),.)
 

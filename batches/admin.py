@@ -12,8 +12,16 @@ class BatchAdmin(admin.ModelAdmin):
     """Read-only: rejected records and bodies stay out (input lines may carry authorization values)."""
 
     # The three counts in one column: ten columns beside the filters fit 1,280 px.
-    list_display = ("public_id", "organization", "model_name", "status", "priority", "records",
-                    "implausible_usage", "created_at")
+    list_display = (
+        "public_id",
+        "organization",
+        "model_name",
+        "status",
+        "priority",
+        "records",
+        "implausible_usage",
+        "created_at",
+    )
     list_filter = ("status", "priority", "organization", "model_name")
     search_fields = ("public_id", "organization__name", "input_file_public_id")
     date_hierarchy = "created_at"
@@ -52,6 +60,7 @@ class BatchAdmin(admin.ModelAdmin):
 # --- the catalog's pages with the engines' figures (registered by openrelay, extended here:
 # the core knows nothing of the engines, batches.operator reads their figures) ---------------
 
+
 def _figures(request):
     """The operator page's overview, read once per page (five queries, whatever the rows)."""
     if not hasattr(request, "_operator_overview"):
@@ -60,7 +69,7 @@ def _figures(request):
 
 
 def _against_limit(in_flight, limit, ceiling):
-    """"12 / 16 (max 64)": calls in flight against the adaptive limit, and the ceiling when it is lower."""
+    """ "12 / 16 (max 64)": calls in flight against the adaptive limit, and the ceiling when it is lower."""
     return f"{in_flight} / {limit}" + (f" (max {ceiling})" if limit != ceiling else "")
 
 
@@ -72,8 +81,19 @@ class DeploymentWithLoadAdmin(DeploymentAdmin):
     """Each deployment's health with its calls in flight against its limit, calls a minute and
     error rate: the live engines' figures (published every 0.5 s); a page load reads them."""
 
-    list_display = ("model", "base_url", "upstream_model", "enabled", "state", "health", "health_changed_at", "last_error",
-                    "calls_in_flight", "calls_a_minute", "error_rate")
+    list_display = (
+        "model",
+        "base_url",
+        "upstream_model",
+        "enabled",
+        "state",
+        "health",
+        "health_changed_at",
+        "last_error",
+        "calls_in_flight",
+        "calls_a_minute",
+        "error_rate",
+    )
     readonly_fields = (*DeploymentAdmin.readonly_fields, "state", "calls_in_flight", "calls_a_minute", "error_rate")
 
     def get_changelist_instance(self, request):

@@ -15,9 +15,12 @@ from openrelay.core.models import Deployment, Model
 
 def enabled_models():
     # The models a record may name (validation refuses others with model_not_found).
-    return Model.objects.filter(enabled=True).select_related("price").annotate(
-        capacity=Sum("deployments__max_concurrency", filter=Q(deployments__enabled=True), default=0)
-    ).order_by("name")
+    return (
+        Model.objects.filter(enabled=True)
+        .select_related("price")
+        .annotate(capacity=Sum("deployments__max_concurrency", filter=Q(deployments__enabled=True), default=0))
+        .order_by("name")
+    )
 
 
 def concurrency_now():
@@ -47,11 +50,16 @@ def model_object(model, concurrency=None):
             "concurrency_limit": (concurrency or {}).get(model.pk, model.capacity),
             # USD per 1M tokens at the sync rate; a batch bills this times its priority's multiplier.
             # cached_input is the effective price: the input price unless an operator set a discount.
-            "price_per_mtok": None if price is None else {
-                "input": str(price.input_per_mtok), "cached_input": str(price.effective_cached_input_per_mtok),
+            "price_per_mtok": None
+            if price is None
+            else {
+                "input": str(price.input_per_mtok),
+                "cached_input": str(price.effective_cached_input_per_mtok),
                 "output": str(price.output_per_mtok),
             },
-            "priority_multiplier": {str(priority): str(multiplier) for priority, multiplier in PRICE_MULTIPLIER.items()},
+            "priority_multiplier": {
+                str(priority): str(multiplier) for priority, multiplier in PRICE_MULTIPLIER.items()
+            },
         },
     }
 

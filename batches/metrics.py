@@ -32,8 +32,12 @@ from batches.selectors import ERROR_STATUSES
 from openrelay.core.models import DeploymentHealth
 from webhooks.models import WebhookDelivery
 
-TOKEN_KINDS = (("input", "input_tokens"), ("cached", "cached_tokens"), ("output", "output_tokens"),
-               ("reasoning", "reasoning_tokens"))
+TOKEN_KINDS = (
+    ("input", "input_tokens"),
+    ("cached", "cached_tokens"),
+    ("output", "output_tokens"),
+    ("reasoning", "reasoning_tokens"),
+)
 
 
 class DatabaseCollector:
@@ -48,15 +52,21 @@ class DatabaseCollector:
 
 
 def _records_and_tokens():
-    finished = CounterMetricFamily("openrelay_records_finished", "Records finished, by model and outcome "
-                                   "(succeeded, or the error file's code: http_<status>, request_time_limit, ...).",
-                                   labels=["model", "outcome"])
-    tokens = CounterMetricFamily("openrelay_tokens", "Tokens of finished records, by model and kind "
-                                 "(input, cached of the input, output, reasoning of the output).",
-                                 labels=["model", "kind"])
+    finished = CounterMetricFamily(
+        "openrelay_records_finished",
+        "Records finished, by model and outcome "
+        "(succeeded, or the error file's code: http_<status>, request_time_limit, ...).",
+        labels=["model", "outcome"],
+    )
+    tokens = CounterMetricFamily(
+        "openrelay_tokens",
+        "Tokens of finished records, by model and kind (input, cached of the input, output, reasoning of the output).",
+        labels=["model", "kind"],
+    )
     sums = {f"{kind}": Sum(column) for kind, column in TOKEN_KINDS}
-    by_model = (Batch.objects.values("model_name").annotate(succeeded=Sum("completed_count"), **sums)
-                .order_by("model_name"))
+    by_model = (
+        Batch.objects.values("model_name").annotate(succeeded=Sum("completed_count"), **sums).order_by("model_name")
+    )
     for row in by_model:
         finished.add_metric([row["model_name"], "succeeded"], row["succeeded"] or 0)
         for kind, _ in TOKEN_KINDS:
@@ -69,8 +79,12 @@ def _records_and_tokens():
 def _failures_by_model():
     """{(model, outcome code): records}: only batches with failures, only their error rows (the index)."""
     models = dict(Batch.objects.filter(failed_count__gt=0).values_list("pk", "model_name"))
-    rows = (Record.objects.filter(batch_id__in=list(models), status__in=ERROR_STATUSES)
-            .values_list("batch_id", "error_code", "status_code").annotate(n=Count("pk")).order_by())
+    rows = (
+        Record.objects.filter(batch_id__in=list(models), status__in=ERROR_STATUSES)
+        .values_list("batch_id", "error_code", "status_code")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
     failures = defaultdict(int)
     for batch_id, error_code, status_code, n in rows:
         failures[models[batch_id], failure_code(error_code, status_code)] += n
@@ -89,17 +103,29 @@ def _deployments(overview, names):
     """The operator page's figures (batches.operator): one home for calls in flight and queues."""
     labels = ["model", "deployment"]
     in_flight = GaugeMetricFamily("openrelay_calls_in_flight", "Model calls in flight, by deployment.", labels=labels)
-    limit = GaugeMetricFamily("openrelay_deployment_concurrency_limit", "A deployment's max_concurrency "
-                              "(0 when disabled).", labels=labels)
-    current = GaugeMetricFamily("openrelay_deployment_concurrency_current", "The calls a deployment takes at once "
-                                "now: the live engines' adaptive limits summed (its max_concurrency while no engine "
-                                "works it; 0 when disabled).", labels=labels)
-    up = GaugeMetricFamily("openrelay_deployment_up", "1 while a deployment is in the rotation, 0 while it is "
-                           "failing (out, probed) or disabled.", labels=labels)
-    queued = GaugeMetricFamily("openrelay_pending_records", "Records of running batches neither finished nor "
-                               "claimed, by model (queue depth).", labels=["model"])
-    in_work = GaugeMetricFamily("openrelay_records_in_flight", "Records claimed by an engine, by model.",
-                                labels=["model"])
+    limit = GaugeMetricFamily(
+        "openrelay_deployment_concurrency_limit", "A deployment's max_concurrency (0 when disabled).", labels=labels
+    )
+    current = GaugeMetricFamily(
+        "openrelay_deployment_concurrency_current",
+        "The calls a deployment takes at once "
+        "now: the live engines' adaptive limits summed (its max_concurrency while no engine "
+        "works it; 0 when disabled).",
+        labels=labels,
+    )
+    up = GaugeMetricFamily(
+        "openrelay_deployment_up",
+        "1 while a deployment is in the rotation, 0 while it is failing (out, probed) or disabled.",
+        labels=labels,
+    )
+    queued = GaugeMetricFamily(
+        "openrelay_pending_records",
+        "Records of running batches neither finished nor claimed, by model (queue depth).",
+        labels=["model"],
+    )
+    in_work = GaugeMetricFamily(
+        "openrelay_records_in_flight", "Records claimed by an engine, by model.", labels=["model"]
+    )
     for model in overview.models:
         queued.add_metric([model.name], model.work.queued)
         in_work.add_metric([model.name], model.work.in_flight)
@@ -115,13 +141,21 @@ def _deployments(overview, names):
 
 
 def _tallies(names):
-    calls = CounterMetricFamily("openrelay_model_calls", "Model call attempts, by deployment and answer class "
-                                "(2xx, 4xx, 429, 5xx; failed: no answer; time_limit).",
-                                labels=["model", "deployment", "status_class"])
-    durations = HistogramMetricFamily("openrelay_model_call_duration_seconds", "Model call attempts' durations, "
-                                      "by deployment.", labels=["model", "deployment"])
-    lost = CounterMetricFamily("openrelay_lease_losses", "Results an engine could not write: the record was no "
-                               "longer its own (its lease had passed to another engine, or its batch closed).")
+    calls = CounterMetricFamily(
+        "openrelay_model_calls",
+        "Model call attempts, by deployment and answer class (2xx, 4xx, 429, 5xx; failed: no answer; time_limit).",
+        labels=["model", "deployment", "status_class"],
+    )
+    durations = HistogramMetricFamily(
+        "openrelay_model_call_duration_seconds",
+        "Model call attempts' durations, by deployment.",
+        labels=["model", "deployment"],
+    )
+    lost = CounterMetricFamily(
+        "openrelay_lease_losses",
+        "Results an engine could not write: the record was no "
+        "longer its own (its lease had passed to another engine, or its batch closed).",
+    )
     resumed = CounterMetricFamily("openrelay_record_resumes", "Records claimed again at their checkpoint.")
     buckets, sums = defaultdict(lambda: [0] * (len(BUCKETS_S) + 1)), defaultdict(int)
     for key, value in Tally.objects.values_list("key", "value"):
@@ -150,8 +184,11 @@ def _tallies(names):
 
 
 def _webhook_deliveries():
-    family = GaugeMetricFamily("openrelay_webhook_deliveries", "Webhook deliveries, by result "
-                               "(pending: waiting for its next attempt).", labels=["result"])
+    family = GaugeMetricFamily(
+        "openrelay_webhook_deliveries",
+        "Webhook deliveries, by result (pending: waiting for its next attempt).",
+        labels=["result"],
+    )
     counts = dict(WebhookDelivery.objects.values_list("status").annotate(n=Count("pk")).order_by())
     for status, _ in WebhookDelivery._meta.get_field("status").choices:
         family.add_metric([status], counts.get(status, 0))
@@ -166,7 +203,7 @@ def scrape():
 
 def _authorized(request, token):
     sent = request.headers.get("Authorization", "")
-    return sent.startswith("Bearer ") and secrets.compare_digest(sent[len("Bearer "):].encode(), token.encode())
+    return sent.startswith("Bearer ") and secrets.compare_digest(sent[len("Bearer ") :].encode(), token.encode())
 
 
 def metrics_view(request):
@@ -175,6 +212,10 @@ def metrics_view(request):
     if not token:
         return HttpResponse(status=404)
     if not _authorized(request, token):
-        return HttpResponse("A metrics token is required: Authorization: Bearer <OPENRELAY_METRICS_TOKEN>.\n",
-                            status=401, content_type="text/plain", headers={"WWW-Authenticate": "Bearer"})
+        return HttpResponse(
+            "A metrics token is required: Authorization: Bearer <OPENRELAY_METRICS_TOKEN>.\n",
+            status=401,
+            content_type="text/plain",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
     return HttpResponse(scrape(), content_type=CONTENT_TYPE_LATEST)

@@ -45,7 +45,7 @@ class Calls:
 
     def add(self, figures):
         # An older engine publishes three figures (no limit).
-        in_flight, a_minute, failed, limit = (list(figures) + [0, 0, 0, None][len(figures):])[:4]
+        in_flight, a_minute, failed, limit = (list(figures) + [0, 0, 0, None][len(figures) :])[:4]
         self.in_flight += in_flight
         self.a_minute += a_minute
         self.failed_a_minute += failed
@@ -158,23 +158,52 @@ def live_calls(now=None):
 
 
 def _running_batches(now_ts):
-    rows = list(Batch.objects.filter(status__in=RUNNING).order_by("created_at", "pk").values(
-        "pk", "public_id", "organization_id", "organization__name", "model_id", "model_name", "status", "priority",
-        "total_count", "completed_count", "failed_count", "progress", "in_progress_at",
-    ))
-    leased = dict(Record.objects.filter(batch_id__in=[row["pk"] for row in rows], status=RecordStatus.RUNNING)
-                  .values_list("batch_id").annotate(n=Count("pk")).order_by())
+    rows = list(
+        Batch.objects.filter(status__in=RUNNING)
+        .order_by("created_at", "pk")
+        .values(
+            "pk",
+            "public_id",
+            "organization_id",
+            "organization__name",
+            "model_id",
+            "model_name",
+            "status",
+            "priority",
+            "total_count",
+            "completed_count",
+            "failed_count",
+            "progress",
+            "in_progress_at",
+        )
+    )
+    leased = dict(
+        Record.objects.filter(batch_id__in=[row["pk"] for row in rows], status=RecordStatus.RUNNING)
+        .values_list("batch_id")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
     batches = []
     for row in rows:
         done = row["completed_count"] + row["failed_count"]
         start = row["in_progress_at"].timestamp() if row["in_progress_at"] else None
         finished = progress.done_since(progress.series(start, row["progress"]), now_ts - 60, done)
-        batches.append({
-            "id": row["public_id"], "pk": row["pk"], "organization_id": row["organization_id"],
-            "organization": row["organization__name"], "model_id": row["model_id"], "model": row["model_name"],
-            "status": row["status"], "priority": row["priority"], "total": row["total_count"], "done": done,
-            "in_flight": leased.get(row["pk"], 0), "a_minute": finished,
-        })
+        batches.append(
+            {
+                "id": row["public_id"],
+                "pk": row["pk"],
+                "organization_id": row["organization_id"],
+                "organization": row["organization__name"],
+                "model_id": row["model_id"],
+                "model": row["model_name"],
+                "status": row["status"],
+                "priority": row["priority"],
+                "total": row["total_count"],
+                "done": done,
+                "in_flight": leased.get(row["pk"], 0),
+                "a_minute": finished,
+            }
+        )
     return batches
 
 

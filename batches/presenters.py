@@ -21,9 +21,17 @@ def live_batch_object(batch):
     """The Batch object without `errors`, for a batch loaded through live_batches."""
     return _batch_object(batch, errors=None)
 
+
 _TIMESTAMPS = (
-    "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at",
-    "failed_at", "expired_at", "cancelling_at", "cancelled_at",
+    "created_at",
+    "in_progress_at",
+    "expires_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
 )
 
 

@@ -53,8 +53,11 @@ def _search(q):
     batches whose id or metadata (keys or values) contain the text."""
     key, sep, value = q.partition("=")
     if sep and key.strip():
-        return Q(pk__in=Batch.objects.alias(value=KeyTextTransform(key.strip(), "metadata"))
-                 .filter(value__iexact=value.strip()).values("pk"))
+        return Q(
+            pk__in=Batch.objects.alias(value=KeyTextTransform(key.strip(), "metadata"))
+            .filter(value__iexact=value.strip())
+            .values("pk")
+        )
     # SQLite stores JSON with non-ASCII characters and quotes escaped: look for that spelling too.
     escaped = json.dumps(q)[1:-1]
     return Q(public_id__icontains=q) | Q(metadata__icontains=q) | Q(metadata__icontains=escaped)
@@ -74,14 +77,20 @@ def page(organization, filters, *, after=None, before=None, size, related=()):
         rows = found[::-1]
         return BatchPage(rows, older=rows[-1].public_id if rows else None, newer=rows[0].public_id if more else None)
     rows, more = cursor_page(batches, limit=size, after=after, cursors=own, no_cursor=no_cursor)
-    return BatchPage(rows, older=rows[-1].public_id if more else None,
-                     newer=rows[0].public_id if after and rows else None)
+    return BatchPage(
+        rows, older=rows[-1].public_id if more else None, newer=rows[0].public_id if after and rows else None
+    )
 
 
 def models_used(organization):
     """The models the organization's batches ran on, for the list's filter."""
-    return list(Batch.objects.for_org(organization).exclude(model_name="").order_by("model_name")
-                .values_list("model_name", flat=True).distinct())
+    return list(
+        Batch.objects.for_org(organization)
+        .exclude(model_name="")
+        .order_by("model_name")
+        .values_list("model_name", flat=True)
+        .distinct()
+    )
 
 
 @dataclass
@@ -101,8 +110,12 @@ def failures(batch_pk):
     One grouped read of the batch's records in error statuses (the
     batch/status/line index); ~2,800 failures read in a few ms.
     """
-    rows = (Record.objects.filter(batch_id=batch_pk, status__in=ERROR_STATUSES)
-            .values_list("status", "error_code", "status_code").annotate(n=Count("pk")).order_by())
+    rows = (
+        Record.objects.filter(batch_id=batch_pk, status__in=ERROR_STATUSES)
+        .values_list("status", "error_code", "status_code")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
     by_code, failed, unrun = {}, 0, 0
     for status, error_code, status_code, n in rows:
         code = failure_code(error_code, status_code)

@@ -26,8 +26,17 @@ INLINE_FILENAME = "batch_requests.jsonl"
 CANCELLED_OR_CANCELLING = (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
 
 
-def create_batch(*, organization, endpoint, completion_window="24h", input_file_id=None, requests=None,
-                 metadata=None, output_expires_after_s=None, priority=Priority.STANDARD):
+def create_batch(
+    *,
+    organization,
+    endpoint,
+    completion_window="24h",
+    input_file_id=None,
+    requests=None,
+    metadata=None,
+    output_expires_after_s=None,
+    priority=Priority.STANDARD,
+):
     """Validate every record of the input and create the batch (the engines pick it up).
 
     The input is either an uploaded purpose-`batch` file or inline `requests`,
@@ -47,8 +56,15 @@ def create_batch(*, organization, endpoint, completion_window="24h", input_file_
         with transaction.atomic():
             _lock_input_file(file, organization)
             batch = _create_batch_row(
-                organization=organization, file=file, checker=checker, result=result, now=now, endpoint=endpoint,
-                completion_window=completion_window, metadata=metadata, output_expires_after_s=output_expires_after_s,
+                organization=organization,
+                file=file,
+                checker=checker,
+                result=result,
+                now=now,
+                endpoint=endpoint,
+                completion_window=completion_window,
+                metadata=metadata,
+                output_expires_after_s=output_expires_after_s,
                 priority=priority,
             )
             _start_or_fail(batch, file, result)
@@ -68,16 +84,22 @@ def _find_input_file(organization, input_file_id, now):
 
 
 def _file_not_found(input_file_id, organization):
-    return ApiError(f"Cannot find file {input_file_id}, or organization '{organization.name}' does not have "
-                    "access to it.", param="input_file_id", code="file_not_found")
+    return ApiError(
+        f"Cannot find file {input_file_id}, or organization '{organization.name}' does not have access to it.",
+        param="input_file_id",
+        code="file_not_found",
+    )
 
 
 def _check_input_file(file, input_file_id, organization, now):
     if file is None:
         raise _file_not_found(input_file_id, organization)
     if file.purpose != Purpose.BATCH:
-        raise ApiError(f"File {input_file_id} has purpose '{file.purpose}'; a batch needs a file uploaded with "
-                       "purpose 'batch'.", param="input_file_id", code="invalid_value")
+        raise ApiError(
+            f"File {input_file_id} has purpose '{file.purpose}'; a batch needs a file uploaded with purpose 'batch'.",
+            param="input_file_id",
+            code="invalid_value",
+        )
     if file.expires_at is not None and file.expires_at <= now:
         raise ApiError(f"File {input_file_id} has expired.", param="input_file_id", code="invalid_value")
 
@@ -88,8 +110,11 @@ def _store_inline_requests(organization, requests, now):
     if len(requests) > MAX_RECORDS:
         raise ApiError(too_many_message(MAX_RECORDS), param="requests", code="too_many_requests")
     return files.create_file_from_chunks(
-        organization=organization, filename=INLINE_FILENAME, purpose=Purpose.BATCH,
-        chunks=_inline_lines(requests), expires_at=files.default_expiry(Purpose.BATCH, now),
+        organization=organization,
+        filename=INLINE_FILENAME,
+        purpose=Purpose.BATCH,
+        chunks=_inline_lines(requests),
+        expires_at=files.default_expiry(Purpose.BATCH, now),
     )
 
 
@@ -98,8 +123,9 @@ def _inline_lines(requests):
         try:
             yield orjson.dumps(item) + b"\n"
         except orjson.JSONEncodeError as exc:  # e.g. an integer beyond 64 bits
-            raise ApiError(f"Invalid 'requests[{index}]': {exc}.", param=f"requests[{index}]",
-                           code="invalid_value") from None
+            raise ApiError(
+                f"Invalid 'requests[{index}]': {exc}.", param=f"requests[{index}]", code="invalid_value"
+            ) from None
 
 
 def _scan_file(file, endpoint, organization, param):
@@ -125,10 +151,16 @@ def _lock_input_file(file, organization):
 def _create_batch_row(*, organization, file, checker, result, now, priority, **fields):
     price = Price.objects.filter(model_id=checker.model_pk).first() if checker.model_pk else None
     batch = Batch.objects.create(
-        organization=organization, input_file=file, input_file_public_id=file.public_id, priority=priority,
-        model_id=checker.model_pk, model_name=checker.model_name or "",
-        errors=_storable(result.errors) or None, total_count=result.accepted,
-        created_at=now, expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
+        organization=organization,
+        input_file=file,
+        input_file_public_id=file.public_id,
+        priority=priority,
+        model_id=checker.model_pk,
+        model_name=checker.model_name or "",
+        errors=_storable(result.errors) or None,
+        total_count=result.accepted,
+        created_at=now,
+        expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
         price_input=price.input_per_mtok if price else Decimal("0"),
         price_cached_input=price.effective_cached_input_per_mtok if price else Decimal("0"),
         price_output=price.output_per_mtok if price else Decimal("0"),
@@ -201,8 +233,10 @@ def insert_records(batch, rows):
 def _bulk_create_records(batch, rows):
     # The ORM way, kept as the benchmark's reference point.
     Record.objects.bulk_create(
-        (Record(batch=batch, line=line, custom_id=custom_id, offset=offset, length=length)
-         for line, custom_id, offset, length in rows),
+        (
+            Record(batch=batch, line=line, custom_id=custom_id, offset=offset, length=length)
+            for line, custom_id, offset, length in rows
+        ),
         batch_size=INSERT_BATCH_SIZE,
     )
 
@@ -215,8 +249,10 @@ def _executemany_records(batch, rows):
     from_scan, defaults = _record_columns()
     columns = from_scan + [column for column, _ in defaults]
     constants = tuple(value for _, value in defaults)
-    sql = (f"INSERT INTO {connection.ops.quote_name(Record._meta.db_table)} ({_column_list(columns)}) "
-           f"VALUES ({', '.join(['%s'] * len(columns))})")
+    sql = (
+        f"INSERT INTO {connection.ops.quote_name(Record._meta.db_table)} ({_column_list(columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))})"
+    )
     rows = iter(rows)
     with connection.cursor() as cursor:
         while chunk := [(batch.pk, *row, *constants) for row in islice(rows, INSERT_BATCH_SIZE)]:
@@ -251,26 +287,42 @@ def retry_failed(batch):
     runs; 400 when nothing failed or the input file is gone.
     """
     if batch.status not in (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED):
-        raise Conflict(f"Only a completed, expired or cancelled batch can be retried; this one is '{batch.status}'.",
-                       code="batch_not_finished")
-    spans = list(batch.records.filter(status__in=RETRYABLE_RECORD_STATUSES).order_by("line")
-                 .values_list("offset", "length"))
+        raise Conflict(
+            f"Only a completed, expired or cancelled batch can be retried; this one is '{batch.status}'.",
+            code="batch_not_finished",
+        )
+    spans = list(
+        batch.records.filter(status__in=RETRYABLE_RECORD_STATUSES).order_by("line").values_list("offset", "length")
+    )
     if not spans:
-        raise ApiError(f"Batch {batch.public_id} has no failed, expired or cancelled records to retry.",
-                       code="nothing_to_retry")
+        raise ApiError(
+            f"Batch {batch.public_id} has no failed, expired or cancelled records to retry.", code="nothing_to_retry"
+        )
     source = batch.input_file
     if source is None:
-        raise ApiError(f"The input file of batch {batch.public_id} has been deleted or has expired, so its lines "
-                       "can no longer be read.", param="input_file_id", code="input_file_gone")
+        raise ApiError(
+            f"The input file of batch {batch.public_id} has been deleted or has expired, so its lines "
+            "can no longer be read.",
+            param="input_file_id",
+            code="input_file_gone",
+        )
     now = timezone.now()
     with files.open_content(source) as stream:
         retry_file = files.create_file_from_chunks(
-            organization=batch.organization, filename=f"{batch.public_id}_retry.jsonl", purpose=Purpose.BATCH,
-            chunks=_lines_at(stream, spans), expires_at=files.default_expiry(Purpose.BATCH, now),
+            organization=batch.organization,
+            filename=f"{batch.public_id}_retry.jsonl",
+            purpose=Purpose.BATCH,
+            chunks=_lines_at(stream, spans),
+            expires_at=files.default_expiry(Purpose.BATCH, now),
         )
     try:
-        return create_batch(organization=batch.organization, endpoint=batch.endpoint,
-                            input_file_id=retry_file.public_id, metadata=batch.metadata, priority=batch.priority)
+        return create_batch(
+            organization=batch.organization,
+            endpoint=batch.endpoint,
+            input_file_id=retry_file.public_id,
+            metadata=batch.metadata,
+            priority=batch.priority,
+        )
     except BaseException:
         files.delete_file(retry_file)
         raise

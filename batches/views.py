@@ -39,39 +39,59 @@ class BatchListView(APIView):
     def throttled(self, request, wait):
         raise BatchCreateThrottle.exceeded(wait)
 
-    @extend_schema(operation_id="batches_create", summary="Create a batch",
-                   request={"application/json": openapi.ref("BatchCreate")},
-                   responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 413, 415, 429)})
+    @extend_schema(
+        operation_id="batches_create",
+        summary="Create a batch",
+        request={"application/json": openapi.ref("BatchCreate")},
+        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 413, 415, 429)},
+    )
     def post(self, request):
         params = parse_create_params(json_body(request))
         batch = services.create_batch(organization=request.user.organization, **vars(params))
         return Response(batch_object(batch))
 
-    @extend_schema(operation_id="batches_list", summary="List batches", parameters=[openapi.LIST_LIMIT, openapi.AFTER],
-                   responses={200: openapi.ref("BatchList"), **openapi.errors(400, 401)})
+    @extend_schema(
+        operation_id="batches_list",
+        summary="List batches",
+        parameters=[openapi.LIST_LIMIT, openapi.AFTER],
+        responses={200: openapi.ref("BatchList"), **openapi.errors(400, 401)},
+    )
     def get(self, request):
         return Response(newest_first_page(request, _batches(request), batch_object, "batch"))
 
 
 class BatchDetailView(APIView):
-    @extend_schema(operation_id="batches_retrieve", summary="Retrieve a batch", parameters=[openapi.BATCH_ID],
-                   responses={200: openapi.ref("Batch"), **openapi.errors(401, 404)})
+    @extend_schema(
+        operation_id="batches_retrieve",
+        summary="Retrieve a batch",
+        parameters=[openapi.BATCH_ID],
+        responses={200: openapi.ref("Batch"), **openapi.errors(401, 404)},
+    )
     def get(self, request, batch_id):
         return Response(batch_object(_get_batch(request, batch_id)))
 
 
 class BatchCancelView(APIView):
-    @extend_schema(operation_id="batches_cancel", summary="Cancel a batch", request=None, parameters=[openapi.BATCH_ID],
-                   responses={200: openapi.ref("Batch"), **openapi.errors(401, 404, 409)})
+    @extend_schema(
+        operation_id="batches_cancel",
+        summary="Cancel a batch",
+        request=None,
+        parameters=[openapi.BATCH_ID],
+        responses={200: openapi.ref("Batch"), **openapi.errors(401, 404, 409)},
+    )
     def post(self, request, batch_id):
         batch = services.cancel_batch(_get_batch(request, batch_id))
         return Response(batch_object(batch))
 
 
 class BatchRetryView(APIView):
-    @extend_schema(operation_id="batches_retry", summary="Retry a finished batch's failed records as a new batch",
-                   request=None, parameters=[openapi.BATCH_ID],
-                   responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 409, 429)})
+    @extend_schema(
+        operation_id="batches_retry",
+        summary="Retry a finished batch's failed records as a new batch",
+        request=None,
+        parameters=[openapi.BATCH_ID],
+        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 409, 429)},
+    )
     def post(self, request, batch_id):
         batch = services.retry_failed(_get_batch(request, batch_id))
         return Response(batch_object(batch))
@@ -89,27 +109,37 @@ RESULT_KINDS = ("output", "error")
 class BatchResultsView(APIView):
     content_negotiation_class = IgnoreAcceptNegotiation
 
-    @extend_schema(operation_id="batches_results", summary="Download the results finished so far",
-                   parameters=[openapi.BATCH_ID, openapi.RESULT_KIND, openapi.RESULT_CODE],
-                   responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
-                              **openapi.errors(400, 401, 404)})
+    @extend_schema(
+        operation_id="batches_results",
+        summary="Download the results finished so far",
+        parameters=[openapi.BATCH_ID, openapi.RESULT_KIND, openapi.RESULT_CODE],
+        responses={
+            (200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
+            **openapi.errors(400, 401, 404),
+        },
+    )
     def get(self, request, batch_id):
         kind = request.query_params.get("kind") or "output"
         if kind not in RESULT_KINDS:
-            raise ApiError(f"Invalid 'kind': {kind[:50]!r}; expected 'output' or 'error'.", param="kind",
-                           code="invalid_value")
+            raise ApiError(
+                f"Invalid 'kind': {kind[:50]!r}; expected 'output' or 'error'.", param="kind", code="invalid_value"
+            )
         batch = _get_batch(request, batch_id)
         stream, lines = results.render_one(batch, kind, code=(request.query_params.get("code") or "")[:64] or None)
-        response = stream_response(request._request, stream, stream_size(stream),
-                                   f"{batch.public_id}_{kind}_so_far.jsonl")
+        response = stream_response(
+            request._request, stream, stream_size(stream), f"{batch.public_id}_{kind}_so_far.jsonl"
+        )
         response["OpenRelay-Lines"] = str(lines)
         response["OpenRelay-Batch-Status"] = batch.status
         return response
 
 
 class ModelListView(APIView):
-    @extend_schema(operation_id="models_list", summary="List the models a batch may use",
-                   responses={200: openapi.ref("ModelList"), **openapi.errors(401)})
+    @extend_schema(
+        operation_id="models_list",
+        summary="List the models a batch may use",
+        responses={200: openapi.ref("ModelList"), **openapi.errors(401)},
+    )
     def get(self, request):
         concurrency = catalog.concurrency_now()
         data = [catalog.model_object(model, concurrency) for model in catalog.enabled_models()]
@@ -117,18 +147,26 @@ class ModelListView(APIView):
 
 
 class ModelDetailView(APIView):
-    @extend_schema(operation_id="models_retrieve", summary="Retrieve a model", parameters=[openapi.MODEL_ID],
-                   responses={200: openapi.ref("Model"), **openapi.errors(401, 404)})
+    @extend_schema(
+        operation_id="models_retrieve",
+        summary="Retrieve a model",
+        parameters=[openapi.MODEL_ID],
+        responses={200: openapi.ref("Model"), **openapi.errors(401, 404)},
+    )
     def get(self, request, model_id):
         model = catalog.enabled_models().filter(name=model_id).first()
         if model is None:
-            raise NotFound(f"The model '{model_id}' does not exist or is not enabled.", param="model",
-                           code="model_not_found")
+            raise NotFound(
+                f"The model '{model_id}' does not exist or is not enabled.", param="model", code="model_not_found"
+            )
         return Response(catalog.model_object(model, catalog.concurrency_now()))
 
 
 class LimitsView(APIView):
-    @extend_schema(operation_id="limits_retrieve", summary="The limits a batch must keep, for this organization",
-                   responses={200: openapi.ref("Limits"), **openapi.errors(401)})
+    @extend_schema(
+        operation_id="limits_retrieve",
+        summary="The limits a batch must keep, for this organization",
+        responses={200: openapi.ref("Limits"), **openapi.errors(401)},
+    )
     def get(self, request):
         return Response(catalog.limits_object(request.user.organization))

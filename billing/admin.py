@@ -22,10 +22,24 @@ from openrelay.core.admin import OrganizationAdmin
 from openrelay.core.models import Organization
 
 CSV_COLUMNS = (
-    "billed_at", "month", "batch_id", "batch_status", "model", "priority",
-    "input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens",
-    "price_input_per_mtok", "price_cached_input_per_mtok", "price_output_per_mtok", "price_multiplier",
-    "cost_input_usd", "cost_cached_input_usd", "cost_output_usd", "cost_total_usd",
+    "billed_at",
+    "month",
+    "batch_id",
+    "batch_status",
+    "model",
+    "priority",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "price_input_per_mtok",
+    "price_cached_input_per_mtok",
+    "price_output_per_mtok",
+    "price_multiplier",
+    "cost_input_usd",
+    "cost_cached_input_usd",
+    "cost_output_usd",
+    "cost_total_usd",
 )
 
 
@@ -33,16 +47,42 @@ CSV_COLUMNS = (
 class LedgerEntryAdmin(admin.ModelAdmin):
     """The books: entries are written by the engine only, and never edited or deleted."""
 
-    list_display = ("batch_id", "organization", "model_name", "priority", "batch_status", "input_tokens",
-                    "cached_tokens", "output_tokens", "total_cost", "created_at")
+    list_display = (
+        "batch_id",
+        "organization",
+        "model_name",
+        "priority",
+        "batch_status",
+        "input_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "total_cost",
+        "created_at",
+    )
     list_filter = ("organization", "model_name", "priority", "batch_status")
     list_select_related = ("organization",)
     date_hierarchy = "created_at"
     search_fields = ("batch_id",)
-    fields = ("batch_id", "organization", "batch_status", "model_name", "priority", "created_at",
-              "input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens",
-              "price_input", "price_cached_input", "price_output", "price_multiplier",
-              "input_cost", "cached_input_cost", "output_cost", "total_cost")
+    fields = (
+        "batch_id",
+        "organization",
+        "batch_status",
+        "model_name",
+        "priority",
+        "created_at",
+        "input_tokens",
+        "cached_tokens",
+        "output_tokens",
+        "reasoning_tokens",
+        "price_input",
+        "price_cached_input",
+        "price_output",
+        "price_multiplier",
+        "input_cost",
+        "cached_input_cost",
+        "output_cost",
+        "total_cost",
+    )
     readonly_fields = fields
 
     def has_add_permission(self, request):
@@ -76,8 +116,11 @@ class BillingOrganizationAdmin(OrganizationAdmin):
 
     def get_urls(self):
         info = self.opts.app_label, self.opts.model_name
-        csv_url = path("<path:object_id>/billing.csv", self.admin_site.admin_view(self.billing_csv),
-                       name="{}_{}_billing_csv".format(*info))
+        csv_url = path(
+            "<path:object_id>/billing.csv",
+            self.admin_site.admin_view(self.billing_csv),
+            name="{}_{}_billing_csv".format(*info),
+        )
         # Ahead of the inherited patterns: their "<path:object_id>/" catch-all would take it.
         return [csv_url, *super().get_urls()]
 
@@ -103,8 +146,9 @@ class BillingOrganizationAdmin(OrganizationAdmin):
             "months": [_month(month, list(rows), organization) for month, rows in groupby(by_month, _month_key)],
             "models": [_shown(row) for row in by_model],
             "total": _shown(ledger.grand_total(by_model)),
-            "csv_url": reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_billing_csv",
-                               args=[organization.pk]),
+            "csv_url": reverse(
+                f"admin:{self.opts.app_label}_{self.opts.model_name}_billing_csv", args=[organization.pk]
+            ),
         }
 
 
@@ -115,8 +159,11 @@ def _month_key(row):
 def _month(month, rows, organization):
     """A month's total and its per-model rows, each linking to the ledger entries (the batches) behind it."""
     year, number = month.split("-")
-    where = {"organization__id__exact": organization.pk, "created_at__year": int(year),
-             "created_at__month": int(number)}
+    where = {
+        "organization__id__exact": organization.pk,
+        "created_at__year": int(year),
+        "created_at__month": int(number),
+    }
     changelist = reverse("admin:billing_ledgerentry_changelist")
     return {
         "month": month,
@@ -149,10 +196,23 @@ def _csv_lines(entries):
 def _csv_row(entry):
     cost = entry.cost
     return (
-        entry.created_at.isoformat(), entry.created_at.strftime("%Y-%m"), entry.batch_id, entry.batch_status,
-        entry.model_name, entry.priority, entry.input_tokens, entry.cached_tokens, entry.output_tokens,
-        entry.reasoning_tokens, entry.price_input, entry.price_cached_input, entry.price_output,
-        entry.price_multiplier, usd(cost.input_nanos), usd(cost.cached_input_nanos), usd(cost.output_nanos),
+        entry.created_at.isoformat(),
+        entry.created_at.strftime("%Y-%m"),
+        entry.batch_id,
+        entry.batch_status,
+        entry.model_name,
+        entry.priority,
+        entry.input_tokens,
+        entry.cached_tokens,
+        entry.output_tokens,
+        entry.reasoning_tokens,
+        entry.price_input,
+        entry.price_cached_input,
+        entry.price_output,
+        entry.price_multiplier,
+        usd(cost.input_nanos),
+        usd(cost.cached_input_nanos),
+        usd(cost.output_nanos),
         usd(cost.total_nanos),
     )
 

@@ -22,8 +22,15 @@ from billing.pricing import Cost, batch_cost
 
 # What the entry is made of, read again from the database when billing.
 BATCH_FIELDS = (
-    "status", "input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens",
-    "price_input", "price_cached_input", "price_output", "price_multiplier",
+    "status",
+    "input_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "reasoning_tokens",
+    "price_input",
+    "price_cached_input",
+    "price_output",
+    "price_multiplier",
 )
 TOKEN_SUMS = ("input_tokens", "cached_tokens", "output_tokens")
 COST_SUMS = ("input_cost_nanos", "cached_input_cost_nanos", "output_cost_nanos")
@@ -86,8 +93,10 @@ def day_range(start, end):
     Bounds on the column itself (not created_at__date) keep the index usable;
     time.max rather than "next midnight" works for date.max too.
     """
-    return {"created_at__gte": datetime.combine(start, time.min, tzinfo=UTC),
-            "created_at__lte": datetime.combine(end, time.max, tzinfo=UTC)}
+    return {
+        "created_at__gte": datetime.combine(start, time.min, tzinfo=UTC),
+        "created_at__lte": datetime.combine(end, time.max, tzinfo=UTC),
+    }
 
 
 def totals_by_day_and_model(organization, start, end):

@@ -18,46 +18,89 @@ _DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 # The shapes, stated for the OpenAPI schema (the view builds its JSON by hand).
 _AMOUNT = {"type": "string", "pattern": r"^\d+\.\d{9}$", "description": "USD, exact to the nano-dollar"}
-_COST = {"type": "object", "required": ["currency", "input", "cached_input", "output", "total"], "properties": {
-    "currency": {"type": "string", "enum": ["USD"]}, "input": _AMOUNT, "cached_input": _AMOUNT, "output": _AMOUNT,
-    "total": _AMOUNT}}
-_TOTALS = {name: {"type": "integer"} for name in
-           ("batches", "input_tokens", "cached_tokens", "output_tokens", "total_tokens")} | {"cost": _COST}
-_ROW = {"type": "object", "required": ["date", "model", *_TOTALS], "properties": {
-    "date": {"type": "string", "format": "date"}, "model": {"type": "string"}, **_TOTALS}}
-USAGE_SCHEMA = {"type": "object", "required": ["object", "start", "end", "data", "total"], "properties": {
-    "object": {"type": "string", "enum": ["organization.usage"]},
-    "start": {"type": "string", "format": "date"}, "end": {"type": "string", "format": "date"},
-    "data": {"type": "array", "items": _ROW},
-    "total": {"type": "object", "required": list(_TOTALS), "properties": _TOTALS}}}
-ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
-    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"}, "param": {"type": "string", "nullable": True},
-        "code": {"type": "string", "nullable": True}}}}}
+_COST = {
+    "type": "object",
+    "required": ["currency", "input", "cached_input", "output", "total"],
+    "properties": {
+        "currency": {"type": "string", "enum": ["USD"]},
+        "input": _AMOUNT,
+        "cached_input": _AMOUNT,
+        "output": _AMOUNT,
+        "total": _AMOUNT,
+    },
+}
+_TOTALS = {
+    name: {"type": "integer"} for name in ("batches", "input_tokens", "cached_tokens", "output_tokens", "total_tokens")
+} | {"cost": _COST}
+_ROW = {
+    "type": "object",
+    "required": ["date", "model", *_TOTALS],
+    "properties": {"date": {"type": "string", "format": "date"}, "model": {"type": "string"}, **_TOTALS},
+}
+USAGE_SCHEMA = {
+    "type": "object",
+    "required": ["object", "start", "end", "data", "total"],
+    "properties": {
+        "object": {"type": "string", "enum": ["organization.usage"]},
+        "start": {"type": "string", "format": "date"},
+        "end": {"type": "string", "format": "date"},
+        "data": {"type": "array", "items": _ROW},
+        "total": {"type": "object", "required": list(_TOTALS), "properties": _TOTALS},
+    },
+}
+ERROR_SCHEMA = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "string", "nullable": True},
+                "code": {"type": "string", "nullable": True},
+            },
+        }
+    },
+}
 
 
 class UsageView(APIView):
     @extend_schema(
-        operation_id="organization_usage", summary="The organization's billed usage by day and model",
+        operation_id="organization_usage",
+        summary="The organization's billed usage by day and model",
         parameters=[
-            OpenApiParameter("start", OpenApiTypes.DATE, OpenApiParameter.QUERY,
-                             description="First day (UTC, YYYY-MM-DD, included); default 29 days before end."),
-            OpenApiParameter("end", OpenApiTypes.DATE, OpenApiParameter.QUERY,
-                             description="Last day (UTC, YYYY-MM-DD, included); default today."),
+            OpenApiParameter(
+                "start",
+                OpenApiTypes.DATE,
+                OpenApiParameter.QUERY,
+                description="First day (UTC, YYYY-MM-DD, included); default 29 days before end.",
+            ),
+            OpenApiParameter(
+                "end",
+                OpenApiTypes.DATE,
+                OpenApiParameter.QUERY,
+                description="Last day (UTC, YYYY-MM-DD, included); default today.",
+            ),
         ],
-        responses={200: USAGE_SCHEMA, **{status: OpenApiResponse(ERROR_SCHEMA, description="Error envelope")
-                                         for status in (400, 401)}},
+        responses={
+            200: USAGE_SCHEMA,
+            **{status: OpenApiResponse(ERROR_SCHEMA, description="Error envelope") for status in (400, 401)},
+        },
     )
     def get(self, request):
         start, end = _parse_range(request.query_params)
         rows = ledger.totals_by_day_and_model(request.user.organization, start, end)
-        return Response({
-            "object": "organization.usage",
-            "start": start.isoformat(),
-            "end": end.isoformat(),
-            "data": [{"date": row["day"].isoformat(), "model": row["model_name"], **_amounts(row)} for row in rows],
-            "total": _amounts(ledger.grand_total(rows)),
-        })
+        return Response(
+            {
+                "object": "organization.usage",
+                "start": start.isoformat(),
+                "end": end.isoformat(),
+                "data": [{"date": row["day"].isoformat(), "model": row["model_name"], **_amounts(row)} for row in rows],
+                "total": _amounts(ledger.grand_total(rows)),
+            }
+        )
 
 
 def _amounts(row):
@@ -76,11 +119,17 @@ def _parse_range(params):
     end = _parse_date(params, "end") or timezone.now().date()
     start = _parse_date(params, "start") or _days_before(end, DEFAULT_DAYS - 1)
     if start > end:
-        raise ApiError(f"Invalid 'start': {start.isoformat()} is after 'end' ({end.isoformat()}).", param="start",
-                       code="invalid_value")
+        raise ApiError(
+            f"Invalid 'start': {start.isoformat()} is after 'end' ({end.isoformat()}).",
+            param="start",
+            code="invalid_value",
+        )
     if (end - start).days + 1 > MAX_DAYS:
-        raise ApiError(f"Invalid 'start': the range covers {(end - start).days + 1} days; at most {MAX_DAYS} are "
-                       "allowed.", param="start", code="invalid_value")
+        raise ApiError(
+            f"Invalid 'start': the range covers {(end - start).days + 1} days; at most {MAX_DAYS} are allowed.",
+            param="start",
+            code="invalid_value",
+        )
     return start, end
 
 
@@ -101,5 +150,8 @@ def _parse_date(params, name):
             raise ValueError
         return date.fromisoformat(raw)
     except ValueError:
-        raise ApiError(f"Invalid '{name}': expected a date as YYYY-MM-DD, but got {raw!r} instead.", param=name,
-                       code="invalid_value") from None
+        raise ApiError(
+            f"Invalid '{name}': expected a date as YYYY-MM-DD, but got {raw!r} instead.",
+            param=name,
+            code="invalid_value",
+        ) from None

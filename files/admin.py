@@ -10,8 +10,17 @@ class FileAdmin(admin.ModelAdmin):
     list_display = ("public_id", "organization", "filename", "purpose", "bytes", "pins", "created_at", "expires_at")
     list_filter = ("purpose", "organization")
     search_fields = ("public_id", "filename", "organization__name")
-    readonly_fields = ("public_id", "organization", "filename", "purpose", "bytes", "storage_name", "created_at",
-                       "expires_at", "pins")
+    readonly_fields = (
+        "public_id",
+        "organization",
+        "filename",
+        "purpose",
+        "bytes",
+        "storage_name",
+        "created_at",
+        "expires_at",
+        "pins",
+    )
 
     def has_add_permission(self, request):
         return False

@@ -25,5 +25,11 @@ def list_files(organization, *, purpose=None, limit=LIST_LIMIT_MAX, order="desc"
     if purpose:
         files = files.filter(purpose=purpose)
     # The cursor may have expired since the previous page; its position still counts.
-    return cursor_page(files, limit=limit, after=after, order=order, cursors=File.objects.for_org(organization),
-                       no_cursor=ApiError(f"No such File object: {after}", param="after", code="invalid_value"))
+    return cursor_page(
+        files,
+        limit=limit,
+        after=after,
+        order=order,
+        cursors=File.objects.for_org(organization),
+        no_cursor=ApiError(f"No such File object: {after}", param="after", code="invalid_value"),
+    )

@@ -21,8 +21,12 @@ from urllib.parse import parse_qs, urlsplit
 RANGE_BYTES = 4 * 1024 * 1024
 SPOOL_BYTES = 8 * 1024 * 1024
 S3_BACKEND = "storages.backends.s3.S3Storage"
-_S3_QUERY = {"endpoint_url": "endpoint_url", "region": "region_name", "addressing_style": "addressing_style",
-             "signature_version": "signature_version"}
+_S3_QUERY = {
+    "endpoint_url": "endpoint_url",
+    "region": "region_name",
+    "addressing_style": "addressing_style",
+    "signature_version": "signature_version",
+}
 
 
 def storage_from_url(url, default_location):
@@ -33,14 +37,21 @@ def storage_from_url(url, default_location):
     if parts.scheme == "file":
         return {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": parts.path}}
     if parts.scheme != "s3" or not parts.netloc:
-        raise ValueError(f"OPENRELAY_STORAGE_URL must be s3://bucket[/prefix][?endpoint_url=...] or file:///path, "
-                         f"got {url!r}")
+        raise ValueError(
+            f"OPENRELAY_STORAGE_URL must be s3://bucket[/prefix][?endpoint_url=...] or file:///path, got {url!r}"
+        )
     query = {key: values[-1] for key, values in parse_qs(parts.query).items()}
     unknown = set(query) - set(_S3_QUERY)
     if unknown:
         raise ValueError(f"OPENRELAY_STORAGE_URL: unknown parameter(s) {', '.join(sorted(unknown))}")
-    options = {"bucket_name": parts.netloc, "location": parts.path.strip("/"), "file_overwrite": False,
-               "max_memory_size": SPOOL_BYTES, "default_acl": None, "querystring_auth": True}
+    options = {
+        "bucket_name": parts.netloc,
+        "location": parts.path.strip("/"),
+        "file_overwrite": False,
+        "max_memory_size": SPOOL_BYTES,
+        "default_acl": None,
+        "querystring_auth": True,
+    }
     options.update({_S3_QUERY[key]: value for key, value in query.items()})
     return {"BACKEND": S3_BACKEND, "OPTIONS": options}
 
@@ -63,7 +74,7 @@ class RangedReader:
             last = first + max(length, RANGE_BYTES) - 1
             self.start = first
             self.buffer = self.obj.get(Range=f"bytes={first}-{last}")["Body"].read()
-        data = self.buffer[self.position - self.start:end - self.start]
+        data = self.buffer[self.position - self.start : end - self.start]
         self.position += len(data)
         return data
 

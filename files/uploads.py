@@ -198,7 +198,9 @@ class BatchInputUploadHandler(FileUploadHandler):
             try:
                 self._decoder.decode(chunk)
             except UnicodeDecodeError as exc:
-                self._fail(f"the file is not UTF-8 text (an invalid byte sequence at byte {start - pending + exc.start:,}).")
+                self._fail(
+                    f"the file is not UTF-8 text (an invalid byte sequence at byte {start - pending + exc.start:,})."
+                )
                 return
         if not self._has_text:
             self._has_text = bool(chunk.strip(_BLANK))

@@ -13,23 +13,31 @@ from openrelay.api import openapi
 from openrelay.api.errors import ApiError
 from openrelay.api.negotiation import IgnoreAcceptNegotiation
 
-UPLOAD_HINT = ("Upload a file with a multipart POST to /v1/files, with the fields 'purpose' and 'file' "
-               "(curl -F purpose=batch -F file=@requests.jsonl).")
+UPLOAD_HINT = (
+    "Upload a file with a multipart POST to /v1/files, with the fields 'purpose' and 'file' "
+    "(curl -F purpose=batch -F file=@requests.jsonl)."
+)
 
 
 class FilesView(APIView):
     method_hint = UPLOAD_HINT
 
-    @extend_schema(operation_id="files_list", summary="List files",
-                   parameters=[openapi.PURPOSE, openapi.FILE_LIMIT, openapi.ORDER, openapi.AFTER],
-                   responses={200: openapi.ref("FileList"), **openapi.errors(400, 401)})
+    @extend_schema(
+        operation_id="files_list",
+        summary="List files",
+        parameters=[openapi.PURPOSE, openapi.FILE_LIMIT, openapi.ORDER, openapi.AFTER],
+        responses={200: openapi.ref("FileList"), **openapi.errors(400, 401)},
+    )
     def get(self, request):
         files, has_more = selectors.list_files(request.user.organization, **params.list_params(request.query_params))
         return Response(present_file_list(files, has_more))
 
-    @extend_schema(operation_id="files_create", summary="Upload a batch input file",
-                   request={"multipart/form-data": openapi.ref("FileUpload")},
-                   responses={200: openapi.ref("File"), **openapi.errors(400, 401, 413, 415)})
+    @extend_schema(
+        operation_id="files_create",
+        summary="Upload a batch input file",
+        request={"multipart/form-data": openapi.ref("FileUpload")},
+        responses={200: openapi.ref("File"), **openapi.errors(400, 401, 413, 415)},
+    )
     def post(self, request):
         # request._request: the multipart body is parsed by Django with the
         # streaming, size-capped handler of files.uploads, not by DRF's parsers.
@@ -57,13 +65,21 @@ class FilesView(APIView):
 class FileView(APIView):
     method_hint = UPLOAD_HINT
 
-    @extend_schema(operation_id="files_retrieve", summary="Retrieve a file", parameters=[openapi.FILE_ID],
-                   responses={200: openapi.ref("File"), **openapi.errors(401, 404)})
+    @extend_schema(
+        operation_id="files_retrieve",
+        summary="Retrieve a file",
+        parameters=[openapi.FILE_ID],
+        responses={200: openapi.ref("File"), **openapi.errors(401, 404)},
+    )
     def get(self, request, file_id):
         return Response(present_file(selectors.get_file(request.user.organization, file_id)))
 
-    @extend_schema(operation_id="files_delete", summary="Delete a file", parameters=[openapi.FILE_ID],
-                   responses={200: openapi.ref("FileDeleted"), **openapi.errors(401, 404, 409)})
+    @extend_schema(
+        operation_id="files_delete",
+        summary="Delete a file",
+        parameters=[openapi.FILE_ID],
+        responses={200: openapi.ref("FileDeleted"), **openapi.errors(401, 404, 409)},
+    )
     def delete(self, request, file_id):
         file = selectors.get_file(request.user.organization, file_id)
         services.delete_unpinned_file(file)
@@ -73,10 +89,12 @@ class FileView(APIView):
 class FileContentView(APIView):
     content_negotiation_class = IgnoreAcceptNegotiation
 
-    @extend_schema(operation_id="files_content", summary="Download a file's bytes", parameters=[openapi.FILE_ID],
-                   responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY),
-                              **openapi.errors(401, 404)})
+    @extend_schema(
+        operation_id="files_content",
+        summary="Download a file's bytes",
+        parameters=[openapi.FILE_ID],
+        responses={(200, "application/octet-stream"): OpenApiResponse(OpenApiTypes.BINARY), **openapi.errors(401, 404)},
+    )
     def get(self, request, file_id):
         file = selectors.get_file(request.user.organization, file_id)
         return download_response(request._request, file)
-

@@ -21,9 +21,11 @@ from openrelay.web.webserver import HeaderCap  # noqa: E402
 
 # HeaderCap: the 431 for oversized heads under any server (uvicorn with openrelay.web.webserver's
 # protocols already refuses them while reading).
-application = HeaderCap(ProtocolTypeRouter(
-    {
-        "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
-))
+application = HeaderCap(
+    ProtocolTypeRouter(
+        {
+            "http": django_asgi_app,
+            "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        }
+    )
+)

@@ -98,8 +98,11 @@ DATABASE_URL = envstr("DATABASE_URL", f"sqlite:///{DATA_DIR / 'openrelay.sqlite3
 # polls every Q_CLUSTER["poll"] seconds, and a new connection a poll cost
 # ~4% of a core at idle.
 WORKER_PROCESS = sys.argv[1:2] == ["qcluster"]
-DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=600 if WORKER_PROCESS else 0,
-                                               conn_health_checks=WORKER_PROCESS)}
+DATABASES = {
+    "default": dj_database_url.parse(
+        DATABASE_URL, conn_max_age=600 if WORKER_PROCESS else 0, conn_health_checks=WORKER_PROCESS
+    )
+}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web process read while a worker writes; the busy timeout
     # turns "database is locked" into a short wait. A checkpoint every 10,000
@@ -135,8 +138,13 @@ else:
 # The cache holds rate-limit counters (openrelay.api.throttles): shared by every
 # web process through Redis in production, in process memory by default.
 if REDIS_URL:
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL,
-                          "KEY_PREFIX": "openrelay"}}
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "KEY_PREFIX": "openrelay",
+        }
+    }
 else:
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
@@ -273,8 +281,12 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"json": {"()": "openrelay.lib.logs.JsonFormatter"}},
-    "handlers": {"console": {"class": "logging.StreamHandler",
-                             **({"formatter": "json"} if OPENRELAY_LOG_FORMAT == "json" else {})}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            **({"formatter": "json"} if OPENRELAY_LOG_FORMAT == "json" else {}),
+        }
+    },
     "root": {"handlers": ["console"], "level": envstr("OPENRELAY_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.server": {"level": "WARNING"},
@@ -282,7 +294,10 @@ LOGGING = {
         "django_q": {"level": "WARNING"},
         # uvicorn gives its loggers handlers of its own before it loads the application; in json,
         # theirs become ours too, so a web process writes no plain line ("Started server process").
-        **({name: {"handlers": ["console"], "propagate": False} for name in ("uvicorn", "uvicorn.access")}
-           if OPENRELAY_LOG_FORMAT == "json" else {}),
+        **(
+            {name: {"handlers": ["console"], "propagate": False} for name in ("uvicorn", "uvicorn.access")}
+            if OPENRELAY_LOG_FORMAT == "json"
+            else {}
+        ),
     },
 }

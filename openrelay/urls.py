@@ -10,8 +10,11 @@ urlpatterns = [
     path("v1/", include("billing.urls")),
     path("v1/", include("webhooks.urls")),
     # JSON, as the name says (the plain SpectacularAPIView answers YAML by default).
-    path("v1/openapi.json", SpectacularJSONAPIView.as_view(authentication_classes=[], permission_classes=[]),
-         name="openapi-schema"),
+    path(
+        "v1/openapi.json",
+        SpectacularJSONAPIView.as_view(authentication_classes=[], permission_classes=[]),
+        name="openapi-schema",
+    ),
     # Prometheus' scrape (off until OPENRELAY_METRICS_TOKEN is set; README "Operating it").
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),

@@ -35,7 +35,9 @@ def assert_no_piece(text, *secrets):
     for secret in secrets:
         low = _fold(secret)
         for i in range(len(low) - MIN_PIECE + 1):
-            assert low[i:i + MIN_PIECE] not in folded, f"{secret[i:i + MIN_PIECE]!r} of a secret survives in {text!r}"
+            assert low[i : i + MIN_PIECE] not in folded, (
+                f"{secret[i : i + MIN_PIECE]!r} of a secret survives in {text!r}"
+            )
 
 
 def _fold(text):

@@ -54,8 +54,9 @@ def make_persona(name, **org_fields):
 def deploy(name, base_url, *, upstream_model="sim-upstream", max_concurrency=16):
     """A catalog model served by one deployment at `base_url`."""
     model = Model.objects.create(name=name)
-    Deployment.objects.create(model=model, base_url=base_url, upstream_model=upstream_model,
-                              max_concurrency=max_concurrency)
+    Deployment.objects.create(
+        model=model, base_url=base_url, upstream_model=upstream_model, max_concurrency=max_concurrency
+    )
     return model
 
 
@@ -74,8 +75,14 @@ def make_batch(org, bodies, *, endpoint=CHAT, window=timedelta(hours=24), model=
     file_services.pin(file)
     now = timezone.now()
     batch = Batch.objects.create(
-        organization=org, endpoint=endpoint, model_name=MODEL, model=model or Model.objects.get(name=MODEL),
-        input_file=file, input_file_public_id=file.public_id, created_at=now, expires_at=now + window,
+        organization=org,
+        endpoint=endpoint,
+        model_name=MODEL,
+        model=model or Model.objects.get(name=MODEL),
+        input_file=file,
+        input_file_public_id=file.public_id,
+        created_at=now,
+        expires_at=now + window,
         total_count=len(lines),
     )
     offset, records = 0, []
@@ -187,5 +194,8 @@ def streamed_multipart(fields, file_size, *, filename="upload", chunk=1024 * 102
             yield piece
         yield tail
 
-    headers = {"Content-Type": f"multipart/form-data; boundary={boundary}", "Content-Length": str(len(head) + file_size + len(tail))}
+    headers = {
+        "Content-Type": f"multipart/form-data; boundary={boundary}",
+        "Content-Length": str(len(head) + file_size + len(tail)),
+    }
     return headers, body()

@@ -68,8 +68,9 @@ def _event_types(value):
     if not isinstance(value, list):
         raise invalid_type("event_types", "an array", value)
     if not value:
-        raise ApiError("Invalid 'event_types': list at least one event type.", param="event_types",
-                       code="invalid_value")
+        raise ApiError(
+            "Invalid 'event_types': list at least one event type.", param="event_types", code="invalid_value"
+        )
     types = [_event_type(item, f"event_types[{index}]") for index, item in enumerate(value)]
     return list(dict.fromkeys(types))  # in the order given, once each
 
@@ -77,8 +78,12 @@ def _event_types(value):
 def _event_type(value, param):
     if value not in EVENT_TYPES:
         supported = ", ".join(f"'{t}'" for t in EVENT_TYPES)
-        raise ApiError(f"Invalid value for '{param}': {shown(value)}. This gateway sends batch events only; "
-                       f"supported values are: {supported}.", param=param, code="invalid_value")
+        raise ApiError(
+            f"Invalid value for '{param}': {shown(value)}. This gateway sends batch events only; "
+            f"supported values are: {supported}.",
+            param=param,
+            code="invalid_value",
+        )
     return value
 
 

@@ -90,8 +90,9 @@ def batch_finished(batch, status, now):
     event_type = BATCH_EVENTS.get(status)
     if event_type is None:
         return
-    endpoints = [e for e in WebhookEndpoint.objects.filter(organization_id=batch.organization_id)
-                 if event_type in e.event_types]
+    endpoints = [
+        e for e in WebhookEndpoint.objects.filter(organization_id=batch.organization_id) if event_type in e.event_types
+    ]
     if not endpoints:
         return
     event_id = new_event_id()
@@ -100,8 +101,9 @@ def batch_finished(batch, status, now):
     # only steps in if that task was lost (a broker hiccup, a crash).
     first_sweep = now + timedelta(seconds=RETRY_AFTER_S[0])
     deliveries = WebhookDelivery.objects.bulk_create(
-        WebhookDelivery(endpoint=endpoint, event_id=event_id, event_type=event_type, payload=payload,
-                        next_attempt_at=first_sweep)
+        WebhookDelivery(
+            endpoint=endpoint, event_id=event_id, event_type=event_type, payload=payload, next_attempt_at=first_sweep
+        )
         for endpoint in endpoints
     )
     pks = [d.pk for d in deliveries]
@@ -110,8 +112,9 @@ def batch_finished(batch, status, now):
 
 def _event_payload(event_id, event_type, created_at, batch_id):
     # OpenAI's event shape: {"id", "object": "event", "type", "created_at", "data": {"id"}}.
-    return orjson.dumps({"id": event_id, "object": "event", "type": event_type, "created_at": created_at,
-                         "data": {"id": batch_id}})
+    return orjson.dumps(
+        {"id": event_id, "object": "event", "type": event_type, "created_at": created_at, "data": {"id": batch_id}}
+    )
 
 
 def _send_after_commit(pks):
@@ -149,8 +152,9 @@ def deliver(delivery, now=None, first_only=False):
     """
     now = now or timezone.now()
     lease = now + timedelta(seconds=2 * settings.OPENRELAY_WEBHOOK_TIMEOUT_S + 60)
-    free = WebhookDelivery.objects.filter(Q(sending_until__isnull=True) | Q(sending_until__lt=now),
-                                          pk=delivery.pk, status=DeliveryStatus.PENDING)
+    free = WebhookDelivery.objects.filter(
+        Q(sending_until__isnull=True) | Q(sending_until__lt=now), pk=delivery.pk, status=DeliveryStatus.PENDING
+    )
     if first_only:
         free = free.filter(attempts=0)
     if not free.update(sending_until=lease):
@@ -168,13 +172,22 @@ def deliver(delivery, now=None, first_only=False):
         delivery.status, delivery.delivered_at = DeliveryStatus.DELIVERED, done
     elif delivery.attempts > len(RETRY_AFTER_S):
         delivery.status = DeliveryStatus.FAILED
-        logger.info("webhook %s to %s failed after %d attempts", delivery.event_id, delivery.endpoint.public_id,
-                    delivery.attempts)
+        logger.info(
+            "webhook %s to %s failed after %d attempts",
+            delivery.event_id,
+            delivery.endpoint.public_id,
+            delivery.attempts,
+        )
     else:
         delivery.next_attempt_at = now + timedelta(seconds=RETRY_AFTER_S[delivery.attempts - 1])
     WebhookDelivery.objects.filter(pk=delivery.pk, sending_until=lease).update(
-        status=delivery.status, attempts=delivery.attempts, last_status_code=status_code, last_error=error,
-        next_attempt_at=delivery.next_attempt_at, delivered_at=delivery.delivered_at, sending_until=None,
+        status=delivery.status,
+        attempts=delivery.attempts,
+        last_status_code=status_code,
+        last_error=error,
+        next_attempt_at=delivery.next_attempt_at,
+        delivered_at=delivery.delivered_at,
+        sending_until=None,
     )
     return delivery.status
 
@@ -182,13 +195,13 @@ def deliver(delivery, now=None, first_only=False):
 def _post(endpoint, body, event_id):
     """Sign and POST `body` (JSON text) to the endpoint; return the status code. Raises OutboundError."""
     data = body.encode()
-    headers = {**signing.headers(_live_secrets(endpoint), event_id, int(time.time()), data),
-               "User-Agent": USER_AGENT}
+    headers = {**signing.headers(_live_secrets(endpoint), event_id, int(time.time()), data), "User-Agent": USER_AGENT}
 
     async def send():
         async with OutboundClient() as client:
-            response = await client.post_raw(endpoint.url, data, headers=headers,
-                                             timeout_s=settings.OPENRELAY_WEBHOOK_TIMEOUT_S)
+            response = await client.post_raw(
+                endpoint.url, data, headers=headers, timeout_s=settings.OPENRELAY_WEBHOOK_TIMEOUT_S
+            )
             return response.status
 
     return asyncio.run(send())

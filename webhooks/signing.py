@@ -22,7 +22,7 @@ def new_secret():
 
 def hint(secret):
     """What the API shows of a secret after creation: enough to tell two apart."""
-    return f"{secret[:len(SECRET_PREFIX) + 4]}...{secret[-4:]}"
+    return f"{secret[: len(SECRET_PREFIX) + 4]}...{secret[-4:]}"
 
 
 def signature(secret, event_id, timestamp, body):

@@ -180,8 +180,12 @@ class BatchFeedConsumer(AsyncJsonWebsocketConsumer):
         if not hasattr(self, "not_run"):
             self.not_run = {}
         if batch["id"] not in self.not_run:
-            row = (Batch.objects.for_org(self.organization_id).filter(public_id=batch["id"])
-                   .values_list("status", "failed_count", "progress").first())
+            row = (
+                Batch.objects.for_org(self.organization_id)
+                .filter(public_id=batch["id"])
+                .values_list("status", "failed_count", "progress")
+                .first()
+            )
             self.not_run[batch["id"]] = not_run(*row) if row else 0
         return {"not_run": self.not_run[batch["id"]]}
 

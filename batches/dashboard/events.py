@@ -37,8 +37,10 @@ def snapshots(batch_pks):
     """The events for several batches, in one query (an engine announces many batches a trip)."""
     from batches.presenters import live_batch_object, live_batches
 
-    return [{"organization_id": batch.organization_id, "batch": live_batch_object(batch)}
-            for batch in live_batches(Batch.objects.filter(pk__in=batch_pks))]
+    return [
+        {"organization_id": batch.organization_id, "batch": live_batch_object(batch)}
+        for batch in live_batches(Batch.objects.filter(pk__in=batch_pks))
+    ]
 
 
 async def send(event):

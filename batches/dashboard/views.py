@@ -81,7 +81,9 @@ class MemberAuthenticationForm(AuthenticationForm):
 
 
 login = auth_views.LoginView.as_view(
-    template_name="dashboard/login.html", authentication_form=MemberAuthenticationForm, next_page="/",
+    template_name="dashboard/login.html",
+    authentication_form=MemberAuthenticationForm,
+    next_page="/",
     redirect_authenticated_user=True,
 )
 logout = auth_views.LogoutView.as_view(next_page="/")
@@ -121,8 +123,10 @@ def staff_required(view):
 
 def _batch_or_404(request, batch_id):
     batch = (
-        Batch.objects.for_org(request.organization).select_related(*PRESENTER_RELATED, "input_file")
-        .filter(public_id=batch_id).first()
+        Batch.objects.for_org(request.organization)
+        .select_related(*PRESENTER_RELATED, "input_file")
+        .filter(public_id=batch_id)
+        .first()
     )
     if batch is None:
         raise Http404("No such batch.")
@@ -260,25 +264,37 @@ def home(request):
 def batch_list(request):
     filters = _filters(request)
     try:
-        found = selectors.page(request.organization, filters, after=request.GET.get("after") or None,
-                               before=request.GET.get("before") or None, size=PAGE_SIZE, related=PRESENTER_RELATED)
+        found = selectors.page(
+            request.organization,
+            filters,
+            after=request.GET.get("after") or None,
+            before=request.GET.get("before") or None,
+            size=PAGE_SIZE,
+            related=PRESENTER_RELATED,
+        )
     except Batch.DoesNotExist:
         raise Http404("No such batch.") from None
-    rows = [display(batch_object(batch), progress.not_run(batch.status, batch.failed_count, batch.progress))
-            for batch in found.batches]
+    rows = [
+        display(batch_object(batch), progress.not_run(batch.status, batch.failed_count, batch.progress))
+        for batch in found.batches
+    ]
     query = {name: value for name, value in vars(filters).items() if value}
-    return render(request, "dashboard/batches.html", {
-        "rows": rows,
-        "filters": filters,
-        "older": urlencode({**query, "after": found.older}) if found.older else None,
-        "newer": urlencode({**query, "before": found.newer}) if found.newer else None,
-        # New batches appear live on the first page of the unfiltered list only.
-        "insert_new": not found.newer and not request.GET.get("after") and not filters.active,
-        "statuses": BatchStatus.values,
-        "endpoints": ENDPOINTS,
-        "models": selectors.models_used(request.organization),
-        "nav": "batches",
-    })
+    return render(
+        request,
+        "dashboard/batches.html",
+        {
+            "rows": rows,
+            "filters": filters,
+            "older": urlencode({**query, "after": found.older}) if found.older else None,
+            "newer": urlencode({**query, "before": found.newer}) if found.newer else None,
+            # New batches appear live on the first page of the unfiltered list only.
+            "insert_new": not found.newer and not request.GET.get("after") and not filters.active,
+            "statuses": BatchStatus.values,
+            "endpoints": ENDPOINTS,
+            "models": selectors.models_used(request.organization),
+            "nav": "batches",
+        },
+    )
 
 
 def _filters(request):
@@ -300,26 +316,30 @@ def batch_detail(request, batch_id):
     rejections = (obj["errors"] or {}).get("data") or []
     failures = selectors.failures(batch.pk)
     now = timezone.now()
-    return render(request, "dashboard/batch.html", {
-        "row": display(obj, failures.unrun),
-        "pace": pace(obj, batch.progress, now.timestamp()),
-        "batch": obj,
-        "metadata": sorted((obj["metadata"] or {}).items()),
-        # The page script's first snapshot and samples; the rejections are already on the page.
-        "seed": {**obj, "errors": None},
-        "samples": progress.series(obj["in_progress_at"], batch.progress),
-        **failures_context(obj["id"], failures),
-        "timeline": [(field, label, when(obj[field])) for field, label in TIMELINE],
-        "expires": when(obj["expires_at"]),
-        "input_file": batch.input_file,
-        "rejections": rejections[:REJECTIONS_SHOWN],
-        "rejections_total": len(rejections),
-        "accepted": obj["request_counts"]["total"],
-        "just_created": request.GET.get("created") == "1",
-        "retryable": retryable(obj),
-        "server_now": int(now.timestamp()),
-        "nav": "batches",
-    })
+    return render(
+        request,
+        "dashboard/batch.html",
+        {
+            "row": display(obj, failures.unrun),
+            "pace": pace(obj, batch.progress, now.timestamp()),
+            "batch": obj,
+            "metadata": sorted((obj["metadata"] or {}).items()),
+            # The page script's first snapshot and samples; the rejections are already on the page.
+            "seed": {**obj, "errors": None},
+            "samples": progress.series(obj["in_progress_at"], batch.progress),
+            **failures_context(obj["id"], failures),
+            "timeline": [(field, label, when(obj[field])) for field, label in TIMELINE],
+            "expires": when(obj["expires_at"]),
+            "input_file": batch.input_file,
+            "rejections": rejections[:REJECTIONS_SHOWN],
+            "rejections_total": len(rejections),
+            "accepted": obj["request_counts"]["total"],
+            "just_created": request.GET.get("created") == "1",
+            "retryable": retryable(obj),
+            "server_now": int(now.timestamp()),
+            "nav": "batches",
+        },
+    )
 
 
 def retryable(batch):
@@ -334,10 +354,17 @@ def failures_fragment(batch_id, failures):
 
 def failures_context(batch_id, failures):
     most = max((entry["count"] for entry in failures.codes), default=1)
-    codes = [{**entry, "count_text": f"{entry['count']:,}", "width": f"{entry['count'] * 100 / most:.1f}"}
-             for entry in failures.codes]
-    return {"batch_id": batch_id, "failures": failures, "codes": codes, "failed": f"{failures.failed:,}",
-            "unrun": f"{failures.unrun:,}"}
+    codes = [
+        {**entry, "count_text": f"{entry['count']:,}", "width": f"{entry['count'] * 100 / most:.1f}"}
+        for entry in failures.codes
+    ]
+    return {
+        "batch_id": batch_id,
+        "failures": failures,
+        "codes": codes,
+        "failed": f"{failures.failed:,}",
+        "unrun": f"{failures.unrun:,}",
+    }
 
 
 @require_GET
@@ -373,8 +400,11 @@ def batch_retry(request, batch_id):
     except ApiError as exc:
         messages.error(request, exc.message)
         return redirect("dashboard:batch", batch_id=batch.public_id)
-    messages.success(request, f"Retrying {retry.total_count} record{'s' if retry.total_count != 1 else ''} of "
-                              f"{batch.public_id} as this new batch.")
+    messages.success(
+        request,
+        f"Retrying {retry.total_count} record{'s' if retry.total_count != 1 else ''} of "
+        f"{batch.public_id} as this new batch.",
+    )
     return redirect("dashboard:batch", batch_id=retry.public_id)
 
 
@@ -427,10 +457,14 @@ def _create_batch(request, upload):
     else:
         raise ApiError("Choose or drop a JSONL file, or pick one you uploaded before.", param="file")
     try:
-        params = parse_create_params({
-            "input_file_id": input_file_id, "endpoint": fields.get("endpoint") or None, "completion_window": "24h",
-            "priority": fields.get("priority") or None,
-        })
+        params = parse_create_params(
+            {
+                "input_file_id": input_file_id,
+                "endpoint": fields.get("endpoint") or None,
+                "completion_window": "24h",
+                "priority": fields.get("priority") or None,
+            }
+        )
         return services.create_batch(organization=request.organization, **vars(params))
     except ApiError:
         if stored is not None:  # uploaded for this batch only; nothing else refers to it
@@ -441,16 +475,21 @@ def _create_batch(request, upload):
 def _new_batch_page(request, *, selected=None, error=None, status=200, fields=None):
     fields = fields or {}
     choices = File.objects.for_org(request.organization).live().filter(purpose=Purpose.BATCH).order_by("-created_at")
-    return render(request, "dashboard/new_batch.html", {
-        "endpoints": ENDPOINTS,
-        "priorities": PRIORITIES,
-        "files": [present_file(f) for f in choices[:PAGE_SIZE]],
-        "selected": selected or fields.get("input_file_id"),
-        "endpoint": fields.get("endpoint") or ENDPOINTS[0],
-        "priority": fields.get("priority") or PRIORITIES[0],
-        "error": error,
-        "nav": "new",
-    }, status=status)
+    return render(
+        request,
+        "dashboard/new_batch.html",
+        {
+            "endpoints": ENDPOINTS,
+            "priorities": PRIORITIES,
+            "files": [present_file(f) for f in choices[:PAGE_SIZE]],
+            "selected": selected or fields.get("input_file_id"),
+            "endpoint": fields.get("endpoint") or ENDPOINTS[0],
+            "priority": fields.get("priority") or PRIORITIES[0],
+            "error": error,
+            "nav": "new",
+        },
+        status=status,
+    )
 
 
 @require_GET
@@ -463,11 +502,15 @@ def file_list(request):
     except ApiError:
         raise Http404("No such file.") from None
     rows = [_file_row(f) for f in files]
-    return render(request, "dashboard/files.html", {
-        "files": rows,
-        "older": rows[-1]["id"] if has_more else None,
-        "nav": "files",
-    })
+    return render(
+        request,
+        "dashboard/files.html",
+        {
+            "files": rows,
+            "older": rows[-1]["id"] if has_more else None,
+            "nav": "files",
+        },
+    )
 
 
 def _file_row(file):
@@ -495,7 +538,6 @@ def file_download(request, file_id):
     return download_response(request, _file_or_404(request, file_id))
 
 
-
 @require_GET
 @staff_required
 def operator_page(request):
@@ -506,27 +548,37 @@ def operator_page(request):
 def operator_fragment():
     """The operator page's inside, as the page renders it and the operator socket pushes it."""
     view = operator.overview()
-    return render_to_string("dashboard/_operator.html", {
-        "overview": view,
-        "models": [_model_row(model) for model in view.models],
-        "organizations": view.organizations,
-        "at": when(int(view.at.timestamp())),
-    })
+    return render_to_string(
+        "dashboard/_operator.html",
+        {
+            "overview": view,
+            "models": [_model_row(model) for model in view.models],
+            "organizations": view.organizations,
+            "at": when(int(view.at.timestamp())),
+        },
+    )
 
 
 def _model_row(model):
-    deployments = [{
-        "deployment": deployment,
-        "calls": calls,
-        "error_rate": _percent_text(calls.error_rate),
-        "limit": calls.limit_of(deployment),
-        "state": operator.state(deployment, calls),
-        "load": share(min(calls.in_flight, calls.limit_of(deployment)), calls.limit_of(deployment)),
-        "since": when(int(deployment.health_changed_at.timestamp())) if deployment.health_changed_at else "",
-    } for deployment, calls in model.deployments]
-    return {"model": model, "deployments": deployments, "error_rate": _percent_text(model.calls.error_rate),
-            "load": share(min(model.calls.in_flight, model.limit), model.limit),
-            "a_minute": f"{model.work.a_minute:,}"}
+    deployments = [
+        {
+            "deployment": deployment,
+            "calls": calls,
+            "error_rate": _percent_text(calls.error_rate),
+            "limit": calls.limit_of(deployment),
+            "state": operator.state(deployment, calls),
+            "load": share(min(calls.in_flight, calls.limit_of(deployment)), calls.limit_of(deployment)),
+            "since": when(int(deployment.health_changed_at.timestamp())) if deployment.health_changed_at else "",
+        }
+        for deployment, calls in model.deployments
+    ]
+    return {
+        "model": model,
+        "deployments": deployments,
+        "error_rate": _percent_text(model.calls.error_rate),
+        "load": share(min(model.calls.in_flight, model.limit), model.limit),
+        "a_minute": f"{model.work.a_minute:,}",
+    }
 
 
 def _cached_share(usage):

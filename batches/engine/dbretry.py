@@ -35,8 +35,12 @@ def call(fn, *args):
         except (OperationalError, InterfaceError) as exc:
             if time.monotonic() + delay > deadline:
                 raise
-            logger.warning("database unavailable (%s); retrying %s in %.1fs", type(exc).__name__,
-                           getattr(fn, "__name__", "a call"), delay)
+            logger.warning(
+                "database unavailable (%s); retrying %s in %.1fs",
+                type(exc).__name__,
+                getattr(fn, "__name__", "a call"),
+                delay,
+            )
             _drop_connections()
             time.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)

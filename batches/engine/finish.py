@@ -68,8 +68,14 @@ def close(batch, final_status):
             output_file = _store(batch, rendered.output, "output", stored)
             error_file = _store(batch, rendered.error, "error", stored)
             now = timezone.now()
-            if not lifecycle.transition(batch, final_status, now=now, output_file=output_file, error_file=error_file,
-                                        progress=_final_progress(batch, now)):
+            if not lifecycle.transition(
+                batch,
+                final_status,
+                now=now,
+                output_file=output_file,
+                error_file=error_file,
+                progress=_final_progress(batch, now),
+            ):
                 raise _LostRace
             if batch.input_file_id:
                 file_services.unpin(batch.input_file_id)
@@ -88,8 +94,12 @@ def close(batch, final_status):
 def _final_progress(batch, now):
     """The batch's progress samples ending at its finish (whole seconds, as the API shows the time):
     the records that ran, without those the close marked expired or cancelled unrun."""
-    samples, completed, failed = (Batch.objects.select_for_update().filter(pk=batch.pk)
-                                  .values_list("progress", "completed_count", "failed_count").get())
+    samples, completed, failed = (
+        Batch.objects.select_for_update()
+        .filter(pk=batch.pk)
+        .values_list("progress", "completed_count", "failed_count")
+        .get()
+    )
     unrun = Record.objects.filter(batch_id=batch.pk, status__in=(RecordStatus.EXPIRED, RecordStatus.CANCELLED)).count()
     return progress.final(samples, int(now.timestamp()), completed, failed - unrun)
 
@@ -98,7 +108,11 @@ def _store(batch, stream, kind, stored):
     if stream is None:
         return None
     now = timezone.now()
-    ttl = timedelta(seconds=batch.output_expires_after_s) if batch.output_expires_after_s else file_services.DEFAULT_OUTPUT_TTL
+    ttl = (
+        timedelta(seconds=batch.output_expires_after_s)
+        if batch.output_expires_after_s
+        else file_services.DEFAULT_OUTPUT_TTL
+    )
     size = stream_size(stream)
     file = file_services.create_file_from_stream(
         organization=batch.organization,

@@ -74,8 +74,10 @@ def render(batch, kinds=("output", "error"), code=None):
     statuses = [status for kind in kinds for status in _FILE_STATUSES[kind]]
     columns = ", ".join(connection.ops.quote_name(Record._meta.get_field(name).column) for name in _FIELDS)
     where, params = _code_condition(code) if code else ("", [])
-    sql = (f"SELECT {columns} FROM {connection.ops.quote_name(Record._meta.db_table)} "
-           f"WHERE batch_id = %s AND status IN ({', '.join(['%s'] * len(statuses))}){where} ORDER BY line")
+    sql = (
+        f"SELECT {columns} FROM {connection.ops.quote_name(Record._meta.db_table)} "
+        f"WHERE batch_id = %s AND status IN ({', '.join(['%s'] * len(statuses))}){where} ORDER BY line"
+    )
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, [batch.pk, *statuses, *params])
         while rows := cursor.fetchmany(_CHUNK):
@@ -83,8 +85,10 @@ def render(batch, kinds=("output", "error"), code=None):
             for line, custom_id, status, status_code, request_id, body, code, message in rows:
                 # One f-string a line and one encode a chunk: bytes concatenation
                 # copied each ~1 KB line a dozen times over.
-                head = (f'{{"id":"batch_req_{sha256(prefix + str(line).encode()).hexdigest()[:32]}",'
-                        f'"custom_id":{orjson.dumps(custom_id).decode()}')
+                head = (
+                    f'{{"id":"batch_req_{sha256(prefix + str(line).encode()).hexdigest()[:32]}",'
+                    f'"custom_id":{orjson.dumps(custom_id).decode()}'
+                )
                 if status == _SUCCEEDED:
                     out.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
                 elif status_code is not None:
@@ -100,7 +104,9 @@ def render(batch, kinds=("output", "error"), code=None):
                 counts[1] += len(err)
     for f in (output, error):
         f.seek(0)
-    return RenderedResults(output if counts[0] else _closed(output), counts[0], error if counts[1] else _closed(error), counts[1])
+    return RenderedResults(
+        output if counts[0] else _closed(output), counts[0], error if counts[1] else _closed(error), counts[1]
+    )
 
 
 def render_one(batch, kind, code=None):
@@ -111,7 +117,9 @@ def render_one(batch, kind, code=None):
     error lines of that failure_code.
     """
     rendered = render(batch, kinds=(kind,), code=code if kind == "error" else None)
-    keep, lines = (rendered.output, rendered.output_lines) if kind == "output" else (rendered.error, rendered.error_lines)
+    keep, lines = (
+        (rendered.output, rendered.output_lines) if kind == "output" else (rendered.error, rendered.error_lines)
+    )
     for f in (rendered.output, rendered.error):
         if f is not None and f is not keep:
             f.close()
@@ -124,5 +132,7 @@ def _closed(f):
 
 
 def _response(status_code, request_id, body):
-    return (f'"response":{{"status_code":{status_code},"request_id":{orjson.dumps(request_id).decode()},'
-            f'"body":{body or "null"}}}')
+    return (
+        f'"response":{{"status_code":{status_code},"request_id":{orjson.dumps(request_id).decode()},'
+        f'"body":{body or "null"}}}'
+    )

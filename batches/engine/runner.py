@@ -119,9 +119,14 @@ class BatchRun:
         self.lane = lane
         self.ticket = Ticket(self.pk, self.organization_id, self.expedited)
         self.ctx = RecordContext(
-            batch_pk=self.pk, batch_public_id=self.public_id, organization_id=self.organization_id,
-            endpoint=row["endpoint"], model_name=row["model_name"], caller=BatchCaller(lane.caller, self.ticket),
-            workflows_enabled=row["organization__workflows_enabled"], outbound=outbound,
+            batch_pk=self.pk,
+            batch_public_id=self.public_id,
+            organization_id=self.organization_id,
+            endpoint=row["endpoint"],
+            model_name=row["model_name"],
+            caller=BatchCaller(lane.caller, self.ticket),
+            workflows_enabled=row["organization__workflows_enabled"],
+            outbound=outbound,
             checkpoints=checkpoint_writer,
         )
         self.input = None
@@ -491,8 +496,13 @@ class Engine:
     # ------------------------------------------------------------ models and deployments
 
     async def _open_lane(self, model_id):
-        caller = ModelCaller([], time_limit_s=settings.OPENRELAY_CALL_TIME_LIMIT_S,
-                             retries=settings.OPENRELAY_UPSTREAM_RETRIES, gate=CallGate(self.caps), health=self.health)
+        caller = ModelCaller(
+            [],
+            time_limit_s=settings.OPENRELAY_CALL_TIME_LIMIT_S,
+            retries=settings.OPENRELAY_UPSTREAM_RETRIES,
+            gate=CallGate(self.caps),
+            health=self.health,
+        )
         await caller.__aenter__()
         lane = self.lanes[model_id] = Lane(model_id, caller)
         self._reconcile(lane, (await self.db(store.deployments, [model_id])).get(model_id, []))
@@ -554,8 +564,12 @@ class Engine:
         """Another engine found the deployment failing after we last heard of it: take it out too
         (and probe it ourselves) rather than send it calls that will fail."""
         changed = row["health_changed_at"]
-        if (row["health"] == DeploymentHealth.UNHEALTHY and upstream.healthy and changed is not None
-                and (upstream.health_seen_at is None or changed > upstream.health_seen_at)):
+        if (
+            row["health"] == DeploymentHealth.UNHEALTHY
+            and upstream.healthy
+            and changed is not None
+            and (upstream.health_seen_at is None or changed > upstream.health_seen_at)
+        ):
             upstream.last_error = row["last_error"]
             self.health.eject(lane.gate, upstream, persist=False)
         upstream.health_seen_at = max(filter(None, (changed, upstream.health_seen_at)), default=None)
@@ -565,8 +579,9 @@ class Engine:
         if upstream.deployment_id is None:
             return
         state = DeploymentHealth.HEALTHY if upstream.healthy else DeploymentHealth.UNHEALTHY
-        self.loop.create_task(self.db(store.save_health, upstream.deployment_id, state, upstream.health_seen_at,
-                                      upstream.last_error))
+        self.loop.create_task(
+            self.db(store.save_health, upstream.deployment_id, state, upstream.health_seen_at, upstream.last_error)
+        )
 
     async def _heartbeat(self):
         upstreams = [u for lane in self.lanes.values() for u in lane.gate.upstreams if u.deployment_id is not None]
@@ -813,8 +828,9 @@ class _Trip:
 
     def __call__(self):
         self.attempts += 1
-        written, records, finished = store.trip(self.engine.owner, self.outcomes, self.claims, self.lease_until,
-                                                recover=self.attempts > 1)
+        written, records, finished = store.trip(
+            self.engine.owner, self.outcomes, self.claims, self.lease_until, recover=self.attempts > 1
+        )
         claimed = {}
         for pk, batch_records in records.items():
             run = self.engine.batches.get(pk)

@@ -25,8 +25,12 @@ def take(batch_pks):
     with transaction.atomic():
         # In progress only: a cancel or an expiry counts the records it closes unrun as failed
         # before the close takes the last sample without them (finish._final_progress).
-        rows = (Batch.objects.filter(pk__in=batch_pks, status=BatchStatus.IN_PROGRESS).order_by("pk")
-                .select_for_update().values_list("pk", "progress", "completed_count", "failed_count"))
+        rows = (
+            Batch.objects.filter(pk__in=batch_pks, status=BatchStatus.IN_PROGRESS)
+            .order_by("pk")
+            .select_for_update()
+            .values_list("pk", "progress", "completed_count", "failed_count")
+        )
         updates = {}
         for pk, samples, completed, failed in rows:
             updated = progress.appended(samples, now, completed, failed)
@@ -43,8 +47,12 @@ def _write(updates):
     table = connection.ops.quote_name(Batch._meta.db_table)
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(f"UPDATE {table} AS b SET progress = v.progress FROM unnest(%s::bigint[], %s::jsonb[]) "
-                           f"AS v(id, progress) WHERE b.id = v.id", [list(updates), list(updates.values())])
+            cursor.execute(
+                f"UPDATE {table} AS b SET progress = v.progress FROM unnest(%s::bigint[], %s::jsonb[]) "
+                f"AS v(id, progress) WHERE b.id = v.id",
+                [list(updates), list(updates.values())],
+            )
         else:
-            cursor.executemany(f"UPDATE {table} SET progress = %s WHERE id = %s",
-                               [(text, pk) for pk, text in updates.items()])
+            cursor.executemany(
+                f"UPDATE {table} SET progress = %s WHERE id = %s", [(text, pk) for pk, text in updates.items()]
+            )

@@ -34,19 +34,43 @@ class ClaimedRecord:
 
 # The outcome columns, in the order _result_row fills them (pk first).
 _RESULT_COLUMNS = (
-    "id", "status", "status_code", "request_id", "response_body", "error_code", "error_message",
-    "prompt_tokens", "cached_tokens", "completion_tokens", "reasoning_tokens", "usage_implausible",
+    "id",
+    "status",
+    "status_code",
+    "request_id",
+    "response_body",
+    "error_code",
+    "error_message",
+    "prompt_tokens",
+    "cached_tokens",
+    "completion_tokens",
+    "reasoning_tokens",
+    "usage_implausible",
 )
-_PG_TYPES = ("bigint", "text", "integer", "text", "text", "text", "text", "bigint", "bigint", "bigint", "bigint",
-             "smallint")
+_PG_TYPES = (
+    "bigint",
+    "text",
+    "integer",
+    "text",
+    "text",
+    "text",
+    "text",
+    "bigint",
+    "bigint",
+    "bigint",
+    "bigint",
+    "smallint",
+)
 _SUCCEEDED = RecordStatus.SUCCEEDED.value
 _FAILED = RecordStatus.FAILED.value
 _RUNNING = RecordStatus.RUNNING.value
 _PENDING = RecordStatus.PENDING.value
 # Batch total <- record column.
 _ROLL_UP = (
-    ("input_tokens", "prompt_tokens"), ("cached_tokens", "cached_tokens"),
-    ("output_tokens", "completion_tokens"), ("reasoning_tokens", "reasoning_tokens"),
+    ("input_tokens", "prompt_tokens"),
+    ("cached_tokens", "cached_tokens"),
+    ("output_tokens", "completion_tokens"),
+    ("reasoning_tokens", "reasoning_tokens"),
     ("implausible_usage_count", "usage_implausible"),
 )
 
@@ -117,16 +141,24 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=True):
     lease_until = ops.adapt_datetimefield_value(lease_until)
     records = []
     if expired:
-        rows = _claim_where(batch_pk, owner, limit, lease_until, "status = %s AND lease_expires_at < %s",
-                            [_RUNNING, ops.adapt_datetimefield_value(now)])
+        rows = _claim_where(
+            batch_pk,
+            owner,
+            limit,
+            lease_until,
+            "status = %s AND lease_expires_at < %s",
+            [_RUNNING, ops.adapt_datetimefield_value(now)],
+        )
         records = [ClaimedRecord(*row, resumed=True) for row in rows]
     if len(records) < limit:
-        rows = _claim_where(batch_pk, owner, limit - len(records), lease_until, "status = %s AND line > %s",
-                            [_PENDING, after_line])
+        rows = _claim_where(
+            batch_pk, owner, limit - len(records), lease_until, "status = %s AND line > %s", [_PENDING, after_line]
+        )
         records += [ClaimedRecord(*row) for row in rows]
     if not records and after_line:
-        records = [ClaimedRecord(*row) for row in _claim_where(batch_pk, owner, limit, lease_until, "status = %s",
-                                                               [_PENDING])]
+        records = [
+            ClaimedRecord(*row) for row in _claim_where(batch_pk, owner, limit, lease_until, "status = %s", [_PENDING])
+        ]
     records.sort(key=lambda record: record.line)
     return records
 
@@ -139,8 +171,10 @@ def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
     if connection.vendor == "postgresql":
         # SKIP LOCKED lets several workers claim disjoint chunks of one batch
         # at once; the CTE runs the locking pick exactly once.
-        sql = (f"WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE {table} AS r SET {sets} FROM picked "
-               f"WHERE r.id = picked.id RETURNING " + ", ".join(f"r.{c}" for c in returning.split(", ")))
+        sql = (
+            f"WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE {table} AS r SET {sets} FROM picked "
+            f"WHERE r.id = picked.id RETURNING " + ", ".join(f"r.{c}" for c in returning.split(", "))
+        )
         args = [batch_pk, *params, limit, _RUNNING, owner, lease_until]
     else:
         # SQLite serialises writers (IMMEDIATE transactions): the pick and
@@ -162,8 +196,9 @@ def heartbeat(owner, holding, *, host="", pid=0, lease_s=None):
     """
     now = timezone.now()
     lease_s = lease_s or settings.OPENRELAY_LEASE_S
-    Engine.objects.update_or_create(owner=owner, defaults={"seen_at": now, "holding": holding, "host": host[:100],
-                                                           "pid": pid})
+    Engine.objects.update_or_create(
+        owner=owner, defaults={"seen_at": now, "holding": holding, "host": host[:100], "pid": pid}
+    )
     # Rows of engines long dead (kill -9) are dropped by whoever looks.
     Engine.objects.filter(seen_at__lt=now - timedelta(seconds=20 * lease_s)).delete()
     live = Engine.objects.filter(seen_at__gte=now - timedelta(seconds=lease_s))
@@ -209,8 +244,10 @@ def save_checkpoints(owner, states):
             return {pk for (pk,) in cursor.fetchall()}
         held = set()
         for pk, blob in states.items():
-            cursor.execute(f"UPDATE {table} SET checkpoint = %s WHERE id = %s AND lease_owner = %s AND status = %s",
-                           [blob, pk, owner, _RUNNING])
+            cursor.execute(
+                f"UPDATE {table} SET checkpoint = %s WHERE id = %s AND lease_owner = %s AND status = %s",
+                [blob, pk, owner, _RUNNING],
+            )
             if cursor.rowcount:
                 held.add(pk)
         return held
@@ -219,16 +256,28 @@ def save_checkpoints(owner, states):
 def active_batches(only=None):
     """The batches engines work or close: validating, in progress and cancelling, with what
     the engine needs of each (one query; the engine reads it every poll)."""
-    batches = Batch.objects.filter(
-        status__in=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
-    )
+    batches = Batch.objects.filter(status__in=(BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING))
     if only is not None:
         batches = batches.filter(pk__in=only)
-    return list(batches.values(
-        "pk", "public_id", "status", "organization_id", "model_id", "model_name", "endpoint", "priority",
-        "expires_at", "input_file_id", "total_count", "completed_count", "failed_count",
-        "organization__workflows_enabled", "organization__max_concurrency",
-    ))
+    return list(
+        batches.values(
+            "pk",
+            "public_id",
+            "status",
+            "organization_id",
+            "model_id",
+            "model_name",
+            "endpoint",
+            "priority",
+            "expires_at",
+            "input_file_id",
+            "total_count",
+            "completed_count",
+            "failed_count",
+            "organization__workflows_enabled",
+            "organization__max_concurrency",
+        )
+    )
 
 
 def newest_batch():
@@ -243,8 +292,16 @@ def deployments(model_ids):
     """Enabled deployments of enabled models, by model id."""
     by_model = {}
     rows = Deployment.objects.filter(model_id__in=model_ids, enabled=True, model__enabled=True).values(
-        "pk", "model_id", "base_url", "upstream_model", "api_key", "max_concurrency", "health",
-        "health_changed_at", "last_error", "model__name",
+        "pk",
+        "model_id",
+        "base_url",
+        "upstream_model",
+        "api_key",
+        "max_concurrency",
+        "health",
+        "health_changed_at",
+        "last_error",
+        "model__name",
     )
     for row in rows:
         by_model.setdefault(row["model_id"], []).append(row)
@@ -252,8 +309,9 @@ def deployments(model_ids):
 
 
 def save_health(deployment_id, health, changed_at, last_error):
-    Deployment.objects.filter(pk=deployment_id).update(health=health, health_changed_at=changed_at,
-                                                       last_error=last_error)
+    Deployment.objects.filter(pk=deployment_id).update(
+        health=health, health_changed_at=changed_at, last_error=last_error
+    )
 
 
 def flush(batch_pk, owner, outcomes):
@@ -289,8 +347,7 @@ def _flush_all(owner, outcomes):
     # SQLite runs one writer at a time: there is no lock order to keep.
     written, finished = {}, set()
     for pk, done in outcomes.items():
-        written[pk], now_finished = _flush_executemany(pk, owner, [_result_row(c.pk, o) for c, o in done],
-                                                       finished_at)
+        written[pk], now_finished = _flush_executemany(pk, owner, [_result_row(c.pk, o) for c, o in done], finished_at)
         if now_finished:
             finished.add(pk)
     return written, finished
@@ -380,8 +437,10 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
     """
     record = _q(Record._meta.db_table)
     sets = ", ".join(f"{_q(c)} = %s" for c in _RESULT_COLUMNS[1:])
-    update = (f"UPDATE {record} SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
-              f"checkpoint = NULL WHERE id = %s AND lease_owner = %s AND status = %s")
+    update = (
+        f"UPDATE {record} SET {sets}, finished_at = %s, lease_owner = '', lease_expires_at = NULL, "
+        f"checkpoint = NULL WHERE id = %s AND lease_owner = %s AND status = %s"
+    )
 
     def params(rows):
         return [(*row[1:], finished_at, row[0], owner, _RUNNING) for row in rows]
@@ -411,8 +470,10 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
             f"failed_count = failed_count + %s, {totals} WHERE id = %s",
             [succeeded, len(rows) - succeeded, *sums, batch_pk],
         )
-        cursor.execute(f"SELECT completed_count + failed_count >= total_count FROM {_q(Batch._meta.db_table)} "
-                       "WHERE id = %s", [batch_pk])
+        cursor.execute(
+            f"SELECT completed_count + failed_count >= total_count FROM {_q(Batch._meta.db_table)} WHERE id = %s",
+            [batch_pk],
+        )
         (finished,) = cursor.fetchone()
     return len(rows), bool(finished)
 
@@ -434,8 +495,13 @@ def close_unfinished(batch_pk, status, code, message):
     with transaction.atomic():
         billed = _bill_cut_workflows(batch_pk, unfinished, status, code, message, now)
         closed = unfinished.update(
-            status=status, error_code=code, error_message=message, finished_at=now, lease_owner="",
-            lease_expires_at=None, checkpoint=None,
+            status=status,
+            error_code=code,
+            error_message=message,
+            finished_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            checkpoint=None,
         )
         closed += billed
         if closed:
@@ -453,8 +519,11 @@ def _bill_cut_workflows(batch_pk, unfinished, status, code, message, now):
     """
     from batches.engine.loops.checkpoints import decode, usage_from
 
-    rows = list(unfinished.select_for_update().filter(Q(status=RecordStatus.RUNNING) | Q(checkpoint__isnull=False))
-                .values_list("pk", "checkpoint"))
+    rows = list(
+        unfinished.select_for_update()
+        .filter(Q(status=RecordStatus.RUNNING) | Q(checkpoint__isnull=False))
+        .values_list("pk", "checkpoint")
+    )
     totals = dict.fromkeys(("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens"), 0)
     billed = 0
     for pk, blob in rows:
@@ -462,16 +531,26 @@ def _bill_cut_workflows(batch_pk, unfinished, status, code, message, now):
         if not state or state.get("kind") != "workflow":
             continue
         usage = usage_from(state.get("usage"))
-        progress = (f" The workflow had reached step {state['steps']} and sent {state['requests']} requests; "
-                    f"{usage.total_tokens} tokens of the requests that succeeded are billed.")
+        progress = (
+            f" The workflow had reached step {state['steps']} and sent {state['requests']} requests; "
+            f"{usage.total_tokens} tokens of the requests that succeeded are billed."
+        )
         Record.objects.filter(pk=pk).update(
-            status=status, error_code=code, error_message=message + progress, finished_at=now, lease_owner="",
-            lease_expires_at=None, checkpoint=None, prompt_tokens=usage.prompt_tokens,
-            cached_tokens=usage.cached_tokens, completion_tokens=usage.completion_tokens,
+            status=status,
+            error_code=code,
+            error_message=message + progress,
+            finished_at=now,
+            lease_owner="",
+            lease_expires_at=None,
+            checkpoint=None,
+            prompt_tokens=usage.prompt_tokens,
+            cached_tokens=usage.cached_tokens,
+            completion_tokens=usage.completion_tokens,
             reasoning_tokens=usage.reasoning_tokens,
         )
-        for total, value in zip(totals, (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
-                                         usage.reasoning_tokens)):
+        for total, value in zip(
+            totals, (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens)
+        ):
             totals[total] += value
         billed += 1
     if billed:

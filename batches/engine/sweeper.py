@@ -27,11 +27,15 @@ def sweep(now=None):
     report = {"expired": 0, "cancelled": 0, "finalized": 0}
     for batch in Batch.objects.filter(status=BatchStatus.CANCELLING).select_related("organization"):
         report["cancelled"] += bool(finish.complete_cancellation(batch))
-    for batch in Batch.objects.filter(status=BatchStatus.IN_PROGRESS, expires_at__lte=now).select_related("organization"):
+    for batch in Batch.objects.filter(status=BatchStatus.IN_PROGRESS, expires_at__lte=now).select_related(
+        "organization"
+    ):
         report["expired"] += bool(finish.expire_if_due(batch))
     for batch in Batch.objects.filter(status=BatchStatus.FINALIZING, finalizing_at__lte=now - STUCK_FINALIZING):
         report["finalized"] += bool(_reclose(batch))
-    done = Batch.objects.filter(status=BatchStatus.IN_PROGRESS, total_count__lte=F("completed_count") + F("failed_count"))
+    done = Batch.objects.filter(
+        status=BatchStatus.IN_PROGRESS, total_count__lte=F("completed_count") + F("failed_count")
+    )
     for batch in done.select_related("organization"):
         report["finalized"] += bool(finish.finalize_if_done(batch))
     return report

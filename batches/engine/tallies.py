@@ -93,8 +93,10 @@ def take(upstreams=()):
         # A deployment's last minute outlives its lane: an engine closes a model's lane once its
         # batches are done, and the operator page would read "0 calls a minute" at once.
         recent = {pk: count.last_minute() for pk, count in _minute.items()}
-        calls = {str(pk): [in_flight.get(pk, 0), *recent.get(pk, (0, 0)), limits[pk] if pk in in_flight else None]
-                 for pk in in_flight.keys() | {pk for pk, (n, _) in recent.items() if n}}
+        calls = {
+            str(pk): [in_flight.get(pk, 0), *recent.get(pk, (0, 0)), limits[pk] if pk in in_flight else None]
+            for pk in in_flight.keys() | {pk for pk, (n, _) in recent.items() if n}
+        }
     return deltas, calls
 
 

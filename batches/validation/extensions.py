@@ -84,8 +84,11 @@ def _callback_fields(value, code, param):
     authorization = value.get("authorization")
     if authorization is not None and not isinstance(authorization, str):
         raise wrong_type(code, f"{param}.authorization", "a string", authorization)
-    return {"url": _check_url(value.get("url"), code, f"{param}.url"), "authorization": authorization,
-            "context": value.get("context")}
+    return {
+        "url": _check_url(value.get("url"), code, f"{param}.url"),
+        "authorization": authorization,
+        "context": value.get("context"),
+    }
 
 
 def _check_url(url, code, param):
@@ -98,10 +101,18 @@ def _check_url(url, code, param):
         host = parts.hostname
     except ValueError:
         host, parts = None, None
-    if (parts is None or parts.scheme not in ("http", "https") or not host or len(url) > MAX_CALLBACK_URL
-            or any(ch.isspace() for ch in url)):
-        raise RecordRejected(code, f"Invalid '{param}': expected an absolute http(s) URL with a host "
-                                   f"(at most {MAX_CALLBACK_URL} characters).", param)
+    if (
+        parts is None
+        or parts.scheme not in ("http", "https")
+        or not host
+        or len(url) > MAX_CALLBACK_URL
+        or any(ch.isspace() for ch in url)
+    ):
+        raise RecordRejected(
+            code,
+            f"Invalid '{param}': expected an absolute http(s) URL with a host (at most {MAX_CALLBACK_URL} characters).",
+            param,
+        )
     return url
 
 
@@ -122,6 +133,7 @@ def _bounded_int(value, default, cap, code, param):
     if not _is_integral(value):
         raise wrong_type(code, param, "an integer", value)
     if value < 0:
-        raise RecordRejected(code, f"Invalid '{param}': expected a non-negative integer, but got {value} instead.",
-                             param)
+        raise RecordRejected(
+            code, f"Invalid '{param}': expected a non-negative integer, but got {value} instead.", param
+        )
     return min(int(value), cap)

@@ -23,9 +23,11 @@ MAX_LINE_BYTES = 10 * 1024 * 1024
 MAX_NESTING_DEPTH = 128
 
 INVALID_JSON = "This line is not parseable as valid JSON."
-LINE_TOO_LONG = (f"This line is longer than {MAX_LINE_BYTES:,} bytes ({MAX_LINE_BYTES // (1024 * 1024)} MB), the limit "
-                 "for one request. Compress or shrink its images, or split its content across several requests.")
-TOO_DEEP = (f"This line nests JSON deeper than {MAX_NESTING_DEPTH} levels, the limit for one request.")
+LINE_TOO_LONG = (
+    f"This line is longer than {MAX_LINE_BYTES:,} bytes ({MAX_LINE_BYTES // (1024 * 1024)} MB), the limit "
+    "for one request. Compress or shrink its images, or split its content across several requests."
+)
+TOO_DEEP = f"This line nests JSON deeper than {MAX_NESTING_DEPTH} levels, the limit for one request."
 
 
 class FileRejected(Exception):
@@ -96,8 +98,10 @@ _BOM = b"\xef\xbb\xbf"
 
 
 def too_many_message(limit):
-    return (f"The input contains more than {limit:,} requests; a batch holds at most {limit:,}. "
-            "Split it into several batches.")
+    return (
+        f"The input contains more than {limit:,} requests; a batch holds at most {limit:,}. "
+        "Split it into several batches."
+    )
 
 
 def scan(stream, checker, *, max_records=MAX_RECORDS):
@@ -117,7 +121,7 @@ def scan(stream, checker, *, max_records=MAX_RECORDS):
             continue
         if number == 1 and raw.startswith(_BOM):
             # Editors on Windows add a BOM; skip it so the stored offset is clean JSON.
-            offset, raw = offset + len(_BOM), raw[len(_BOM):]
+            offset, raw = offset + len(_BOM), raw[len(_BOM) :]
         if not raw or raw.isspace():
             continue
         records += 1

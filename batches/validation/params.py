@@ -18,7 +18,13 @@ MAX_METADATA_VALUE = 512
 OUTPUT_EXPIRY_RANGE = (3600, 2_592_000)
 
 CREATE_PARAMS = (
-    "input_file_id", "requests", "endpoint", "completion_window", "metadata", "output_expires_after", "priority",
+    "input_file_id",
+    "requests",
+    "endpoint",
+    "completion_window",
+    "metadata",
+    "output_expires_after",
+    "priority",
 )
 
 
@@ -84,18 +90,23 @@ def parse_metadata(value):
         raise ApiError(
             f"Invalid 'metadata': too many properties. Expected an object with at most {MAX_METADATA_PAIRS} "
             f"properties, but got an object with {len(value)} properties instead.",
-            param="metadata", code="invalid_value",
+            param="metadata",
+            code="invalid_value",
         )
     for key, item in value.items():
         if "\x00" in key or isinstance(item, str) and "\x00" in item:
             # Stored as JSON in the database, where PostgreSQL refuses NUL.
-            raise ApiError("Invalid 'metadata': keys and values must not contain NUL (\\u0000) characters.",
-                           param="metadata", code="invalid_value")
+            raise ApiError(
+                "Invalid 'metadata': keys and values must not contain NUL (\\u0000) characters.",
+                param="metadata",
+                code="invalid_value",
+            )
         if len(key) > MAX_METADATA_KEY:
             raise ApiError(
                 f"Invalid 'metadata': key '{key[:MAX_METADATA_KEY]}...' is too long. Expected keys of at most "
                 f"{MAX_METADATA_KEY} characters, but got {len(key)} characters instead.",
-                param="metadata", code="invalid_value",
+                param="metadata",
+                code="invalid_value",
             )
         if not isinstance(item, str):
             raise invalid_type(f"metadata.{key}", "a string", item)
@@ -103,7 +114,8 @@ def parse_metadata(value):
             raise ApiError(
                 f"Invalid 'metadata.{key}': string too long. Expected a string with maximum length "
                 f"{MAX_METADATA_VALUE}, but got a string with length {len(item)} instead.",
-                param=f"metadata.{key}", code="invalid_value",
+                param=f"metadata.{key}",
+                code="invalid_value",
             )
     return value
 
@@ -131,6 +143,7 @@ def _parse_output_expiry(value):
     if not low <= seconds <= high:
         raise ApiError(
             f"Invalid '{param}.seconds': expected a value between {low} and {high} seconds, but got {seconds} instead.",
-            param=f"{param}.seconds", code="invalid_value",
+            param=f"{param}.seconds",
+            code="invalid_value",
         )
     return seconds

@@ -33,9 +33,9 @@ UNSUPPORTED_FIELDS = {
     "/v1/responses": {
         "background": "every batch request already runs in the background; leave 'background' out",
         "previous_response_id": "a batch request can't continue a stored response; send the whole conversation "
-                                "in 'input'",
+        "in 'input'",
         "conversation": "a batch request can't read or extend a stored conversation; send the whole conversation "
-                        "in 'input'",
+        "in 'input'",
     },
 }
 
@@ -83,11 +83,13 @@ class RecordChecker:
 
     def _check_target(self, method, url):
         if method != "POST":
-            raise RecordRejected("invalid_request", f"Invalid value for 'method': {shown(method)}. Only 'POST' is "
-                                                    "supported.", "method")
+            raise RecordRejected(
+                "invalid_request", f"Invalid value for 'method': {shown(method)}. Only 'POST' is supported.", "method"
+            )
         if url != self.endpoint:
-            raise RecordRejected("invalid_url", "The URL provided for this request does not match the batch endpoint.",
-                                 "url")
+            raise RecordRejected(
+                "invalid_url", "The URL provided for this request does not match the batch endpoint.", "url"
+            )
 
     def _check_body_shape(self, body):
         if not isinstance(body, dict):
@@ -106,31 +108,39 @@ class RecordChecker:
     def _check_stream(self, body):
         if body.get("stream") not in (None, False):
             name = BODY_INPUT[self.endpoint][2]
-            raise RecordRejected("streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.",
-                                 "body.stream")
+            raise RecordRejected(
+                "streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.", "body.stream"
+            )
 
     def _check_supported(self, body):
         for key, why in UNSUPPORTED_FIELDS.get(self.endpoint, {}).items():
             if body.get(key) not in (None, False):
                 name = BODY_INPUT[self.endpoint][2]
-                raise RecordRejected("unsupported_parameter", f"{name}: '{key}' is not supported in the Batch API: "
-                                                              f"{why}.", f"body.{key}")
+                raise RecordRejected(
+                    "unsupported_parameter", f"{name}: '{key}' is not supported in the Batch API: {why}.", f"body.{key}"
+                )
 
     def _check_model(self, model):
         if model not in self.models:
-            raise RecordRejected("model_not_found", f"The provided model '{model}' is not supported by the Batch API.",
-                                 "body.model")
+            raise RecordRejected(
+                "model_not_found", f"The provided model '{model}' is not supported by the Batch API.", "body.model"
+            )
         if self.model_name is not None and model != self.model_name:
             raise RecordRejected(
-                "model_mismatch", f"The provided model '{model}' does not match this batch's model "
-                                  f"'{self.model_name}'; a batch runs a single model.", "body.model",
+                "model_mismatch",
+                f"The provided model '{model}' does not match this batch's model "
+                f"'{self.model_name}'; a batch runs a single model.",
+                "body.model",
             )
         return model
 
     def _check_extensions(self, body):
         if "tool_config" in body:
-            raise RecordRejected("tool_config_moved", "'tool_config' is no longer accepted at the top of the body; "
-                                                      "move it to 'openrelay.tool_config'.", "body.tool_config")
+            raise RecordRejected(
+                "tool_config_moved",
+                "'tool_config' is no longer accepted at the top of the body; move it to 'openrelay.tool_config'.",
+                "body.tool_config",
+            )
         extensions = body.get("openrelay")
         if extensions is None:
             return
@@ -138,33 +148,46 @@ class RecordChecker:
             raise wrong_type("invalid_request", "body.openrelay", "an object", extensions)
         for key in extensions:
             if key not in OPENRELAY_KEYS:
-                raise RecordRejected("invalid_request", f"Unknown parameter 'body.openrelay.{key}'.",
-                                     f"body.openrelay.{key}")
+                raise RecordRejected(
+                    "invalid_request", f"Unknown parameter 'body.openrelay.{key}'.", f"body.openrelay.{key}"
+                )
         self._check_tool_or_workflow(extensions)
 
     def _check_tool_or_workflow(self, extensions):
         if "tool_config" in extensions and "workflow" in extensions:
-            raise RecordRejected("invalid_workflow", "A record can carry 'openrelay.workflow' or "
-                                                     "'openrelay.tool_config', not both.", "body.openrelay")
+            raise RecordRejected(
+                "invalid_workflow",
+                "A record can carry 'openrelay.workflow' or 'openrelay.tool_config', not both.",
+                "body.openrelay",
+            )
         if "tool_config" in extensions:
             if self.endpoint != CHAT_ONLY:
-                raise RecordRejected("invalid_tool_config", f"'openrelay.tool_config' is only supported on "
-                                                            f"{CHAT_ONLY}.", TOOL_CONFIG_PARAM)
+                raise RecordRejected(
+                    "invalid_tool_config",
+                    f"'openrelay.tool_config' is only supported on {CHAT_ONLY}.",
+                    TOOL_CONFIG_PARAM,
+                )
             normalize_tool_config(extensions["tool_config"])
         if "workflow" in extensions:
             if self.endpoint != CHAT_ONLY:
-                raise RecordRejected("invalid_workflow", f"'openrelay.workflow' is only supported on {CHAT_ONLY}.",
-                                     WORKFLOW_PARAM)
+                raise RecordRejected(
+                    "invalid_workflow", f"'openrelay.workflow' is only supported on {CHAT_ONLY}.", WORKFLOW_PARAM
+                )
             if not self.workflows_enabled:
-                raise RecordRejected("workflow_not_enabled", "Workflows are not enabled for this organization.",
-                                     WORKFLOW_PARAM)
+                raise RecordRejected(
+                    "workflow_not_enabled", "Workflows are not enabled for this organization.", WORKFLOW_PARAM
+                )
             normalize_workflow(extensions["workflow"])
 
     def _claim(self, custom_id, model, line):
         first = self.seen.get(custom_id)
         if first is not None:
-            raise RecordRejected("duplicate_custom_id", f"The custom_id '{custom_id}' is already used by the request "
-                                                        f"on line {first}; custom_id must be unique.", "custom_id")
+            raise RecordRejected(
+                "duplicate_custom_id",
+                f"The custom_id '{custom_id}' is already used by the request "
+                f"on line {first}; custom_id must be unique.",
+                "custom_id",
+            )
         self.seen[custom_id] = line
         if self.model_name is None:
             self.model_name = model
@@ -173,5 +196,8 @@ class RecordChecker:
 def _check_custom_id(custom_id):
     # NUL: custom_id is a database column, and PostgreSQL text can't hold one.
     if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID or "\x00" in custom_id:
-        raise RecordRejected("invalid_request", f"Invalid 'custom_id': expected a non-empty string of at most "
-                                                f"{MAX_CUSTOM_ID} characters (no NUL).", "custom_id")
+        raise RecordRejected(
+            "invalid_request",
+            f"Invalid 'custom_id': expected a non-empty string of at most {MAX_CUSTOM_ID} characters (no NUL).",
+            "custom_id",
+        )

@@ -23,7 +23,9 @@ def api_exception_handler(exc, context):
         return Response(exc.envelope(), status=exc.status, headers=exc.headers)
     if isinstance(exc, drf_exceptions.MethodNotAllowed):
         view, request = context["view"], context["request"]
-        message = method_not_allowed(request.method, request.path, view.allowed_methods, getattr(view, "method_hint", None))
+        message = method_not_allowed(
+            request.method, request.path, view.allowed_methods, getattr(view, "method_hint", None)
+        )
         return Response(envelope(message, param=None, code="method_not_allowed"), status=405)
     if isinstance(exc, drf_exceptions.APIException):
         status = exc.status_code
@@ -38,7 +40,9 @@ def api_exception_handler(exc, context):
         headers = {}
         if isinstance(exc, drf_exceptions.Throttled) and exc.wait:
             headers["Retry-After"] = str(int(exc.wait) + 1)
-        return Response(envelope(message, type=error_type(status), param=param, code=code), status=status, headers=headers)
+        return Response(
+            envelope(message, type=error_type(status), param=param, code=code), status=status, headers=headers
+        )
     return None
 
 

@@ -115,8 +115,16 @@ COMPONENTS = {
     },
     "Batch": {
         "type": "object",
-        "required": ["id", "object", "endpoint", "input_file_id", "completion_window", "status", "created_at",
-                     "request_counts"],
+        "required": [
+            "id",
+            "object",
+            "endpoint",
+            "input_file_id",
+            "completion_window",
+            "status",
+            "created_at",
+            "request_counts",
+        ],
         "properties": {
             "id": {"type": "string"},
             "object": {"type": "string", "enum": ["batch"]},
@@ -131,22 +139,51 @@ COMPONENTS = {
             "completion_window": {"type": "string"},
             "status": {
                 "type": "string",
-                "enum": ["validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling",
-                         "cancelled"],
+                "enum": [
+                    "validating",
+                    "failed",
+                    "in_progress",
+                    "finalizing",
+                    "completed",
+                    "expired",
+                    "cancelling",
+                    "cancelled",
+                ],
             },
             "output_file_id": _NULLABLE_STRING,
             "error_file_id": _NULLABLE_STRING,
-            **{name: _NULLABLE_INT for name in (
-                "created_at", "in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
-                "expired_at", "cancelling_at", "cancelled_at")},
+            **{
+                name: _NULLABLE_INT
+                for name in (
+                    "created_at",
+                    "in_progress_at",
+                    "expires_at",
+                    "finalizing_at",
+                    "completed_at",
+                    "failed_at",
+                    "expired_at",
+                    "cancelling_at",
+                    "cancelled_at",
+                )
+            },
             "request_counts": ref("BatchRequestCounts"),
             "metadata": {"type": "object", "nullable": True, "additionalProperties": {"type": "string"}},
             "usage": ref("BatchUsage"),
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
-            "openrelay": {"type": "object", "required": ["implausible_usage"], "properties": {
-                "implausible_usage": {"type": "integer", "minimum": 0, "description": (
-                    "Records whose server-reported usage cannot be right (no usage on a 200, fewer output "
-                    "tokens than answers, more cached than input tokens): kept and billed as reported.")}}},
+            "openrelay": {
+                "type": "object",
+                "required": ["implausible_usage"],
+                "properties": {
+                    "implausible_usage": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": (
+                            "Records whose server-reported usage cannot be right (no usage on a 200, fewer output "
+                            "tokens than answers, more cached than input tokens): kept and billed as reported."
+                        ),
+                    }
+                },
+            },
         },
     },
     "BatchList": _list_of("Batch"),
@@ -161,8 +198,16 @@ COMPONENTS = {
                 "maxItems": 50000,
                 "items": {"type": "object", "description": "One JSONL request object: custom_id, method, url, body."},
             },
-            "endpoint": {"type": "string", "enum": ["/v1/chat/completions", "/v1/completions", "/v1/embeddings",
-                                                   "/v1/responses", "/v1/moderations"]},
+            "endpoint": {
+                "type": "string",
+                "enum": [
+                    "/v1/chat/completions",
+                    "/v1/completions",
+                    "/v1/embeddings",
+                    "/v1/responses",
+                    "/v1/moderations",
+                ],
+            },
             "completion_window": {"type": "string", "enum": ["24h"]},
             "metadata": {
                 "type": "object",
@@ -197,111 +242,142 @@ _ENDPOINT_PROPERTIES = {
 }
 _ENDPOINT_REQUIRED = ["id", "object", "name", "url", "event_types", "created_at"]
 
-COMPONENTS.update({
-    "WebhookEndpoint": {"type": "object", "required": _ENDPOINT_REQUIRED, "properties": _ENDPOINT_PROPERTIES},
-    "WebhookEndpointWithSecret": {
-        "type": "object",
-        "required": [*_ENDPOINT_REQUIRED, "signing_secret"],
-        "properties": {**_ENDPOINT_PROPERTIES, "signing_secret": {"type": "string"}},
-    },
-    "WebhookEndpointList": _list_of("WebhookEndpoint"),
-    "WebhookEndpointCreate": {
-        "type": "object",
-        "required": ["name", "url", "event_types"],
-        "properties": {
-            "name": {"type": "string", "minLength": 1, "maxLength": 200},
-            "url": {"type": "string", "maxLength": 2048, "description": "http(s) URL; private addresses are refused "
-                    "unless OPENRELAY_ALLOW_PRIVATE_URLS is set."},
-            "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
+COMPONENTS.update(
+    {
+        "WebhookEndpoint": {"type": "object", "required": _ENDPOINT_REQUIRED, "properties": _ENDPOINT_PROPERTIES},
+        "WebhookEndpointWithSecret": {
+            "type": "object",
+            "required": [*_ENDPOINT_REQUIRED, "signing_secret"],
+            "properties": {**_ENDPOINT_PROPERTIES, "signing_secret": {"type": "string"}},
         },
-        "additionalProperties": False,
-    },
-    "WebhookEndpointUpdate": {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string", "minLength": 1, "maxLength": 200},
-            "url": {"type": "string", "maxLength": 2048},
-            "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
+        "WebhookEndpointList": _list_of("WebhookEndpoint"),
+        "WebhookEndpointCreate": {
+            "type": "object",
+            "required": ["name", "url", "event_types"],
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                "url": {
+                    "type": "string",
+                    "maxLength": 2048,
+                    "description": "http(s) URL; private addresses are refused "
+                    "unless OPENRELAY_ALLOW_PRIVATE_URLS is set.",
+                },
+                "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
+            },
+            "additionalProperties": False,
         },
-        "additionalProperties": False,
-    },
-    "WebhookEndpointRotate": {
-        "type": "object",
-        "properties": {"keep_old_secret_active_for_24_hours": {"type": "boolean"}},
-        "additionalProperties": False,
-    },
-    "WebhookEndpointTest": {
-        "type": "object",
-        "required": ["event_type"],
-        "properties": {"event_type": _EVENT_TYPE},
-        "additionalProperties": False,
-    },
-    "WebhookEndpointTestResult": {
-        "type": "object",
-        "required": ["object", "webhook_endpoint_id", "event_type", "status_code", "success"],
-        "properties": {
-            "object": {"type": "string", "enum": ["webhook_endpoint.test"]},
-            "webhook_endpoint_id": {"type": "string"},
-            "event_type": {"type": "string"},
-            "status_code": {"type": "integer"},
-            "success": {"type": "boolean"},
+        "WebhookEndpointUpdate": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1, "maxLength": 200},
+                "url": {"type": "string", "maxLength": 2048},
+                "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
+            },
+            "additionalProperties": False,
         },
-    },
-    "WebhookEndpointDeleted": {
-        "type": "object",
-        "required": ["id", "object", "deleted"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"type": "string", "enum": ["webhook_endpoint.deleted"]},
-            "deleted": {"type": "boolean"},
+        "WebhookEndpointRotate": {
+            "type": "object",
+            "properties": {"keep_old_secret_active_for_24_hours": {"type": "boolean"}},
+            "additionalProperties": False,
         },
-    },
-    "WebhookEventTypeList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": {"type": "string"}}},
-    },
-})
+        "WebhookEndpointTest": {
+            "type": "object",
+            "required": ["event_type"],
+            "properties": {"event_type": _EVENT_TYPE},
+            "additionalProperties": False,
+        },
+        "WebhookEndpointTestResult": {
+            "type": "object",
+            "required": ["object", "webhook_endpoint_id", "event_type", "status_code", "success"],
+            "properties": {
+                "object": {"type": "string", "enum": ["webhook_endpoint.test"]},
+                "webhook_endpoint_id": {"type": "string"},
+                "event_type": {"type": "string"},
+                "status_code": {"type": "integer"},
+                "success": {"type": "boolean"},
+            },
+        },
+        "WebhookEndpointDeleted": {
+            "type": "object",
+            "required": ["id", "object", "deleted"],
+            "properties": {
+                "id": {"type": "string"},
+                "object": {"type": "string", "enum": ["webhook_endpoint.deleted"]},
+                "deleted": {"type": "boolean"},
+            },
+        },
+        "WebhookEventTypeList": {
+            "type": "object",
+            "required": ["object", "data"],
+            "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "data": {"type": "array", "items": {"type": "string"}},
+            },
+        },
+    }
+)
 
 
-_BOUNDED = {"type": "object", "additionalProperties": {
-    "type": "object", "properties": {"default": {"type": "integer"}, "max": {"type": "integer"}}}}
-COMPONENTS.update({
-    "Model": {
+_BOUNDED = {
+    "type": "object",
+    "additionalProperties": {
         "type": "object",
-        "required": ["id", "object", "created", "owned_by"],
-        "properties": {
-            "id": {"type": "string"},
-            "object": {"type": "string", "enum": ["model"]},
-            "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-            "openrelay": {"type": "object", "properties": {
-                "max_concurrency": {"type": "integer"},
-                "concurrency_limit": {"type": "integer"},
-                "price_per_mtok": {"type": "object", "nullable": True, "properties": {
-                    "input": {"type": "string"}, "cached_input": {"type": "string"}, "output": {"type": "string"}}},
-                "priority_multiplier": {"type": "object", "additionalProperties": {"type": "string"}},
-            }},
+        "properties": {"default": {"type": "integer"}, "max": {"type": "integer"}},
+    },
+}
+COMPONENTS.update(
+    {
+        "Model": {
+            "type": "object",
+            "required": ["id", "object", "created", "owned_by"],
+            "properties": {
+                "id": {"type": "string"},
+                "object": {"type": "string", "enum": ["model"]},
+                "created": {"type": "integer"},
+                "owned_by": {"type": "string"},
+                "openrelay": {
+                    "type": "object",
+                    "properties": {
+                        "max_concurrency": {"type": "integer"},
+                        "concurrency_limit": {"type": "integer"},
+                        "price_per_mtok": {
+                            "type": "object",
+                            "nullable": True,
+                            "properties": {
+                                "input": {"type": "string"},
+                                "cached_input": {"type": "string"},
+                                "output": {"type": "string"},
+                            },
+                        },
+                        "priority_multiplier": {"type": "object", "additionalProperties": {"type": "string"}},
+                    },
+                },
+            },
         },
-    },
-    "ModelList": {
-        "type": "object",
-        "required": ["object", "data"],
-        "properties": {"object": {"type": "string", "enum": ["list"]}, "data": {"type": "array", "items": ref("Model")}},
-    },
-    "Limits": {
-        "type": "object",
-        "required": ["object", "batch", "tool_config", "workflow", "organization"],
-        "properties": {
-            "object": {"type": "string", "enum": ["openrelay.limits"]},
-            "batch": {"type": "object"},
-            "tool_config": _BOUNDED,
-            "workflow": {**_BOUNDED, "nullable": True},
-            "organization": {"type": "object", "properties": {
-                "workflows_enabled": {"type": "boolean"}, "max_concurrency": _NULLABLE_INT}},
+        "ModelList": {
+            "type": "object",
+            "required": ["object", "data"],
+            "properties": {
+                "object": {"type": "string", "enum": ["list"]},
+                "data": {"type": "array", "items": ref("Model")},
+            },
         },
-    },
-})
+        "Limits": {
+            "type": "object",
+            "required": ["object", "batch", "tool_config", "workflow", "organization"],
+            "properties": {
+                "object": {"type": "string", "enum": ["openrelay.limits"]},
+                "batch": {"type": "object"},
+                "tool_config": _BOUNDED,
+                "workflow": {**_BOUNDED, "nullable": True},
+                "organization": {
+                    "type": "object",
+                    "properties": {"workflows_enabled": {"type": "boolean"}, "max_concurrency": _NULLABLE_INT},
+                },
+            },
+        },
+    }
+)
 
 
 def errors(*statuses):
@@ -315,21 +391,40 @@ def errors(*statuses):
 # Every authenticated route may answer these.
 COMMON_ERRORS = (401,)
 
-LIST_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 100}, OpenApiParameter.QUERY,
-                               description="Page size (default 20).")
-FILE_LIMIT = OpenApiParameter("limit", {"type": "integer", "minimum": 1, "maximum": 10000}, OpenApiParameter.QUERY,
-                              description="Page size (default 10,000).")
+LIST_LIMIT = OpenApiParameter(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": 100},
+    OpenApiParameter.QUERY,
+    description="Page size (default 20).",
+)
+FILE_LIMIT = OpenApiParameter(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": 10000},
+    OpenApiParameter.QUERY,
+    description="Page size (default 10,000).",
+)
 AFTER = OpenApiParameter("after", str, OpenApiParameter.QUERY, description="Cursor: the last id of the previous page.")
 ORDER = OpenApiParameter("order", str, OpenApiParameter.QUERY, enum=["asc", "desc"])
 PURPOSE = OpenApiParameter("purpose", str, OpenApiParameter.QUERY, description="Only files with this purpose.")
 BATCH_ID = OpenApiParameter("batch_id", str, OpenApiParameter.PATH)
 FILE_ID = OpenApiParameter("file_id", str, OpenApiParameter.PATH)
-MODEL_ID = OpenApiParameter("model_id", str, OpenApiParameter.PATH, description="A model's name, e.g. openrelay/gemma-4-31b.")
-RESULT_KIND = OpenApiParameter("kind", str, OpenApiParameter.QUERY, enum=["output", "error"],
-                               description="Which lines: the output file's (default) or the error file's.")
-RESULT_CODE = OpenApiParameter("code", str, OpenApiParameter.QUERY,
-                               description="With kind=error, only the lines that failed with this code: the "
-                                           "error's code, or http_<status> for a model's non-2xx answer.")
+MODEL_ID = OpenApiParameter(
+    "model_id", str, OpenApiParameter.PATH, description="A model's name, e.g. openrelay/gemma-4-31b."
+)
+RESULT_KIND = OpenApiParameter(
+    "kind",
+    str,
+    OpenApiParameter.QUERY,
+    enum=["output", "error"],
+    description="Which lines: the output file's (default) or the error file's.",
+)
+RESULT_CODE = OpenApiParameter(
+    "code",
+    str,
+    OpenApiParameter.QUERY,
+    description="With kind=error, only the lines that failed with this code: the "
+    "error's code, or http_<status> for a model's non-2xx answer.",
+)
 WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParameter.PATH)
 
 

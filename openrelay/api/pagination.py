@@ -21,8 +21,11 @@ def parse_limit(raw, *, default=LIST_LIMIT_DEFAULT, maximum=LIST_LIMIT_MAX):
     except ValueError:
         limit = None
     if limit is None or not 1 <= limit <= maximum:
-        raise ApiError(f"Invalid 'limit': expected an integer between 1 and {maximum}, but got {raw!r} "
-                       "instead.", param="limit", code="invalid_value")
+        raise ApiError(
+            f"Invalid 'limit': expected an integer between 1 and {maximum}, but got {raw!r} instead.",
+            param="limit",
+            code="invalid_value",
+        )
     return limit
 
 
@@ -59,7 +62,9 @@ def newest_first_page(request, queryset, present, noun):
     cut by the `limit` and `after` query parameters, each row `present`ed, in the list envelope."""
     after = request.query_params.get("after")
     rows, has_more = cursor_page(
-        queryset, limit=parse_limit(request.query_params.get("limit")), after=after,
+        queryset,
+        limit=parse_limit(request.query_params.get("limit")),
+        after=after,
         no_cursor=ApiError(f"Invalid 'after': no {noun} found with id '{after}'.", param="after", code="invalid_value"),
     )
     return list_object([present(row) for row in rows], has_more=has_more)

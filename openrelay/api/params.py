@@ -27,7 +27,8 @@ def type_name(value):
 def invalid_type(param, expected, value):
     return ApiError(
         f"Invalid type for '{param}': expected {expected}, but got {type_name(value)} instead.",
-        param=param, code="invalid_type",
+        param=param,
+        code="invalid_type",
     )
 
 
@@ -35,7 +36,8 @@ def invalid_choice(param, value, allowed, hint=""):
     return ApiError(
         f"Invalid value for '{param}': {shown(value)}. Supported values are: {_quoted_list(allowed)}."
         + (f" {hint}" if hint else ""),
-        param=param, code="invalid_value",
+        param=param,
+        code="invalid_value",
     )
 
 

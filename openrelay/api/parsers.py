@@ -19,8 +19,11 @@ def json_body(request):
     """
     media_type = request.META.get("CONTENT_TYPE", "").split(";")[0].strip().lower()
     if media_type not in ("", JSON_TYPE, FORM_TYPE):
-        raise ApiError(f"Unsupported Content-Type {media_type[:100]!r}: this route reads a JSON body. {SEND_JSON}.",
-                       status=415, code="unsupported_media_type")
+        raise ApiError(
+            f"Unsupported Content-Type {media_type[:100]!r}: this route reads a JSON body. {SEND_JSON}.",
+            status=415,
+            code="unsupported_media_type",
+        )
     try:
         raw = request.body
     except RequestDataTooBig:
@@ -28,18 +31,27 @@ def json_body(request):
     if not raw.strip():
         return {}
     if media_type == FORM_TYPE and not raw.lstrip().startswith(b"{"):
-        raise ApiError(f"The body is form data ({FORM_TYPE}), not JSON: this route reads a JSON body. {SEND_JSON} "
-                       "(curl: -H 'Content-Type: application/json' -d '{...}').", status=415,
-                       code="unsupported_media_type")
+        raise ApiError(
+            f"The body is form data ({FORM_TYPE}), not JSON: this route reads a JSON body. {SEND_JSON} "
+            "(curl: -H 'Content-Type: application/json' -d '{...}').",
+            status=415,
+            code="unsupported_media_type",
+        )
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise ApiError(f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno}, column "
-                       f"{exc.colno}. {SEND_JSON}.", code="parse_error") from None
+        raise ApiError(
+            f"We could not parse the JSON body of your request: {exc.msg} at line {exc.lineno}, column "
+            f"{exc.colno}. {SEND_JSON}.",
+            code="parse_error",
+        ) from None
 
 
 def _too_large():
     limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-    return ApiError(f"The request body is larger than {limit:,} bytes, the limit for a JSON body. Upload large inputs "
-                    "as a file (POST /v1/files) and create the batch with its input_file_id.", status=413,
-                    code="request_too_large")
+    return ApiError(
+        f"The request body is larger than {limit:,} bytes, the limit for a JSON body. Upload large inputs "
+        "as a file (POST /v1/files) and create the batch with its input_file_id.",
+        status=413,
+        code="request_too_large",
+    )

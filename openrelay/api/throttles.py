@@ -82,5 +82,7 @@ class BatchCreateThrottle(OrganizationRateThrottle):
         return ApiError(
             f"Rate limit reached for batch creation: this organization may create {rate}. "
             f"Try again in {retry_after} seconds.",
-            status=429, code="rate_limit_exceeded", headers={"Retry-After": str(retry_after)},
+            status=429,
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(retry_after)},
         )

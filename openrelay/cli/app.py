@@ -106,8 +106,12 @@ class _Group(TyperGroup):
 
 
 # Pretty tracebacks print local variables, and a local may hold the API key.
-app = typer.Typer(cls=_Group, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="OpenRelay Batch: upload inputs, run batches, fetch results.")
+app = typer.Typer(
+    cls=_Group,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="OpenRelay Batch: upload inputs, run batches, fetch results.",
+)
 # catalog_app has no name: its commands (models, limits) are the root's own, listed first as before.
 app.add_typer(catalog_app)
 app.add_typer(batches_app, name="batches")
@@ -118,11 +122,18 @@ app.add_typer(webhooks_app, name="webhooks")
 @app.callback()
 def root(
     ctx: typer.Context,
-    api_key: Annotated[str | None, typer.Option(
-        "--api-key", help="API key (default: $OPENRELAY_API_KEY, which ps can't see).", show_default=False)] = None,
-    base_url: Annotated[str | None, typer.Option(
-        "--base-url", help=f"API base URL (default: $OPENRELAY_BASE_URL or {DEFAULT_BASE_URL}).",
-        show_default=False)] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            "--api-key", help="API key (default: $OPENRELAY_API_KEY, which ps can't see).", show_default=False
+        ),
+    ] = None,
+    base_url: Annotated[
+        str | None,
+        typer.Option(
+            "--base-url", help=f"API base URL (default: $OPENRELAY_BASE_URL or {DEFAULT_BASE_URL}).", show_default=False
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print the API objects as JSON.")] = False,
 ):
     # The environment is read here rather than through typer's envvar=, which

@@ -42,19 +42,25 @@ def _metadata_pairs(values):
 
 
 PollInterval = Annotated[float, typer.Option("--poll-interval", min=0.05, help="Seconds between polls.")]
-DownloadDir = Annotated[Path | None, typer.Option(
-    "--download", file_okay=False, help="Save the output and error files into this directory.")]
+DownloadDir = Annotated[
+    Path | None,
+    typer.Option("--download", file_okay=False, help="Save the output and error files into this directory."),
+]
 
 
 @batches_app.command("create")
 def batches_create(
     ctx: typer.Context,
-    input_file: Annotated[Path, typer.Option(
-        "--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests.")],
+    input_file: Annotated[
+        Path,
+        typer.Option("--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests."),
+    ],
     endpoint: Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")],
     completion_window: Annotated[str, typer.Option("--completion-window")] = "24h",
-    metadata: Annotated[list[str] | None, typer.Option(
-        "--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs.")] = None,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option("--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs."),
+    ] = None,
     priority: Annotated[Priority | None, typer.Option("--priority")] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch to finish, with a progress bar.")] = False,
     poll_interval: PollInterval = 1.0,
@@ -70,8 +76,9 @@ def batches_create(
         show_batch(state, batch)
     if wait or download_dir:
         # The rejections were just shown with the new batch.
-        _waiting(state, batch["id"],
-                 lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False))
+        _waiting(
+            state, batch["id"], lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False)
+        )
     elif state.json:
         print_json(batch)
 
@@ -103,8 +110,7 @@ def batches_get(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(meta
 @batches_app.command("list")
 def batches_list(
     ctx: typer.Context,
-    limit: Annotated[int | None, typer.Option(
-        "--limit", min=1, max=100, help="Page size (server default 20).")] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, max=100, help="Page size (server default 20).")] = None,
     after: Annotated[str | None, typer.Option("--after", help="Start after this batch id.")] = None,
     all_pages: Annotated[bool, typer.Option("--all", help="Follow has_more through every page.")] = False,
 ):
@@ -138,7 +144,9 @@ def batches_cancel(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(m
 def batches_retry(
     ctx: typer.Context,
     batch_id: Annotated[str, typer.Argument(metavar="ID")],
-    wait: Annotated[bool, typer.Option("--wait", help="Wait for the new batch to finish, with a progress bar.")] = False,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait for the new batch to finish, with a progress bar.")
+    ] = False,
     poll_interval: PollInterval = 1.0,
     download_dir: DownloadDir = None,
 ):
@@ -146,11 +154,14 @@ def batches_retry(
     state = ctx.obj
     batch = state.client().call("POST", f"batches/{_segment(batch_id)}/retry")
     if not state.json:
-        state.out.print(Text(f"Retrying {batch['request_counts']['total']:,} record(s) of {batch_id} as {batch['id']}."))
+        state.out.print(
+            Text(f"Retrying {batch['request_counts']['total']:,} record(s) of {batch_id} as {batch['id']}.")
+        )
         show_batch(state, batch)
     if wait or download_dir:
-        _waiting(state, batch["id"],
-                 lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False))
+        _waiting(
+            state, batch["id"], lambda: finish_waiting(state, batch, poll_interval, download_dir, rejections=False)
+        )
     elif state.json:
         print_json(batch)
 

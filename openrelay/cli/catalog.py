@@ -30,9 +30,18 @@ def models_list(ctx: typer.Context):
     for model in page["data"]:
         extra = model.get("openrelay") or {}
         price = extra.get("price_per_mtok") or {}
-        table.add_row(*(Text(str(v)) for v in (
-            model["id"], extra.get("max_concurrency", "-"), price.get("input", "-"), price.get("cached_input", "-"),
-            price.get("output", "-"))))
+        table.add_row(
+            *(
+                Text(str(v))
+                for v in (
+                    model["id"],
+                    extra.get("max_concurrency", "-"),
+                    price.get("input", "-"),
+                    price.get("cached_input", "-"),
+                    price.get("output", "-"),
+                )
+            )
+        )
     state.out.print(table)
     state.out.print(Text("Batches bill these at 50% (standard) or 100% (expedited)."))
 
@@ -46,12 +55,23 @@ def limits_show(ctx: typer.Context):
         print_json(limits)
         return
     batch, organization = limits["batch"], limits["organization"]
-    rows = [(name.replace("_", " "), ", ".join(value) if isinstance(value, list) else f"{value:,}"
-             if isinstance(value, int) else str(value)) for name, value in batch.items()]
-    rows += [(f"tool_config {name}", f"default {v['default']:,}, max {v['max']:,}")
-             for name, v in limits["tool_config"].items()]
-    rows += [(f"workflow {name}", f"default {v['default']:,}, max {v['max']:,}")
-             for name, v in (limits["workflow"] or {}).items()]
-    rows += [("workflows", "enabled" if organization["workflows_enabled"] else "off"),
-             ("organization max concurrency", str(organization["max_concurrency"] or "no cap"))]
+    rows = [
+        (
+            name.replace("_", " "),
+            ", ".join(value) if isinstance(value, list) else f"{value:,}" if isinstance(value, int) else str(value),
+        )
+        for name, value in batch.items()
+    ]
+    rows += [
+        (f"tool_config {name}", f"default {v['default']:,}, max {v['max']:,}")
+        for name, v in limits["tool_config"].items()
+    ]
+    rows += [
+        (f"workflow {name}", f"default {v['default']:,}, max {v['max']:,}")
+        for name, v in (limits["workflow"] or {}).items()
+    ]
+    rows += [
+        ("workflows", "enabled" if organization["workflows_enabled"] else "off"),
+        ("organization max concurrency", str(organization["max_concurrency"] or "no cap")),
+    ]
     state.out.print(_kv_table(rows))

@@ -56,8 +56,10 @@ class ApiFailure(CliError):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
             # Not our envelope: a proxy's error page, or a base URL that points elsewhere.
-            error = {"message": f"HTTP {response.status_code} without an API error body; is the base URL right "
-                                f"(it ends in /v1)? The answer began: {response.text[:120]!r}"}
+            error = {
+                "message": f"HTTP {response.status_code} without an API error body; is the base URL right "
+                f"(it ends in /v1)? The answer began: {response.text[:120]!r}"
+            }
         return cls(response.request.method, response.request.url, response.status_code, error)
 
 
@@ -97,9 +99,15 @@ class Client:
         try:
             return response.json()
         except ValueError:
-            raise ApiFailure(method, response.request.url, response.status_code,
-                             {"message": "The server answered with something that is not JSON; is the base URL "
-                                         "right (it ends in /v1)?"}) from None
+            raise ApiFailure(
+                method,
+                response.request.url,
+                response.status_code,
+                {
+                    "message": "The server answered with something that is not JSON; is the base URL "
+                    "right (it ends in /v1)?"
+                },
+            ) from None
 
     @contextmanager
     def stream(self, path):

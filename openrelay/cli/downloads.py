@@ -27,8 +27,9 @@ def download_route(client, route, path):
             return _copy(response, sys.stdout.buffer)
     path = Path(path)
     if path.is_dir() or not path.parent.is_dir():
-        raise CliError(f"Cannot write {path}: it is a directory, or its directory does not exist.",
-                       exit_code=EXIT_USAGE)
+        raise CliError(
+            f"Cannot write {path}: it is a directory, or its directory does not exist.", exit_code=EXIT_USAGE
+        )
     partial = path.with_name(path.name + ".part")
     # A dropped connection must not leave a truncated file under the final name.
     try:

@@ -22,8 +22,9 @@ files_app.add_typer(content_app, name="content")
 
 def _upload(client, path):
     with path.open("rb") as handle:  # httpx streams the handle; the file is never read whole
-        return client.call("POST", "files", data={"purpose": "batch"},
-                           files={"file": (path.name, handle, "application/jsonl")})
+        return client.call(
+            "POST", "files", data={"purpose": "batch"}, files={"file": (path.name, handle, "application/jsonl")}
+        )
 
 
 @files_app.command("create")

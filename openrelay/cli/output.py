@@ -48,25 +48,48 @@ def _kv_table(rows):
 def _batch_rows(batch):
     counts = batch["request_counts"]
     rows = [
-        ("id", batch["id"]), ("status", batch["status"]), ("endpoint", batch["endpoint"]),
-        ("model", batch.get("model") or "-"), ("priority", batch.get("priority") or "-"),
-        ("input file", batch["input_file_id"]), ("output file", batch.get("output_file_id") or "-"),
+        ("id", batch["id"]),
+        ("status", batch["status"]),
+        ("endpoint", batch["endpoint"]),
+        ("model", batch.get("model") or "-"),
+        ("priority", batch.get("priority") or "-"),
+        ("input file", batch["input_file_id"]),
+        ("output file", batch.get("output_file_id") or "-"),
         ("error file", batch.get("error_file_id") or "-"),
         ("requests", f"total {counts['total']}  completed {counts['completed']}  failed {counts['failed']}"),
     ]
     usage = batch.get("usage")
     if usage:
-        rows.append(("tokens", f"input {usage['input_tokens']:,} (cached "
-                               f"{usage['input_tokens_details']['cached_tokens']:,})  output "
-                               f"{usage['output_tokens']:,}  total {usage['total_tokens']:,}"))
+        rows.append(
+            (
+                "tokens",
+                f"input {usage['input_tokens']:,} (cached "
+                f"{usage['input_tokens_details']['cached_tokens']:,})  output "
+                f"{usage['output_tokens']:,}  total {usage['total_tokens']:,}",
+            )
+        )
     cost = _cost(batch)
     if cost:
-        rows.append(("cost", f"{_cost_text(cost)}  (input {cost['input']}, cached input {cost['cached_input']}, "
-                             f"output {cost['output']})"))
+        rows.append(
+            (
+                "cost",
+                f"{_cost_text(cost)}  (input {cost['input']}, cached input {cost['cached_input']}, "
+                f"output {cost['output']})",
+            )
+        )
     if batch.get("metadata"):
         rows.append(("metadata", ", ".join(f"{k}={v}" for k, v in batch["metadata"].items())))
-    for name in ("created_at", "in_progress_at", "finalizing_at", "completed_at", "failed_at", "expired_at",
-                 "cancelling_at", "cancelled_at", "expires_at"):
+    for name in (
+        "created_at",
+        "in_progress_at",
+        "finalizing_at",
+        "completed_at",
+        "failed_at",
+        "expired_at",
+        "cancelling_at",
+        "cancelled_at",
+        "expires_at",
+    ):
         if batch.get(name) is not None:
             rows.append((name.removesuffix("_at").replace("_", " "), _when(batch[name])))
     return rows
@@ -87,13 +110,20 @@ def show_rejections(state, batch):
         table.add_column(column, overflow="fold")
     for error in rejected[:REJECTIONS_SHOWN]:
         line = error.get("line")
-        table.add_row(*(Text(str(v)) for v in (
-            "-" if line is None else line, error.get("code") or "-", error.get("param") or "-",
-            error.get("message") or "")))
+        table.add_row(
+            *(
+                Text(str(v))
+                for v in (
+                    "-" if line is None else line,
+                    error.get("code") or "-",
+                    error.get("param") or "-",
+                    error.get("message") or "",
+                )
+            )
+        )
     state.out.print(table)
     if len(rejected) > REJECTIONS_SHOWN:
-        state.out.print(Text(f"... and {len(rejected) - REJECTIONS_SHOWN} more: "
-                             f"orl --json batches get {batch['id']}"))
+        state.out.print(Text(f"... and {len(rejected) - REJECTIONS_SHOWN} more: orl --json batches get {batch['id']}"))
 
 
 def show_batch_list(state, batches, has_more):
@@ -102,21 +132,38 @@ def show_batch_list(state, batches, has_more):
         table.add_column(column, no_wrap=column == "id")
     for batch in batches:
         counts = batch["request_counts"]
-        table.add_row(*(Text(str(v)) for v in (
-            batch["id"], batch["status"], batch["endpoint"], batch.get("model") or "-",
-            f"{counts['completed'] + counts['failed']}/{counts['total']}", counts["failed"],
-            _when(batch["created_at"]))))
+        table.add_row(
+            *(
+                Text(str(v))
+                for v in (
+                    batch["id"],
+                    batch["status"],
+                    batch["endpoint"],
+                    batch.get("model") or "-",
+                    f"{counts['completed'] + counts['failed']}/{counts['total']}",
+                    counts["failed"],
+                    _when(batch["created_at"]),
+                )
+            )
+        )
     state.out.print(table)
     if has_more:
         state.out.print(Text(f"More: orl batches list --after {batches[-1]['id']} (or --all)"))
 
 
 def show_file(state, file):
-    state.out.print(_kv_table([
-        ("id", file["id"]), ("filename", file["filename"]), ("purpose", file["purpose"]),
-        ("bytes", f"{file['bytes']:,}"), ("created", _when(file["created_at"])),
-        ("expires", _when(file.get("expires_at"))),
-    ]))
+    state.out.print(
+        _kv_table(
+            [
+                ("id", file["id"]),
+                ("filename", file["filename"]),
+                ("purpose", file["purpose"]),
+                ("bytes", f"{file['bytes']:,}"),
+                ("created", _when(file["created_at"])),
+                ("expires", _when(file.get("expires_at"))),
+            ]
+        )
+    )
 
 
 def show_file_list(state, files, has_more):
@@ -124,23 +171,39 @@ def show_file_list(state, files, has_more):
     for column in ("id", "filename", "purpose", "bytes", "created", "expires"):
         table.add_column(column, no_wrap=column == "id")
     for file in files:
-        table.add_row(*(Text(str(v)) for v in (
-            file["id"], file["filename"], file["purpose"], f"{file['bytes']:,}", _when(file["created_at"]),
-            _when(file.get("expires_at")))))
+        table.add_row(
+            *(
+                Text(str(v))
+                for v in (
+                    file["id"],
+                    file["filename"],
+                    file["purpose"],
+                    f"{file['bytes']:,}",
+                    _when(file["created_at"]),
+                    _when(file.get("expires_at")),
+                )
+            )
+        )
     state.out.print(table)
     if has_more:
         state.out.print(Text(f"More: orl files list --after {files[-1]['id']}"))
 
 
 def show_webhook(state, endpoint):
-    rows = [("id", endpoint["id"]), ("name", endpoint["name"]), ("url", endpoint["url"]),
-            ("events", ", ".join(endpoint["event_types"])), ("secret", endpoint.get("signing_secret_hint") or "-"),
-            ("created", _when(endpoint["created_at"]))]
+    rows = [
+        ("id", endpoint["id"]),
+        ("name", endpoint["name"]),
+        ("url", endpoint["url"]),
+        ("events", ", ".join(endpoint["event_types"])),
+        ("secret", endpoint.get("signing_secret_hint") or "-"),
+        ("created", _when(endpoint["created_at"])),
+    ]
     state.out.print(_kv_table(rows))
     if endpoint.get("signing_secret"):
         # Shown by the server this once (create, rotate): the receiver needs it to check signatures.
-        state.out.print(Text(f"Signing secret (shown once, keep it): {endpoint['signing_secret']}", style="bold"),
-                        soft_wrap=True)  # never folded: it is copied whole
+        state.out.print(
+            Text(f"Signing secret (shown once, keep it): {endpoint['signing_secret']}", style="bold"), soft_wrap=True
+        )  # never folded: it is copied whole
 
 
 def show_webhook_list(state, endpoints, has_more):
@@ -148,9 +211,18 @@ def show_webhook_list(state, endpoints, has_more):
     for column in ("id", "name", "url", "events", "created"):
         table.add_column(column, no_wrap=column == "id")
     for endpoint in endpoints:
-        table.add_row(*(Text(str(v)) for v in (
-            endpoint["id"], endpoint["name"], endpoint["url"], ", ".join(endpoint["event_types"]),
-            _when(endpoint["created_at"]))))
+        table.add_row(
+            *(
+                Text(str(v))
+                for v in (
+                    endpoint["id"],
+                    endpoint["name"],
+                    endpoint["url"],
+                    ", ".join(endpoint["event_types"]),
+                    _when(endpoint["created_at"]),
+                )
+            )
+        )
     state.out.print(table)
     if has_more:
         state.out.print(Text(f"More: orl webhooks list --after {endpoints[-1]['id']}"))

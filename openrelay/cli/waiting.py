@@ -69,10 +69,19 @@ class BatchProgress:
         self.console = console
         self.pace = Pace()
         self.live = console.is_interactive  # a bar needs cursor movement; logs get lines
-        self.progress = Progress(
-            SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[detail]}"), console=console, transient=False,
-        ) if self.live else None
+        self.progress = (
+            Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[detail]}"),
+                console=console,
+                transient=False,
+            )
+            if self.live
+            else None
+        )
         self.task = None
         self.last_state = None
 
@@ -126,16 +135,24 @@ def wait_for_batch(state, batch, poll_interval):
 
 def show_outcome(state, batch, saved, rejections):
     counts = batch["request_counts"]
-    state.out.print(Text(f"Batch {batch['id']} {batch['status']}: {counts['completed']} completed, "
-                         f"{counts['failed']} failed of {counts['total']}.", style="bold"))
+    state.out.print(
+        Text(
+            f"Batch {batch['id']} {batch['status']}: {counts['completed']} completed, "
+            f"{counts['failed']} failed of {counts['total']}.",
+            style="bold",
+        )
+    )
     downloaded = {kind: path for kind, _, path in saved}
     for kind in ("output", "error"):
         file_id = batch.get(f"{kind}_file_id")
         if kind in downloaded:
             state.out.print(Text(f"{kind.capitalize()} file {file_id} saved to {downloaded[kind]}"))
         elif file_id:
-            state.out.print(Text(f"{kind.capitalize()} file {file_id}: orl files content get {file_id} "
-                                 f"-o {batch['id']}_{kind}.jsonl"))
+            state.out.print(
+                Text(
+                    f"{kind.capitalize()} file {file_id}: orl files content get {file_id} -o {batch['id']}_{kind}.jsonl"
+                )
+            )
     if not batch.get("output_file_id") and not batch.get("error_file_id"):
         state.out.print(Text("No result files."))
     if rejections:

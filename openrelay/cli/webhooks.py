@@ -24,8 +24,9 @@ def webhooks_create(
     ctx: typer.Context,
     url: Annotated[str, typer.Argument(metavar="URL", help="Where the events are POSTed.")],
     name: Annotated[str | None, typer.Option("--name", help="A name for it (default: the URL).")] = None,
-    events: Annotated[list[str] | None, typer.Option(
-        "--event", help="An event to send (repeatable; default: every batch event).")] = None,
+    events: Annotated[
+        list[str] | None, typer.Option("--event", help="An event to send (repeatable; default: every batch event).")
+    ] = None,
 ):
     """Register an endpoint; prints its signing secret, once."""
     state = ctx.obj
@@ -69,8 +70,11 @@ def webhooks_rotate(
 ):
     """Replace the signing secret; prints the new one, once."""
     state = ctx.obj
-    endpoint = state.client().call("POST", f"webhook_endpoints/{_segment(endpoint_id)}/rotate_secret",
-                                   json={"keep_old_secret_active_for_24_hours": keep_old})
+    endpoint = state.client().call(
+        "POST",
+        f"webhook_endpoints/{_segment(endpoint_id)}/rotate_secret",
+        json={"keep_old_secret_active_for_24_hours": keep_old},
+    )
     emit(state, endpoint, show_webhook)
 
 
@@ -83,5 +87,10 @@ def webhooks_test(
     """Send a signed sample event now and show what the endpoint answered."""
     state = ctx.obj
     result = state.client().call("POST", f"webhook_endpoints/{_segment(endpoint_id)}/test", json={"event_type": event})
-    emit(state, result, lambda s, r: s.out.print(Text(
-        f"Sent a sample {r['event_type']} to {r['webhook_endpoint_id']}: it answered HTTP {r['status_code']}.")))
+    emit(
+        state,
+        result,
+        lambda s, r: s.out.print(
+            Text(f"Sent a sample {r['event_type']} to {r['webhook_endpoint_id']}: it answered HTTP {r['status_code']}.")
+        ),
+    )

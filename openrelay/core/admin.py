@@ -56,8 +56,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
 class DeploymentForm(forms.ModelForm):
     base_url = forms.URLField(max_length=500, assume_scheme="https", help_text="e.g. http://127.0.0.1:8001/v1")
     # The upstream key is write-only: never rendered back into the page.
-    api_key = forms.CharField(required=False, widget=forms.PasswordInput(render_value=False),
-                              help_text="Leave empty to keep the current key.")
+    api_key = forms.CharField(
+        required=False, widget=forms.PasswordInput(render_value=False), help_text="Leave empty to keep the current key."
+    )
 
     class Meta:
         model = Deployment
@@ -86,8 +87,16 @@ class ModelAdmin(admin.ModelAdmin):
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
     form = DeploymentForm
-    list_display = ("model", "base_url", "upstream_model", "max_concurrency", "enabled", "health",
-                    "health_changed_at", "last_error")
+    list_display = (
+        "model",
+        "base_url",
+        "upstream_model",
+        "max_concurrency",
+        "enabled",
+        "health",
+        "health_changed_at",
+        "last_error",
+    )
     list_filter = ("model", "enabled", "health")
     # Written by the engines as they take a failing deployment out of the rotation and
     # probe it back in (batches.engine.calls.health); the error has the deployment's key removed.
@@ -125,15 +134,17 @@ class PriceAdmin(admin.ModelAdmin):
     list_display = ("model", "input_per_mtok", "cached_input", "output_per_mtok", "updated_at")
     list_select_related = ("model",)
     search_fields = ("model__name",)
-    fieldsets = [(
-        "USD per 1M tokens at the sync rate",
-        {
-            "fields": ("model", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok"),
-            "description": "Standard batches bill 50% of these, expedited batches 100%. Cached input tokens are "
-                           "billed at the input price unless a cached input price is set. A batch keeps the "
-                           "prices it was created with: a change here applies to batches created after it.",
-        },
-    )]
+    fieldsets = [
+        (
+            "USD per 1M tokens at the sync rate",
+            {
+                "fields": ("model", "input_per_mtok", "cached_input_per_mtok", "output_per_mtok"),
+                "description": "Standard batches bill 50% of these, expedited batches 100%. Cached input tokens are "
+                "billed at the input price unless a cached input price is set. A batch keeps the "
+                "prices it was created with: a change here applies to batches created after it.",
+            },
+        )
+    ]
 
     @admin.display(description="cached input per mtok", ordering="cached_input_per_mtok")
     def cached_input(self, price):

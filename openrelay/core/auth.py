@@ -31,12 +31,7 @@ def authenticate_key(plaintext):
     """Return the active ApiKey for a plaintext key, or None."""
     if not plaintext.startswith(KEY_PREFIX) or len(plaintext) <= LOOKUP_LENGTH:
         return None
-    key = (
-        ApiKey.objects.active()
-        .select_related("organization")
-        .filter(lookup=plaintext[:LOOKUP_LENGTH])
-        .first()
-    )
+    key = ApiKey.objects.active().select_related("organization").filter(lookup=plaintext[:LOOKUP_LENGTH]).first()
     if key is None or not hmac.compare_digest(key.hashed, hash_key(plaintext)):
         return None
     _touch(key)
@@ -59,9 +54,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             )
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise exceptions.AuthenticationFailed(
-                "Malformed Authorization header. Use 'Authorization: Bearer or_...'."
-            )
+            raise exceptions.AuthenticationFailed("Malformed Authorization header. Use 'Authorization: Bearer or_...'.")
         key = authenticate_key(token.strip())
         if key is None:
             raise exceptions.AuthenticationFailed("Incorrect API key provided.")

@@ -112,7 +112,9 @@ class Deployment(models.Model):
 
     model = models.ForeignKey(Model, models.CASCADE, related_name="deployments")
     base_url = models.URLField(max_length=500, help_text="e.g. http://127.0.0.1:8001/v1")
-    upstream_model = models.CharField(max_length=200, blank=True, help_text="Name sent upstream; defaults to the public name.")
+    upstream_model = models.CharField(
+        max_length=200, blank=True, help_text="Name sent upstream; defaults to the public name."
+    )
     api_key = models.CharField(max_length=500, blank=True)
     max_concurrency = models.PositiveIntegerField(default=64)
     enabled = models.BooleanField(default=True)
@@ -120,8 +122,9 @@ class Deployment(models.Model):
 
     # Written by the engines (batches.engine.calls.health) as they take a failing
     # deployment out of the rotation and probe it back in.
-    health = models.CharField(max_length=16, choices=DeploymentHealth.choices, default=DeploymentHealth.HEALTHY,
-                              editable=False)
+    health = models.CharField(
+        max_length=16, choices=DeploymentHealth.choices, default=DeploymentHealth.HEALTHY, editable=False
+    )
     health_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
     last_error = models.TextField(blank=True, editable=False, help_text="The last failure, without secrets.")
 
@@ -141,14 +144,23 @@ class Price(models.Model):
     has the arithmetic and the batch discount."""
 
     model = models.OneToOneField(Model, models.CASCADE, related_name="price")
-    input_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE)
+    input_per_mtok = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE
+    )
     # Null: cached input is billed at the input price. A model server's prompt
     # cache is no discount of ours unless an operator sets one here.
     cached_input_per_mtok = models.DecimalField(
-        max_digits=12, decimal_places=6, null=True, blank=True, default=None, validators=_NOT_NEGATIVE,
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        default=None,
+        validators=_NOT_NEGATIVE,
         help_text="Leave empty to bill cached input tokens at the input price; set it to discount them.",
     )
-    output_per_mtok = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE)
+    output_per_mtok = models.DecimalField(
+        max_digits=12, decimal_places=6, default=Decimal("0"), validators=_NOT_NEGATIVE
+    )
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
@@ -156,8 +168,10 @@ class Price(models.Model):
         db_table = "billing_price"
 
     def __str__(self):
-        return (f"{self.model.name}: in {self.input_per_mtok} / cached {self.effective_cached_input_per_mtok} / "
-                f"out {self.output_per_mtok}")
+        return (
+            f"{self.model.name}: in {self.input_per_mtok} / cached {self.effective_cached_input_per_mtok} / "
+            f"out {self.output_per_mtok}"
+        )
 
     @property
     def effective_cached_input_per_mtok(self):

@@ -240,9 +240,7 @@ class GuardedResolver(AbstractResolver):
     connector fell back to it.
     """
 
-    def __init__(
-        self, *, allow_private: bool, inner: AbstractResolver | None = None
-    ) -> None:
+    def __init__(self, *, allow_private: bool, inner: AbstractResolver | None = None) -> None:
         # ThreadedResolver needs the running loop, hence construction in
         # OutboundClient.__aenter__ rather than at import time.
         self._inner = inner if inner is not None else aiohttp.ThreadedResolver()
@@ -266,9 +264,7 @@ class GuardedResolver(AbstractResolver):
 
 # --- responses and headers -------------------------------------------------
 
-_SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie"}
-)
+_SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "x-api-key", "api-key", "cookie", "set-cookie"})
 
 
 def redact_headers(
@@ -278,10 +274,7 @@ def redact_headers(
     if headers is None:
         return {}
     pairs = headers.items() if isinstance(headers, Mapping) else headers
-    return {
-        name: "[redacted]" if name.lower() in _SECRET_HEADERS else value
-        for name, value in pairs
-    }
+    return {name: "[redacted]" if name.lower() in _SECRET_HEADERS else value for name, value in pairs}
 
 
 @dataclass(frozen=True)
@@ -298,9 +291,7 @@ class OutboundResponse:
         try:
             return orjson.loads(self.body)
         except orjson.JSONDecodeError:
-            raise OutboundError(
-                "response body is not valid JSON", kind="malformed"
-            ) from None
+            raise OutboundError("response body is not valid JSON", kind="malformed") from None
 
 
 def _lower_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -337,9 +328,7 @@ def valid_header(name: str, value: str) -> bool:
     return bool(_TOKEN.fullmatch(name)) and not _BAD_VALUE.search(value)
 
 
-def _request_headers(
-    headers: Mapping[str, str] | None, accept: str, *, has_body: bool = True
-) -> CIMultiDict[str]:
+def _request_headers(headers: Mapping[str, str] | None, accept: str, *, has_body: bool = True) -> CIMultiDict[str]:
     merged: CIMultiDict[str] = CIMultiDict({"Accept": accept, "User-Agent": USER_AGENT})
     if has_body:
         merged["Content-Type"] = "application/json"
@@ -365,9 +354,7 @@ def _transport_error(origin: str, exc: BaseException) -> OutboundError:
         return OutboundError(f"{origin}: could not connect ({reason})", kind="transport")
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return OutboundError(f"{origin}: server closed the connection", kind="transport")
-    return OutboundError(
-        f"{origin}: request failed ({type(exc).__name__})", kind="transport"
-    )
+    return OutboundError(f"{origin}: request failed ({type(exc).__name__})", kind="transport")
 
 
 class OutboundClient:
@@ -478,9 +465,7 @@ class OutboundClient:
         except OutboundError:
             raise
         except TimeoutError:
-            raise OutboundError(
-                f"{origin}: timed out after {timeout_s:g}s", kind="timeout"
-            ) from None
+            raise OutboundError(f"{origin}: timed out after {timeout_s:g}s", kind="timeout") from None
         except (aiohttp.ClientError, OSError) as exc:
             raise _transport_error(origin, exc) from None
 
@@ -488,13 +473,9 @@ class OutboundClient:
         self, method: str, url: URL, body: bytes | None, headers: CIMultiDict[str], origin: str
     ) -> OutboundResponse:
         assert self._session is not None
-        async with self._session.request(
-            method, url, data=body, headers=headers, allow_redirects=False
-        ) as resp:
+        async with self._session.request(method, url, data=body, headers=headers, allow_redirects=False) as resp:
             content = await self._read_capped(resp, origin)
-            return OutboundResponse(
-                status=resp.status, headers=_lower_headers(resp.headers), body=content
-            )
+            return OutboundResponse(status=resp.status, headers=_lower_headers(resp.headers), body=content)
 
     async def _read_capped(self, resp: aiohttp.ClientResponse, origin: str) -> bytes:
         cap = self.max_response_bytes
@@ -516,9 +497,7 @@ class OutboundClient:
 
 
 def _too_large(origin: str, cap: int) -> OutboundError:
-    return OutboundError(
-        f"{origin}: response body exceeds the {cap} byte limit", kind="too_large"
-    )
+    return OutboundError(f"{origin}: response body exceeds the {cap} byte limit", kind="too_large")
 
 
 def _serialize(payload: Any) -> bytes:
@@ -527,6 +506,4 @@ def _serialize(payload: Any) -> bytes:
     except orjson.JSONEncodeError:
         # e.g. an integer beyond 64 bits in user data: a per-request error,
         # not a crash of the whole batch.
-        raise OutboundError(
-            "request payload cannot be serialized as JSON", kind="invalid"
-        ) from None
+        raise OutboundError("request payload cannot be serialized as JSON", kind="invalid") from None

@@ -83,7 +83,7 @@ def _pieces_of(secrets):
     for secret in secrets:
         if secret and len(secret) >= MIN_PIECE:
             folded = _fold(secret)
-            pieces.update(folded[i:i + MIN_PIECE] for i in range(len(folded) - MIN_PIECE + 1))
+            pieces.update(folded[i : i + MIN_PIECE] for i in range(len(folded) - MIN_PIECE + 1))
     return frozenset(pieces)
 
 
@@ -92,7 +92,7 @@ def _remove(text, pieces):
     windows = len(folded) - MIN_PIECE + 1
     if windows < len(pieces):
         # Short text (a request id): each of its windows looked up, not each piece searched for.
-        spans = [(i, i + MIN_PIECE) for i in range(windows) if folded[i:i + MIN_PIECE] in pieces]
+        spans = [(i, i + MIN_PIECE) for i in range(windows) if folded[i : i + MIN_PIECE] in pieces]
     else:
         spans = []
         for piece in pieces:

@@ -27,5 +27,6 @@ def ensure_schedule(*, name, func, minutes, using="default", apps=None):
     except LookupError:  # django_q not migrated (yet) on this database
         return
     Schedule.objects.using(using).update_or_create(
-        name=name, defaults={"func": func, "schedule_type": "I", "minutes": minutes, "repeats": -1},  # "I": Schedule.MINUTES
+        name=name,
+        defaults={"func": func, "schedule_type": "I", "minutes": minutes, "repeats": -1},  # "I": Schedule.MINUTES
     )

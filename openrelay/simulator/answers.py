@@ -166,9 +166,7 @@ def _tool_call_choices(tool_calls: list[dict[str, Any]], n: int) -> tuple[list[d
         "refusal": None,
         "annotations": [],
     }
-    tokens = sum(
-        count_tokens(c["function"]["name"] + c["function"]["arguments"]) for c in tool_calls
-    )
+    tokens = sum(count_tokens(c["function"]["name"] + c["function"]["arguments"]) for c in tool_calls)
     return [_chat_choice(i, message, "tool_calls") for i in range(n)], tokens * n
 
 
@@ -199,23 +197,16 @@ def plan_tool_calls(body: dict[str, Any], messages: list[Any]) -> list[dict[str,
     if not tools or body.get("tool_choice") == "none":
         return None
     user_text = "\n".join(
-        content_text(m.get("content"))
-        for m in messages
-        if isinstance(m, dict) and m.get("role") == "user"
+        content_text(m.get("content")) for m in messages if isinstance(m, dict) and m.get("role") == "user"
     )
     wanted = parse_tool_directives(user_text)
     rounds_done = sum(
-        1
-        for m in messages
-        if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
+        1 for m in messages if isinstance(m, dict) and m.get("role") == "assistant" and m.get("tool_calls")
     )
     if rounds_done >= wanted.rounds:
         return None
     tools = _forced_tool(body, tools) or tools
-    return [
-        tool_call(rounds_done, i, tools[i % len(tools)], wanted.arguments)
-        for i in range(wanted.calls)
-    ]
+    return [tool_call(rounds_done, i, tools[i % len(tools)], wanted.arguments) for i in range(wanted.calls)]
 
 
 def function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -225,9 +216,7 @@ def function_tools(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         t["function"]
         for t in tools
-        if isinstance(t, dict)
-        and isinstance(t.get("function"), dict)
-        and isinstance(t["function"].get("name"), str)
+        if isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
     ]
 
 
@@ -331,8 +320,15 @@ def answer_responses(body: dict[str, Any]) -> dict[str, Any]:
     answer = "Simulated response to: " + strip_directives(last_user)[:ECHO_CHARS]
     text, tokens, finish_reason = cap_answer(sized_answer(answer, wanted_tokens(response_text(body))), cap)
     output: list[dict[str, Any]] = [] if not reasoning else [{"type": "reasoning", "id": _new_id("rs_"), "summary": []}]
-    output.append({"type": "message", "id": _new_id("msg_"), "status": "completed", "role": "assistant",
-                   "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    output.append(
+        {
+            "type": "message",
+            "id": _new_id("msg_"),
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+    )
     prompt_tokens = count_tokens(response_text(body))
     incomplete = finish_reason == "length"
     return {
@@ -380,8 +376,18 @@ def _reasoning_tokens(body: dict[str, Any]) -> int:
 # ---------------------------------------------------------------- moderations
 
 MODERATION_CATEGORIES = (
-    "harassment", "harassment/threatening", "hate", "hate/threatening", "illicit", "illicit/violent",
-    "self-harm", "self-harm/intent", "self-harm/instructions", "sexual", "sexual/minors", "violence",
+    "harassment",
+    "harassment/threatening",
+    "hate",
+    "hate/threatening",
+    "illicit",
+    "illicit/violent",
+    "self-harm",
+    "self-harm/intent",
+    "self-harm/instructions",
+    "sexual",
+    "sexual/minors",
+    "violence",
     "violence/graphic",
 )
 

@@ -17,9 +17,7 @@ def content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(
-            part.get("text") or ""
-            for part in content
-            if isinstance(part, dict) and isinstance(part.get("text"), str)
+            part.get("text") or "" for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
         )
     return ""
 

@@ -64,23 +64,17 @@ def decode_ms_per_token(config: SimulatorConfig, busy: int) -> float:
 
 def chat_prefix_text(body: dict[str, Any]) -> str:
     """What the prefix cache sees of a chat: each message's role and text, in order."""
-    return "".join(
-        f"{m.get('role')}\n{message_text(m)}\n" for m in chat_messages(body) if isinstance(m, dict)
-    )
+    return "".join(f"{m.get('role')}\n{message_text(m)}\n" for m in chat_messages(body) if isinstance(m, dict))
 
 
 def completion_prefix_text(body: dict[str, Any]) -> str:
-    return "\n".join(
-        p if isinstance(p, str) else ",".join(map(str, p)) for p in completion_prompts(body)
-    )
+    return "\n".join(p if isinstance(p, str) else ",".join(map(str, p)) for p in completion_prompts(body))
 
 
 def response_prefix_text(body: dict[str, Any]) -> str:
     instructions = body.get("instructions")
     text = f"instructions\n{instructions}\n" if isinstance(instructions, str) else ""
-    return text + "".join(
-        f"{item.get('role', 'user')}\n{message_text(item)}\n" for item in response_inputs(body)
-    )
+    return text + "".join(f"{item.get('role', 'user')}\n{message_text(item)}\n" for item in response_inputs(body))
 
 
 def prefix_blocks(text: str, max_blocks: int) -> list[int]:

@@ -22,32 +22,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8001, help="0 picks a free port")
     parser.add_argument("--latency-ms", type=float, default=0.0, help="added to every answer")
     parser.add_argument(
-        "--error-rate", action="append", type=parse_error_rates, default=[], metavar="STATUS=P",
+        "--error-rate",
+        action="append",
+        type=parse_error_rates,
+        default=[],
+        metavar="STATUS=P",
         help="e.g. 503=0.1 (repeat the flag, or 503=0.1,429=0.05)",
     )
     parser.add_argument("--drop-rate", type=float, default=0.0)
     parser.add_argument("--hang-rate", type=float, default=0.0)
     parser.add_argument("--retry-after", type=float, default=None, help="seconds, sent with 429s")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--fail-all-status", type=int, default=None, help="answer every request with this status"
-    )
+    parser.add_argument("--fail-all-status", type=int, default=None, help="answer every request with this status")
     parser.add_argument("--drop-all", action="store_true", help="drop every connection")
     parser.add_argument("--no-record", action="store_true", help="do not record requests")
     parser.add_argument("--record-limit", type=int, default=10_000)
-    parser.add_argument(
-        "--model", action="append", default=[], help="listed by /v1/models (repeatable)"
-    )
+    parser.add_argument("--model", action="append", default=[], help="listed by /v1/models (repeatable)")
     capacity = parser.add_argument_group("capacity model (off while --slots is 0)")
     capacity.add_argument("--slots", type=int, default=0, help="requests decoded at once")
     capacity.add_argument(
-        "--queue-limit", type=int, default=None,
+        "--queue-limit",
+        type=int,
+        default=None,
         help="waiting requests past which a new one gets 503 (default: no limit)",
     )
     capacity.add_argument("--prefill-ms-per-token", type=float, default=0.0, help="per uncached prompt token")
     capacity.add_argument("--decode-ms-per-token", type=float, default=0.0, help="per output token, one slot busy")
     capacity.add_argument(
-        "--decode-contention", type=float, default=0.0,
+        "--decode-contention",
+        type=float,
+        default=0.0,
         help="a token takes (1 + C * (busy - 1) / slots) times as long",
     )
     capacity.add_argument("--prefix-cache-tokens", type=int, default=0, help="prefix cache size (LRU)")

@@ -24,9 +24,7 @@ _TOOL_ROUNDS = re.compile(r"\[\[tool_rounds:(\d+)\]\]")
 _TOOL_CALLS = re.compile(r"\[\[tool_calls:(\d+)\]\]")
 _TOOL_ARGS_OPENING = "[[tool_args:"
 _TOKENS = re.compile(r"\[\[tokens:(\d+)\]\]")
-_ANY_DIRECTIVE = re.compile(
-    r"\[\[(?:status|drop|hang|latency|tool_rounds|tool_calls|tool_args|tokens)\b.*?\]\]", re.S
-)
+_ANY_DIRECTIVE = re.compile(r"\[\[(?:status|drop|hang|latency|tool_rounds|tool_calls|tool_args|tokens)\b.*?\]\]", re.S)
 # Four characters are one token, so " sim" pads an answer one token at a time.
 PADDING = " sim"
 

@@ -23,14 +23,20 @@ def render_metrics(config: SimulatorConfig, stats: dict[str, Any]) -> str:
     if config.metrics == "llamacpp":
         # llama-server's prompt counter counts the tokens it processed, so
         # cached ones are left out; its lines carry no labels.
-        return "".join([
-            _metric("llamacpp:prompt_tokens_total", "counter", "Prompt tokens processed (uncached).",
-                    stats["prompt_tokens"] - stats["cached_tokens"]),
-            _metric("llamacpp:tokens_predicted_total", "counter", "Tokens generated.", stats["completion_tokens"]),
-            _metric("llamacpp:kv_cache_usage_ratio", "gauge", "Busy slots / slots (0 to 1).", usage),
-            _metric("llamacpp:requests_processing", "gauge", "Requests holding a slot.", stats["running"]),
-            _metric("llamacpp:requests_deferred", "gauge", "Requests waiting for a slot.", stats["waiting"]),
-        ])
+        return "".join(
+            [
+                _metric(
+                    "llamacpp:prompt_tokens_total",
+                    "counter",
+                    "Prompt tokens processed (uncached).",
+                    stats["prompt_tokens"] - stats["cached_tokens"],
+                ),
+                _metric("llamacpp:tokens_predicted_total", "counter", "Tokens generated.", stats["completion_tokens"]),
+                _metric("llamacpp:kv_cache_usage_ratio", "gauge", "Busy slots / slots (0 to 1).", usage),
+                _metric("llamacpp:requests_processing", "gauge", "Requests holding a slot.", stats["running"]),
+                _metric("llamacpp:requests_deferred", "gauge", "Requests waiting for a slot.", stats["waiting"]),
+            ]
+        )
     # vLLM writes through prometheus_client: float values, model_name and engine labels.
     model = (config.models[0] if config.models else "").replace("\\", "\\\\").replace('"', '\\"')
     labels = f'{{engine="0",model_name="{model}"}}'
@@ -43,8 +49,11 @@ def render_metrics(config: SimulatorConfig, stats: dict[str, Any]) -> str:
     counters = [
         ("vllm:prompt_tokens_total", "Prompt tokens, cached or not.", stats["prompt_tokens"]),
         ("vllm:generation_tokens_total", "Tokens generated.", stats["completion_tokens"]),
-        ("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.",
-         stats["prefix_cache_queries"]),
+        (
+            "vllm:prefix_cache_queries_total",
+            "Prompt tokens looked up in the prefix cache.",
+            stats["prefix_cache_queries"],
+        ),
         ("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache.", stats["cached_tokens"]),
     ]
     return "".join(

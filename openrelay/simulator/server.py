@@ -59,9 +59,7 @@ MODELS_CREATED = 1_700_000_000
 
 
 def json_response(payload: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(
-        body=orjson.dumps(payload), status=status, content_type="application/json", headers=headers
-    )
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json", headers=headers)
 
 
 def failure_response(config: SimulatorConfig, status: int, model: Any = None) -> web.Response:
@@ -324,9 +322,7 @@ class AppThread:
         sock = bind_socket(self.host, self._requested_port)
         self.port = sock.getsockname()[1]
         # Daemon: a test that forgets stop() must not keep the interpreter alive.
-        self._thread = threading.Thread(
-            target=self._run, args=(sock,), name=f"{self.name}:{self.port}", daemon=True
-        )
+        self._thread = threading.Thread(target=self._run, args=(sock,), name=f"{self.name}:{self.port}", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._startup_error is not None:
@@ -371,9 +367,7 @@ class AppThread:
 class SimulatorThread(AppThread):
     """A simulator in a background thread (for tests)."""
 
-    def __init__(
-        self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0
-    ) -> None:
+    def __init__(self, config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
         self.config = config or SimulatorConfig()
         super().__init__(build_app(self.config), host, port, name="simulator")
         self.state = self.app[SERVER_KEY].state
@@ -402,9 +396,7 @@ class SimulatorThread(AppThread):
         return self.app[SERVER_KEY].capacity.stats()
 
 
-def run_in_thread(
-    config: SimulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0
-) -> SimulatorThread:
+def run_in_thread(config: SimulatorConfig | None = None, *, host: str = "127.0.0.1", port: int = 0) -> SimulatorThread:
     """A simulator for tests: `with run_in_thread(cfg) as sim:` or `.start()`."""
     return SimulatorThread(config, host, port)
 
@@ -426,9 +418,7 @@ def _cancel_leftover_tasks(loop: asyncio.AbstractEventLoop) -> None:
 # ---------------------------------------------------------------- blocking serve
 
 
-def serve(
-    config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 8001
-) -> None:
+def serve(config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: int = 8001) -> None:
     """Run until SIGINT/SIGTERM; prints where it listens."""
     try:
         aio.run(_serve_until_signal(config or SimulatorConfig(), host, port))

@@ -15,9 +15,7 @@ from typing import Any
 
 from openrelay.simulator.config import SimulatorConfig
 
-SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"}
-)
+SECRET_HEADERS = frozenset({"authorization", "proxy-authorization", "api-key", "x-api-key", "cookie"})
 # Per-body counters only need to outlive a batch's retries; the cap keeps a
 # long benchmark with error rates from growing memory without bound.
 SEEN_BODIES_LIMIT = 200_000

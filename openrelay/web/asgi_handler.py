@@ -70,8 +70,9 @@ class BoundedASGIHandler(ASGIHandler):
     async def read_body(self, receive):
         """Django's read_body, counting: what passes receive.cap is read and dropped, and so is what came before."""
         # In the upload temp dir (the data disk), not /tmp, which may be memory.
-        body = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b",
-                                             dir=settings.FILE_UPLOAD_TEMP_DIR)
+        body = tempfile.SpooledTemporaryFile(
+            max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b", dir=settings.FILE_UPLOAD_TEMP_DIR
+        )
         size = 0
         while True:
             message = await receive()

@@ -6,8 +6,14 @@ from django.conf import settings
 
 # Webhook endpoints sit with the batches they report on, so one OpenAI client
 # pointed at the inference host manages both.
-INFERENCE_PREFIXES = ("/v1/files", "/v1/batches", "/v1/models", "/v1/limits", "/v1/webhook_endpoints",
-                      "/v1/webhook_event_types")
+INFERENCE_PREFIXES = (
+    "/v1/files",
+    "/v1/batches",
+    "/v1/models",
+    "/v1/limits",
+    "/v1/webhook_endpoints",
+    "/v1/webhook_event_types",
+)
 CONTROL_PREFIXES = ("/v1/organization",)
 
 

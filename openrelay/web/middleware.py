@@ -43,7 +43,9 @@ class HostRoutingMiddleware:
                 if hosts.is_control_route(request.path)
                 else "Batch and file routes are served by the inference host, not the control plane."
             )
-            return error_response(404, f"Unknown request URL: {request.method} {request.path}. {where}", code="unknown_url")
+            return error_response(
+                404, f"Unknown request URL: {request.method} {request.path}. {where}", code="unknown_url"
+            )
         return self.get_response(request)
 
 
@@ -57,8 +59,11 @@ class ApiErrorMiddleware:
         if _is_api(request) and _has_nul(request):
             # PostgreSQL text can't hold NUL, so such an id or cursor would
             # fail inside the lookup (a 500); no valid id contains one.
-            return error_response(400, "The request URL contains a NUL character (%00), which no id or parameter "
-                                       "may contain.", code="invalid_characters")
+            return error_response(
+                400,
+                "The request URL contains a NUL character (%00), which no id or parameter may contain.",
+                code="invalid_characters",
+            )
         response = self.get_response(request)
         if not _is_api(request) or response.get("Content-Type", "").startswith("application/json"):
             return response

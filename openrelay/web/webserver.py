@@ -34,15 +34,24 @@ def _cap():
 
 
 def _body():
-    return orjson.dumps({"error": {
-        "message": f"The request's headers are larger than {_cap()} bytes in all; send fewer or shorter ones.",
-        "type": "invalid_request_error", "param": None, "code": "request_headers_too_large"}})
+    return orjson.dumps(
+        {
+            "error": {
+                "message": f"The request's headers are larger than {_cap()} bytes in all; send fewer or shorter ones.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_headers_too_large",
+            }
+        }
+    )
 
 
 def _raw_431():
     body = _body()
-    return (b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body))
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+    )
 
 
 class _HeadTooLarge(Exception):
@@ -142,9 +151,13 @@ class HeaderCap:
                 await send({"type": "websocket.close", "code": 1009})
                 return
             body = _body()
-            await send({"type": "http.response.start", "status": 431,
-                        "headers": [(b"content-type", b"application/json"),
-                                    (b"content-length", str(len(body)).encode())]})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 431,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                }
+            )
             await send({"type": "http.response.body", "body": body})
             return
         await self.app(scope, receive, send)

@@ -33,7 +33,10 @@ def jsonl(*records):
 def upload(persona, content, purpose="batch", **kwargs):
     """Store `content` (bytes) as a File of the persona's organization."""
     return files.create_file_from_chunks(
-        organization=persona.org, filename="input.jsonl", purpose=purpose, chunks=[content],
+        organization=persona.org,
+        filename="input.jsonl",
+        purpose=purpose,
+        chunks=[content],
         expires_at=kwargs.get("expires_at", files.default_expiry(purpose)),
     )
 

@@ -15,8 +15,12 @@ def catalog(db):
     Deployment.objects.create(model=gemma, base_url="http://a.example/v1", max_concurrency=48)
     Deployment.objects.create(model=gemma, base_url="http://b.example/v1", max_concurrency=16)
     Deployment.objects.create(model=gemma, base_url="http://c.example/v1", max_concurrency=99, enabled=False)
-    Price.objects.create(model=gemma, input_per_mtok=Decimal("0.2"), cached_input_per_mtok=Decimal("0.05"),
-                         output_per_mtok=Decimal("0.8"))
+    Price.objects.create(
+        model=gemma,
+        input_per_mtok=Decimal("0.2"),
+        cached_input_per_mtok=Decimal("0.05"),
+        output_per_mtok=Decimal("0.8"),
+    )
     Model.objects.create(name="openrelay/embed-small")  # no price, no deployment yet
     Model.objects.create(name="openrelay/retired", enabled=False)
 
@@ -49,7 +53,9 @@ def test_the_concurrency_limit_is_what_the_live_engines_hold_now(alice, catalog)
     now = timezone.now()
     Engine.objects.create(owner="host:1:a", seen_at=now, calls={str(a.pk): [3, 10, 0, 12]})
     Engine.objects.create(owner="host:2:b", seen_at=now, calls={str(a.pk): [2, 10, 0, 9]})
-    Engine.objects.create(owner="host:3:dead", seen_at=now - timezone.timedelta(minutes=5), calls={str(a.pk): [0, 0, 0, 40]})
+    Engine.objects.create(
+        owner="host:3:dead", seen_at=now - timezone.timedelta(minutes=5), calls={str(a.pk): [0, 0, 0, 40]}
+    )
     extra = alice.client.get("/v1/models/openrelay/gemma-4-31b").json()["openrelay"]
     assert (extra["max_concurrency"], extra["concurrency_limit"]) == (64, 12 + 9 + 16)
     listed = {m["id"]: m["openrelay"] for m in alice.client.get("/v1/models").json()["data"]}

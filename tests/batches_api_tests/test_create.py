@@ -12,10 +12,30 @@ from openrelay.core.models import Price
 from tests.batches_api_tests.helpers import CHAT, GEMMA, chat_line, create, jsonl, upload
 
 BATCH_KEYS = {
-    "id", "object", "endpoint", "model", "errors", "input_file_id", "completion_window", "status",
-    "output_file_id", "error_file_id", "created_at", "in_progress_at", "expires_at", "finalizing_at",
-    "completed_at", "failed_at", "expired_at", "cancelling_at", "cancelled_at", "request_counts", "metadata",
-    "usage", "priority", "openrelay",
+    "id",
+    "object",
+    "endpoint",
+    "model",
+    "errors",
+    "input_file_id",
+    "completion_window",
+    "status",
+    "output_file_id",
+    "error_file_id",
+    "created_at",
+    "in_progress_at",
+    "expires_at",
+    "finalizing_at",
+    "completed_at",
+    "failed_at",
+    "expired_at",
+    "cancelling_at",
+    "cancelled_at",
+    "request_counts",
+    "metadata",
+    "usage",
+    "priority",
+    "openrelay",
 }
 
 
@@ -38,8 +58,15 @@ class TestCreate:
         assert body["usage"] is None
         assert body["priority"] == "standard"
         assert body["expires_at"] - body["created_at"] == settings.OPENRELAY_BATCH_WINDOW_S
-        for name in ("in_progress_at", "finalizing_at", "completed_at", "failed_at", "cancelled_at",
-                     "output_file_id", "error_file_id"):
+        for name in (
+            "in_progress_at",
+            "finalizing_at",
+            "completed_at",
+            "failed_at",
+            "cancelled_at",
+            "output_file_id",
+            "error_file_id",
+        ):
             assert body[name] is None
 
     def test_it_stores_records_as_pointers_into_the_file(self, alice, gemma):
@@ -49,7 +76,7 @@ class TestCreate:
         records = Record.objects.filter(batch__public_id=batch_id).order_by("line")
         assert [(r.line, r.custom_id) for r in records] == [(1, "a"), (3, "b"), (5, "c")]
         for record in records:
-            raw = content[record.offset:record.offset + record.length]
+            raw = content[record.offset : record.offset + record.length]
             assert orjson.loads(raw)["custom_id"] == record.custom_id
             assert record.status == "pending"
 
@@ -69,7 +96,7 @@ class TestCreate:
         batch_id = create(alice, input_file_id=upload(alice, content).public_id).json()["id"]
         record = Record.objects.get(batch__public_id=batch_id)
         assert record.offset == 3
-        assert orjson.loads(content[record.offset:record.offset + record.length])["custom_id"] == "a"
+        assert orjson.loads(content[record.offset : record.offset + record.length])["custom_id"] == "a"
 
     def test_it_accepts_a_last_line_without_newline_and_crlf(self, alice, gemma):
         content = orjson.dumps(chat_line("a")) + b"\r\n" + orjson.dumps(chat_line("b"))
@@ -84,11 +111,13 @@ class TestCreate:
         assert file.pins == 1
 
     def test_it_snapshots_prices_and_the_multiplier(self, alice, gemma):
-        Price.objects.create(model=gemma, input_per_mtok=Decimal("2"), cached_input_per_mtok=Decimal("1"),
-                             output_per_mtok=Decimal("8"))
+        Price.objects.create(
+            model=gemma, input_per_mtok=Decimal("2"), cached_input_per_mtok=Decimal("1"), output_per_mtok=Decimal("8")
+        )
         standard = create(alice, input_file_id=upload(alice, jsonl(chat_line("a"))).public_id).json()
-        expedited = create(alice, input_file_id=upload(alice, jsonl(chat_line("a"))).public_id,
-                           priority="expedited").json()
+        expedited = create(
+            alice, input_file_id=upload(alice, jsonl(chat_line("a"))).public_id, priority="expedited"
+        ).json()
         batch = Batch.objects.get(public_id=standard["id"])
         assert (batch.price_input, batch.price_cached_input, batch.price_output) == (2, 1, 8)
         assert batch.price_multiplier == Decimal("0.5")
@@ -103,8 +132,9 @@ class TestCreate:
 
     def test_it_stores_output_expires_after(self, alice, gemma):
         file = upload(alice, jsonl(chat_line("a")))
-        response = create(alice, input_file_id=file.public_id,
-                          output_expires_after={"anchor": "created_at", "seconds": 7200})
+        response = create(
+            alice, input_file_id=file.public_id, output_expires_after={"anchor": "created_at", "seconds": 7200}
+        )
         assert "output_expires_after" not in response.json()  # create-only, as at OpenAI
         assert Batch.objects.get(public_id=response.json()["id"]).output_expires_after_s == 7200
 
@@ -119,8 +149,14 @@ class TestCreate:
         assert response.status_code == 200, response.content
         body = response.json()
         assert body["request_counts"]["total"] == 2
-        assert body["errors"]["data"] == [{"code": "missing_required_parameter", "param": "method", "line": 3,
-                                           "message": "Missing required parameter: 'method'."}]
+        assert body["errors"]["data"] == [
+            {
+                "code": "missing_required_parameter",
+                "param": "method",
+                "line": 3,
+                "message": "Missing required parameter: 'method'.",
+            }
+        ]
         file = File.objects.get(public_id=body["input_file_id"])
         assert file.purpose == "batch" and file.organization == alice.org and file.pins == 1
         with files.open_content(file) as stream:
@@ -132,7 +168,8 @@ class TestCreate:
     def test_it_rejects_inline_items_that_are_not_objects(self, alice, gemma):
         body = create(alice, requests=[chat_line("a"), "text", 5]).json()
         assert [(e["code"], e["line"]) for e in body["errors"]["data"]] == [
-            ("invalid_json_line", 2), ("invalid_json_line", 3),
+            ("invalid_json_line", 2),
+            ("invalid_json_line", 3),
         ]
 
     def test_it_fails_a_batch_whose_every_record_is_rejected(self, alice, gemma, django_capture_on_commit_callbacks):
@@ -178,8 +215,13 @@ class TestCreate:
         before = File.objects.count()
         # Parses (depth <= 1024) but is too deep to write back as a line.
         deep = b"[" * 300 + b"]" * 300
-        response = alice.client.post("/v1/batches", content_type="application/json", data=(
-            b'{"endpoint": "/v1/chat/completions", "completion_window": "24h", "requests": [{"x": ' + deep + b"}]}"))
+        response = alice.client.post(
+            "/v1/batches",
+            content_type="application/json",
+            data=(
+                b'{"endpoint": "/v1/chat/completions", "completion_window": "24h", "requests": [{"x": ' + deep + b"}]}"
+            ),
+        )
         assert response.status_code == 400
         assert response.json()["error"]["param"] == "requests[0]"
         assert File.objects.count() == before
@@ -200,8 +242,9 @@ class TestCreate:
 
 @pytest.mark.django_db
 class TestCreateCleanup:
-    def test_it_deletes_the_inline_file_when_the_create_fails_late(self, alice, gemma, monkeypatch, tmp_path,
-                                                                   django_capture_on_commit_callbacks):
+    def test_it_deletes_the_inline_file_when_the_create_fails_late(
+        self, alice, gemma, monkeypatch, tmp_path, django_capture_on_commit_callbacks
+    ):
         from batches import services
 
         def broken_insert(batch, rows):

@@ -15,42 +15,85 @@ def _file(alice):
 
 @pytest.mark.django_db
 class TestCreateParams:
-    @pytest.mark.parametrize("params, param, code, message", [
-        ({"endpoint": "/v1/invalid/endpoint"}, "endpoint", "invalid_value",
-         "Invalid value for 'endpoint': '/v1/invalid/endpoint'. Supported values are: '/v1/chat/completions', "
-         "'/v1/completions', '/v1/embeddings', '/v1/responses', and '/v1/moderations'."),
-        ({"endpoint": None}, "endpoint", "missing_required_parameter", "Missing required parameter: 'endpoint'."),
-        ({"endpoint": ["/v1/chat/completions"]}, "endpoint", "invalid_value", "Supported values"),
-        ({"completion_window": "48h"}, "completion_window", "invalid_value", "'24h'"),
-        ({"completion_window": ""}, "completion_window", "invalid_value", "'24h'"),
-        ({"completion_window": None}, "completion_window", "missing_required_parameter", "completion_window"),
-        ({"metadata": {"tags": ["a"]}}, "metadata.tags", "invalid_type",
-         "Invalid type for 'metadata.tags': expected a string, but got an array instead."),
-        ({"metadata": {"n": 1}}, "metadata.n", "invalid_type", "but got an integer instead"),
-        ({"metadata": "x"}, "metadata", "invalid_type", "expected an object"),
-        ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", "invalid_value", "at most 16"),
-        ({"metadata": {"k" * 65: "v"}}, "metadata", "invalid_value", "at most 64"),
-        ({"metadata": {"k": "v" * 513}}, "metadata.k", "invalid_value", "maximum length 512"),
-        ({"output_expires_after": {"anchor": "created_at", "seconds": 3599}}, "output_expires_after.seconds",
-         "invalid_value", "between 3600 and 2592000"),
-        ({"output_expires_after": {"anchor": "created_at", "seconds": 2592001}}, "output_expires_after.seconds",
-         "invalid_value", "2592001"),
-        ({"output_expires_after": {"anchor": "created_at", "seconds": "7200"}}, "output_expires_after.seconds",
-         "invalid_type", "expected an integer"),
-        ({"output_expires_after": {"anchor": "created_at", "seconds": True}}, "output_expires_after.seconds",
-         "invalid_type", "boolean"),
-        ({"output_expires_after": {"anchor": "completed_at", "seconds": 7200}}, "output_expires_after.anchor",
-         "invalid_value", "'created_at'"),
-        ({"output_expires_after": {"seconds": 7200}}, "output_expires_after.anchor", "missing_required_parameter",
-         "anchor"),
-        ({"output_expires_after": {"anchor": "created_at"}}, "output_expires_after.seconds",
-         "missing_required_parameter", "seconds"),
-        ({"output_expires_after": {"anchor": "created_at", "seconds": 7200, "x": 1}}, "output_expires_after.x",
-         "unknown_parameter", "x"),
-        ({"output_expires_after": 7200}, "output_expires_after", "invalid_type", "expected an object"),
-        ({"priority": "urgent"}, "priority", "invalid_value", "'standard' and 'expedited'"),
-        ({"model": "x"}, "model", "unknown_parameter", "Unrecognized request argument supplied: model"),
-    ])
+    @pytest.mark.parametrize(
+        "params, param, code, message",
+        [
+            (
+                {"endpoint": "/v1/invalid/endpoint"},
+                "endpoint",
+                "invalid_value",
+                "Invalid value for 'endpoint': '/v1/invalid/endpoint'. Supported values are: '/v1/chat/completions', "
+                "'/v1/completions', '/v1/embeddings', '/v1/responses', and '/v1/moderations'.",
+            ),
+            ({"endpoint": None}, "endpoint", "missing_required_parameter", "Missing required parameter: 'endpoint'."),
+            ({"endpoint": ["/v1/chat/completions"]}, "endpoint", "invalid_value", "Supported values"),
+            ({"completion_window": "48h"}, "completion_window", "invalid_value", "'24h'"),
+            ({"completion_window": ""}, "completion_window", "invalid_value", "'24h'"),
+            ({"completion_window": None}, "completion_window", "missing_required_parameter", "completion_window"),
+            (
+                {"metadata": {"tags": ["a"]}},
+                "metadata.tags",
+                "invalid_type",
+                "Invalid type for 'metadata.tags': expected a string, but got an array instead.",
+            ),
+            ({"metadata": {"n": 1}}, "metadata.n", "invalid_type", "but got an integer instead"),
+            ({"metadata": "x"}, "metadata", "invalid_type", "expected an object"),
+            ({"metadata": {str(i): "v" for i in range(17)}}, "metadata", "invalid_value", "at most 16"),
+            ({"metadata": {"k" * 65: "v"}}, "metadata", "invalid_value", "at most 64"),
+            ({"metadata": {"k": "v" * 513}}, "metadata.k", "invalid_value", "maximum length 512"),
+            (
+                {"output_expires_after": {"anchor": "created_at", "seconds": 3599}},
+                "output_expires_after.seconds",
+                "invalid_value",
+                "between 3600 and 2592000",
+            ),
+            (
+                {"output_expires_after": {"anchor": "created_at", "seconds": 2592001}},
+                "output_expires_after.seconds",
+                "invalid_value",
+                "2592001",
+            ),
+            (
+                {"output_expires_after": {"anchor": "created_at", "seconds": "7200"}},
+                "output_expires_after.seconds",
+                "invalid_type",
+                "expected an integer",
+            ),
+            (
+                {"output_expires_after": {"anchor": "created_at", "seconds": True}},
+                "output_expires_after.seconds",
+                "invalid_type",
+                "boolean",
+            ),
+            (
+                {"output_expires_after": {"anchor": "completed_at", "seconds": 7200}},
+                "output_expires_after.anchor",
+                "invalid_value",
+                "'created_at'",
+            ),
+            (
+                {"output_expires_after": {"seconds": 7200}},
+                "output_expires_after.anchor",
+                "missing_required_parameter",
+                "anchor",
+            ),
+            (
+                {"output_expires_after": {"anchor": "created_at"}},
+                "output_expires_after.seconds",
+                "missing_required_parameter",
+                "seconds",
+            ),
+            (
+                {"output_expires_after": {"anchor": "created_at", "seconds": 7200, "x": 1}},
+                "output_expires_after.x",
+                "unknown_parameter",
+                "x",
+            ),
+            ({"output_expires_after": 7200}, "output_expires_after", "invalid_type", "expected an object"),
+            ({"priority": "urgent"}, "priority", "invalid_value", "'standard' and 'expedited'"),
+            ({"model": "x"}, "model", "unknown_parameter", "Unrecognized request argument supplied: model"),
+        ],
+    )
     def test_it_refuses_bad_parameters(self, alice, gemma, params, param, code, message):
         error = error_of(create(alice, input_file_id=_file(alice), **params))
         assert (error["param"], error["code"], error["type"]) == (param, code, "invalid_request_error")

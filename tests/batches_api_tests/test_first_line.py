@@ -40,7 +40,8 @@ def test_a_bad_first_line_rejects_only_itself(alice, gemma):
     assert body["request_counts"]["total"] == 999
     batch = Batch.objects.get(public_id=body["id"])
     assert list(Record.objects.filter(batch=batch).order_by("line").values_list("line", flat=True)) == list(
-        range(2, 1001))
+        range(2, 1001)
+    )
 
 
 def test_a_byte_order_mark_is_skipped(alice, gemma):

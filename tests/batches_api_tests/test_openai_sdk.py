@@ -30,8 +30,9 @@ def requests_seen():
 class TestOpenAISdk:
     def test_it_creates_and_retrieves(self, sdk, alice, gemma):
         file = upload(alice, jsonl(chat_line("a"), chat_line("b"), "{broken"))
-        batch = sdk.batches.create(input_file_id=file.public_id, endpoint=CHAT, completion_window="24h",
-                                   metadata={"job": "nightly"})
+        batch = sdk.batches.create(
+            input_file_id=file.public_id, endpoint=CHAT, completion_window="24h", metadata={"job": "nightly"}
+        )
         assert batch.id.startswith("batch_")
         assert batch.status == "validating"
         assert batch.model == GEMMA
@@ -45,16 +46,21 @@ class TestOpenAISdk:
         assert again.usage is None
 
     def test_it_sends_inline_requests_through_extra_body(self, sdk, gemma):
-        batch = sdk.batches.create(input_file_id=None, endpoint=CHAT, completion_window="24h",
-                                   extra_body={"requests": [chat_line("a")], "priority": "expedited"})
+        batch = sdk.batches.create(
+            input_file_id=None,
+            endpoint=CHAT,
+            completion_window="24h",
+            extra_body={"requests": [chat_line("a")], "priority": "expedited"},
+        )
         assert batch.request_counts.total == 1
         assert batch.input_file_id.startswith("file-")
         assert batch.model_extra["priority"] == "expedited"
 
     def test_it_auto_pages_the_list(self, sdk, alice, bob, gemma, requests_seen):
         created = [
-            sdk.batches.create(input_file_id=upload(alice, jsonl(chat_line("a"))).public_id, endpoint=CHAT,
-                               completion_window="24h").id
+            sdk.batches.create(
+                input_file_id=upload(alice, jsonl(chat_line("a"))).public_id, endpoint=CHAT, completion_window="24h"
+            ).id
             for _ in range(5)
         ]
         upload(bob, jsonl(chat_line("a")))

@@ -49,11 +49,20 @@ class TestRetrieve:
     def test_it_shows_result_files_usage_and_timestamps(self, alice, gemma):
         batch = _batch(alice)
         now = timezone.now()
-        output = File.objects.create(organization=alice.org, filename="o.jsonl", purpose="batch_output",
-                                     storage_name="x")
+        output = File.objects.create(
+            organization=alice.org, filename="o.jsonl", purpose="batch_output", storage_name="x"
+        )
         Batch.objects.filter(pk=batch.pk).update(
-            status=BatchStatus.COMPLETED, in_progress_at=now, finalizing_at=now, completed_at=now, output_file=output,
-            completed_count=2, input_tokens=100, cached_tokens=10, output_tokens=50, reasoning_tokens=5,
+            status=BatchStatus.COMPLETED,
+            in_progress_at=now,
+            finalizing_at=now,
+            completed_at=now,
+            output_file=output,
+            completed_count=2,
+            input_tokens=100,
+            cached_tokens=10,
+            output_tokens=50,
+            reasoning_tokens=5,
         )
         body = alice.client.get(f"/v1/batches/{batch.public_id}").json()
         assert body["output_file_id"] == output.public_id
@@ -61,10 +70,18 @@ class TestRetrieve:
         assert body["completed_at"] == int(now.timestamp())
         assert body["request_counts"] == {"total": 2, "completed": 2, "failed": 0}
         assert body["usage"] == {
-            "input_tokens": 100, "input_tokens_details": {"cached_tokens": 10},
-            "output_tokens": 50, "output_tokens_details": {"reasoning_tokens": 5}, "total_tokens": 150,
-            "cost": {"currency": "USD", "input": "0.000000000", "cached_input": "0.000000000",
-                     "output": "0.000000000", "total": "0.000000000"},
+            "input_tokens": 100,
+            "input_tokens_details": {"cached_tokens": 10},
+            "output_tokens": 50,
+            "output_tokens_details": {"reasoning_tokens": 5},
+            "total_tokens": 150,
+            "cost": {
+                "currency": "USD",
+                "input": "0.000000000",
+                "cached_input": "0.000000000",
+                "output": "0.000000000",
+                "total": "0.000000000",
+            },
         }
 
 
@@ -102,7 +119,11 @@ class TestList:
 
     def test_it_answers_an_empty_page(self, alice):
         assert alice.client.get("/v1/batches").json() == {
-            "object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False,
+            "object": "list",
+            "data": [],
+            "first_id": None,
+            "last_id": None,
+            "has_more": False,
         }
 
     @pytest.mark.parametrize("limit", ["0", "101", "-1", "x", "2.5"])
@@ -149,8 +170,9 @@ class TestCancel:
 
     def test_it_tolerates_an_empty_json_body(self, alice, gemma):
         batch = _batch(alice)
-        response = alice.client.generic("POST", f"/v1/batches/{batch.public_id}/cancel", data=b"",
-                                        content_type="application/json")
+        response = alice.client.generic(
+            "POST", f"/v1/batches/{batch.public_id}/cancel", data=b"", content_type="application/json"
+        )
         assert response.status_code == 200
 
     @pytest.mark.parametrize("status", [BatchStatus.CANCELLING, BatchStatus.CANCELLED])
@@ -162,8 +184,9 @@ class TestCancel:
         assert response.json() == batch_object(batch)
         assert callbacks == []
 
-    @pytest.mark.parametrize("status", [BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED,
-                                        BatchStatus.FINALIZING])
+    @pytest.mark.parametrize(
+        "status", [BatchStatus.COMPLETED, BatchStatus.FAILED, BatchStatus.EXPIRED, BatchStatus.FINALIZING]
+    )
     def test_it_refuses_to_cancel_a_finished_batch(self, alice, gemma, status):
         batch = _batch(alice, status=status)
         response = alice.client.post(f"/v1/batches/{batch.public_id}/cancel")

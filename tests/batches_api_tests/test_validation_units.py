@@ -22,46 +22,64 @@ def _rejects(func, value, code, param):
 class TestToolConfig:
     def test_it_fills_defaults(self):
         assert normalize_tool_config({"url": URL}) == {
-            "type": "http", "url": URL, "authorization": None, "context": None, "max_rounds": 8, "timeout_ms": 30000,
+            "type": "http",
+            "url": URL,
+            "authorization": None,
+            "context": None,
+            "max_rounds": 8,
+            "timeout_ms": 30000,
         }
 
     def test_it_keeps_given_values(self):
-        config = {"type": "mcp", "url": URL, "authorization": "Bearer t", "context": {"a": [1]},
-                  "max_rounds": 3, "timeout_ms": 500}
+        config = {
+            "type": "mcp",
+            "url": URL,
+            "authorization": "Bearer t",
+            "context": {"a": [1]},
+            "max_rounds": 3,
+            "timeout_ms": 500,
+        }
         assert normalize_tool_config(config) == config
 
-    @pytest.mark.parametrize("given, expected", [
-        ({"max_rounds": 0, "timeout_ms": 0}, (8, 30000)),
-        ({"max_rounds": None, "timeout_ms": None}, (8, 30000)),
-        ({"max_rounds": 17, "timeout_ms": 120001}, (16, 120000)),
-        ({"max_rounds": 10**12, "timeout_ms": 5.0}, (16, 5)),
-        ({"max_rounds": 16, "timeout_ms": 120000}, (16, 120000)),
-    ])
+    @pytest.mark.parametrize(
+        "given, expected",
+        [
+            ({"max_rounds": 0, "timeout_ms": 0}, (8, 30000)),
+            ({"max_rounds": None, "timeout_ms": None}, (8, 30000)),
+            ({"max_rounds": 17, "timeout_ms": 120001}, (16, 120000)),
+            ({"max_rounds": 10**12, "timeout_ms": 5.0}, (16, 5)),
+            ({"max_rounds": 16, "timeout_ms": 120000}, (16, 120000)),
+        ],
+    )
     def test_it_takes_defaults_and_clamps(self, given, expected):
         config = normalize_tool_config({"url": URL, **given})
         assert (config["max_rounds"], config["timeout_ms"]) == expected
 
-    @pytest.mark.parametrize("given, param", [
-        ({"max_rounds": -1}, "max_rounds"),
-        ({"max_rounds": True}, "max_rounds"),
-        ({"max_rounds": 2.5}, "max_rounds"),
-        ({"max_rounds": "8"}, "max_rounds"),
-        ({"timeout_ms": -5}, "timeout_ms"),
-        ({"timeout_ms": [1]}, "timeout_ms"),
-        ({"type": "grpc"}, "type"),
-        ({"authorization": 5}, "authorization"),
-        ({"retries": 3}, "retries"),
-        ({"url": None}, "url"),
-        ({"url": 7}, "url"),
-        ({"url": "ftp://tools.example.com"}, "url"),
-        ({"url": "https://"}, "url"),
-        ({"url": "/relative"}, "url"),
-        ({"url": "https://[::1"}, "url"),
-        ({"url": "https://ex ample.com"}, "url"),
-    ])
+    @pytest.mark.parametrize(
+        "given, param",
+        [
+            ({"max_rounds": -1}, "max_rounds"),
+            ({"max_rounds": True}, "max_rounds"),
+            ({"max_rounds": 2.5}, "max_rounds"),
+            ({"max_rounds": "8"}, "max_rounds"),
+            ({"timeout_ms": -5}, "timeout_ms"),
+            ({"timeout_ms": [1]}, "timeout_ms"),
+            ({"type": "grpc"}, "type"),
+            ({"authorization": 5}, "authorization"),
+            ({"retries": 3}, "retries"),
+            ({"url": None}, "url"),
+            ({"url": 7}, "url"),
+            ({"url": "ftp://tools.example.com"}, "url"),
+            ({"url": "https://"}, "url"),
+            ({"url": "/relative"}, "url"),
+            ({"url": "https://[::1"}, "url"),
+            ({"url": "https://ex ample.com"}, "url"),
+        ],
+    )
     def test_it_rejects(self, given, param):
-        _rejects(normalize_tool_config, {"url": URL, **given}, "invalid_tool_config",
-                 f"body.openrelay.tool_config.{param}")
+        _rejects(
+            normalize_tool_config, {"url": URL, **given}, "invalid_tool_config", f"body.openrelay.tool_config.{param}"
+        )
 
     def test_it_rejects_a_non_object(self):
         _rejects(normalize_tool_config, "https://x", "invalid_tool_config", "body.openrelay.tool_config")
@@ -74,25 +92,45 @@ class TestToolConfig:
 class TestWorkflow:
     def test_it_fills_defaults(self):
         assert normalize_workflow({"url": URL}) == {
-            "url": URL, "authorization": None, "context": None,
-            "max_steps": 8, "max_requests": 64, "max_tokens": 1_000_000, "timeout_ms": 30000,
+            "url": URL,
+            "authorization": None,
+            "context": None,
+            "max_steps": 8,
+            "max_requests": 64,
+            "max_tokens": 1_000_000,
+            "timeout_ms": 30000,
         }
 
     def test_it_clamps_to_the_caps(self):
-        workflow = normalize_workflow({"url": URL, "max_steps": 65, "max_requests": 5000, "max_tokens": 10**9,
-                                       "timeout_ms": 10**6, "context": {"invoice": 42}})
+        workflow = normalize_workflow(
+            {
+                "url": URL,
+                "max_steps": 65,
+                "max_requests": 5000,
+                "max_tokens": 10**9,
+                "timeout_ms": 10**6,
+                "context": {"invoice": 42},
+            }
+        )
         assert (workflow["max_steps"], workflow["max_requests"], workflow["max_tokens"], workflow["timeout_ms"]) == (
-            64, 1024, 10_000_000, 120_000)
+            64,
+            1024,
+            10_000_000,
+            120_000,
+        )
         assert workflow["context"] == {"invoice": 42}
 
-    @pytest.mark.parametrize("given, param", [
-        ({"max_steps": -1}, "body.openrelay.workflow.max_steps"),
-        ({"max_requests": -2}, "body.openrelay.workflow.max_requests"),
-        ({"max_tokens": False}, "body.openrelay.workflow.max_tokens"),
-        ({"timeout_ms": -1}, "body.openrelay.workflow.timeout_ms"),
-        ({"url": None}, "body.openrelay.workflow.url"),
-        ({"max_rounds": 2}, "body.openrelay.workflow.max_rounds"),
-    ])
+    @pytest.mark.parametrize(
+        "given, param",
+        [
+            ({"max_steps": -1}, "body.openrelay.workflow.max_steps"),
+            ({"max_requests": -2}, "body.openrelay.workflow.max_requests"),
+            ({"max_tokens": False}, "body.openrelay.workflow.max_tokens"),
+            ({"timeout_ms": -1}, "body.openrelay.workflow.timeout_ms"),
+            ({"url": None}, "body.openrelay.workflow.url"),
+            ({"max_rounds": 2}, "body.openrelay.workflow.max_rounds"),
+        ],
+    )
     def test_it_rejects(self, given, param):
         _rejects(normalize_workflow, {"url": URL, **given}, "invalid_workflow", param)
 
@@ -108,7 +146,7 @@ class TestIterLines:
         lines = list(iter_lines(io.BytesIO(self.CONTENT), chunk_size=chunk_size))
         assert [raw for _, raw in lines] == [b'{"a": 1}', b"", b'{"b": 22}\r', b"   ", b'{"c": 333}']
         for offset, raw in lines:
-            assert self.CONTENT[offset:offset + len(raw)] == raw
+            assert self.CONTENT[offset : offset + len(raw)] == raw
 
     def test_it_handles_a_trailing_newline_and_empty_input(self):
         assert list(iter_lines(io.BytesIO(b"x\n"))) == [(0, b"x")]
@@ -145,10 +183,20 @@ class TestScan:
         assert caught.value.code == "empty_file"
 
     def test_it_collects_columns_for_accepted_records(self):
-        good = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-                "body": {"model": "m", "messages": [{"role": "user", "content": "x"}]}}
+        good = {
+            "custom_id": "a",
+            "method": "POST",
+            "url": "/v1/chat/completions",
+            "body": {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        }
         content = orjson.dumps(good) + b"\nnope\n"
         result = scan(io.BytesIO(content), _checker())
         assert list(result.rows()) == [(1, "a", 0, len(orjson.dumps(good)))]
-        assert result.errors == [{"code": "invalid_json_line", "message": "This line is not parseable as valid JSON.",
-                                  "param": None, "line": 2}]
+        assert result.errors == [
+            {
+                "code": "invalid_json_line",
+                "message": "This line is not parseable as valid JSON.",
+                "param": None,
+                "line": 2,
+            }
+        ]

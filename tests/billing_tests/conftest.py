@@ -31,8 +31,9 @@ def _storage_and_loopback(tmp_storage, settings):
 def model(transactional_db, sim):
     """Overrides the shared `model`: priced, and on the session's simulator (not a simulator of the test's own)."""
     model = deploy(MODEL, sim.base_url)
-    Price.objects.create(model=model, input_per_mtok=PRICE_INPUT, cached_input_per_mtok=PRICE_CACHED_INPUT,
-                         output_per_mtok=PRICE_OUTPUT)
+    Price.objects.create(
+        model=model, input_per_mtok=PRICE_INPUT, cached_input_per_mtok=PRICE_CACHED_INPUT, output_per_mtok=PRICE_OUTPUT
+    )
     return model
 
 
@@ -43,8 +44,9 @@ def record(custom_id, body):
 def create(persona, bodies, **params):
     """Create a batch through the API from inline bodies (custom_ids req-1, req-2, ...)."""
     requests = [record(f"req-{i}", body) for i, body in enumerate(bodies, start=1)]
-    response = persona.client.post("/v1/batches", {"endpoint": CHAT, "completion_window": "24h",
-                                                   "requests": requests, **params}, format="json")
+    response = persona.client.post(
+        "/v1/batches", {"endpoint": CHAT, "completion_window": "24h", "requests": requests, **params}, format="json"
+    )
     assert response.status_code == 200, response.content
     assert response.json()["errors"] is None
     return Batch.objects.get(public_id=response.json()["id"])
@@ -67,8 +69,11 @@ def run_batch_in_thread(batch):
 
 def usage_of_lines(lines):
     """(prompt, cached, completion) summed over result lines that carry a usage."""
-    usages = [line["response"]["body"]["usage"] for line in lines
-              if line["response"] and isinstance(line["response"]["body"], dict) and "usage" in line["response"]["body"]]
+    usages = [
+        line["response"]["body"]["usage"]
+        for line in lines
+        if line["response"] and isinstance(line["response"]["body"], dict) and "usage" in line["response"]["body"]
+    ]
     return (
         sum(u["prompt_tokens"] for u in usages),
         sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages),
@@ -81,11 +86,15 @@ def oracle_nanos(tokens, price, multiplier):
     return round(Fraction(tokens) * Fraction(price) * Fraction(multiplier) * 1000)
 
 
-def oracle_cost(prompt, cached, completion, multiplier=Decimal("0.5"),
-                prices=(PRICE_INPUT, PRICE_CACHED_INPUT, PRICE_OUTPUT)):
+def oracle_cost(
+    prompt, cached, completion, multiplier=Decimal("0.5"), prices=(PRICE_INPUT, PRICE_CACHED_INPUT, PRICE_OUTPUT)
+):
     """(input, cached_input, output, total) nanos for this usage."""
-    parts = (oracle_nanos(prompt - cached, prices[0], multiplier), oracle_nanos(cached, prices[1], multiplier),
-             oracle_nanos(completion, prices[2], multiplier))
+    parts = (
+        oracle_nanos(prompt - cached, prices[0], multiplier),
+        oracle_nanos(cached, prices[1], multiplier),
+        oracle_nanos(completion, prices[2], multiplier),
+    )
     return (*parts, sum(parts))
 
 

@@ -31,13 +31,19 @@ def test_it_bills_cached_tokens_at_the_input_price_when_no_cached_price_is_set(a
     entry = LedgerEntry.objects.get(batch_id=batch.public_id)
     assert entry.cached_tokens > 0
     assert entry.price_cached_input == PRICE_INPUT
-    expected = oracle_cost(entry.input_tokens, entry.cached_tokens, entry.output_tokens,
-                           prices=(PRICE_INPUT, PRICE_INPUT, PRICE_OUTPUT))
-    assert (entry.input_cost_nanos, entry.cached_input_cost_nanos, entry.output_cost_nanos,
-            entry.total_cost_nanos) == expected
+    expected = oracle_cost(
+        entry.input_tokens, entry.cached_tokens, entry.output_tokens, prices=(PRICE_INPUT, PRICE_INPUT, PRICE_OUTPUT)
+    )
+    assert (
+        entry.input_cost_nanos,
+        entry.cached_input_cost_nanos,
+        entry.output_cost_nanos,
+        entry.total_cost_nanos,
+    ) == expected
     # The same as if no token had been cached.
-    assert entry.total_cost_nanos == sum(oracle_cost(entry.input_tokens, 0, entry.output_tokens,
-                                                     prices=(PRICE_INPUT, PRICE_INPUT, PRICE_OUTPUT))[:3])
+    assert entry.total_cost_nanos == sum(
+        oracle_cost(entry.input_tokens, 0, entry.output_tokens, prices=(PRICE_INPUT, PRICE_INPUT, PRICE_OUTPUT))[:3]
+    )
 
 
 def test_a_cached_price_the_operator_sets_is_a_discount(alice, model):
@@ -56,8 +62,10 @@ def test_the_models_route_shows_the_effective_cached_price(alice, unset_cached_p
 def test_the_admin_shows_the_effective_cached_price_and_can_clear_a_discount(client, admin_user, model):
     client.force_login(admin_user)
     price = Price.objects.get(model=model)
-    response = client.post(reverse("admin:openrelay_price_change", args=[price.pk]), {
-        "model": model.pk, "input_per_mtok": "0.2", "cached_input_per_mtok": "", "output_per_mtok": "0.8"})
+    response = client.post(
+        reverse("admin:openrelay_price_change", args=[price.pk]),
+        {"model": model.pk, "input_per_mtok": "0.2", "cached_input_per_mtok": "", "output_per_mtok": "0.8"},
+    )
     assert response.status_code == 302
     price.refresh_from_db()
     assert price.cached_input_per_mtok is None and price.effective_cached_input_per_mtok == Decimal("0.2")
@@ -68,8 +76,9 @@ def test_the_admin_shows_the_effective_cached_price_and_can_clear_a_discount(cli
 def test_set_model_can_set_and_clear_the_cached_price(db):
     from django.core.management import call_command
 
-    call_command("set_model", MODEL, "--base-url", "http://127.0.0.1:9/v1", "--input-price", "0.3",
-                 "--cached-input-price", "0.1")
+    call_command(
+        "set_model", MODEL, "--base-url", "http://127.0.0.1:9/v1", "--input-price", "0.3", "--cached-input-price", "0.1"
+    )
     assert Price.objects.get(model__name=MODEL).effective_cached_input_per_mtok == Decimal("0.1")
     call_command("set_model", MODEL, "--base-url", "http://127.0.0.1:9/v1", "--cached-input-price", "none")
     price = Price.objects.get(model__name=MODEL)
@@ -85,10 +94,18 @@ def test_the_migration_turns_the_old_default_of_zero_into_no_discount():
     executor.migrate(before)
     old = executor.loader.project_state(before).apps
     OldModel, OldPrice = old.get_model("openrelay", "Model"), old.get_model("billing", "Price")
-    defaulted = OldPrice.objects.create(model=OldModel.objects.create(name="a"), input_per_mtok=Decimal("0.2"),
-                                        cached_input_per_mtok=Decimal("0"), output_per_mtok=Decimal("0.8"))
-    discounted = OldPrice.objects.create(model=OldModel.objects.create(name="b"), input_per_mtok=Decimal("0.2"),
-                                         cached_input_per_mtok=Decimal("0.05"), output_per_mtok=Decimal("0.8"))
+    defaulted = OldPrice.objects.create(
+        model=OldModel.objects.create(name="a"),
+        input_per_mtok=Decimal("0.2"),
+        cached_input_per_mtok=Decimal("0"),
+        output_per_mtok=Decimal("0.8"),
+    )
+    discounted = OldPrice.objects.create(
+        model=OldModel.objects.create(name="b"),
+        input_per_mtok=Decimal("0.2"),
+        cached_input_per_mtok=Decimal("0.05"),
+        output_per_mtok=Decimal("0.8"),
+    )
 
     executor = MigrationExecutor(connection)
     executor.migrate(after)

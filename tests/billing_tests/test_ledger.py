@@ -25,11 +25,23 @@ USAGE = {"input_tokens": 1000, "cached_tokens": 256, "output_tokens": 300, "reas
 def ended_batch(org, status="completed", **fields):
     """A batch row as the engine leaves it at a terminal transition (no records needed)."""
     now = timezone.now()
-    values = {"price_input": Decimal("0.20"), "price_cached_input": Decimal("0.05"), "price_output": Decimal("0.80"),
-              **USAGE, **fields}
-    return Batch.objects.create(organization=org, endpoint="/v1/chat/completions", model_name=MODEL,
-                                input_file_public_id="file-x", created_at=now, expires_at=now + timedelta(hours=24),
-                                status=status, **values)
+    values = {
+        "price_input": Decimal("0.20"),
+        "price_cached_input": Decimal("0.05"),
+        "price_output": Decimal("0.80"),
+        **USAGE,
+        **fields,
+    }
+    return Batch.objects.create(
+        organization=org,
+        endpoint="/v1/chat/completions",
+        model_name=MODEL,
+        input_file_public_id="file-x",
+        created_at=now,
+        expires_at=now + timedelta(hours=24),
+        status=status,
+        **values,
+    )
 
 
 def test_it_bills_an_ended_batch_once_and_returns_the_same_entry_again(alice):
@@ -39,12 +51,29 @@ def test_it_bills_an_ended_batch_once_and_returns_the_same_entry_again(alice):
     assert first.pk == second.pk and LedgerEntry.objects.count() == 1
     entry = LedgerEntry.objects.get()
     assert (entry.organization, entry.batch_id, entry.batch_status, entry.model_name, entry.priority) == (
-        alice.org, batch.public_id, "completed", MODEL, "standard")
-    assert (entry.input_tokens, entry.cached_tokens, entry.output_tokens, entry.reasoning_tokens) == (1000, 256, 300, 12)
+        alice.org,
+        batch.public_id,
+        "completed",
+        MODEL,
+        "standard",
+    )
+    assert (entry.input_tokens, entry.cached_tokens, entry.output_tokens, entry.reasoning_tokens) == (
+        1000,
+        256,
+        300,
+        12,
+    )
     assert (entry.price_input, entry.price_cached_input, entry.price_output, entry.price_multiplier) == (
-        Decimal("0.20"), Decimal("0.05"), Decimal("0.80"), Decimal("0.5"))
-    assert (entry.input_cost_nanos, entry.cached_input_cost_nanos, entry.output_cost_nanos,
-            entry.total_cost_nanos) == oracle_cost(1000, 256, 300) == (74_400, 6_400, 120_000, 200_800)
+        Decimal("0.20"),
+        Decimal("0.05"),
+        Decimal("0.80"),
+        Decimal("0.5"),
+    )
+    assert (
+        (entry.input_cost_nanos, entry.cached_input_cost_nanos, entry.output_cost_nanos, entry.total_cost_nanos)
+        == oracle_cost(1000, 256, 300)
+        == (74_400, 6_400, 120_000, 200_800)
+    )
 
 
 def test_it_bills_expedited_batches_at_the_sync_rate(alice):
@@ -73,8 +102,10 @@ def _wait_for_lock_wait(deadline_s=10):
         while True:
             # Inside a transaction the activity view is a snapshot taken once; drop it each time.
             cursor.execute("SELECT pg_stat_clear_snapshot()")
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                           "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO \"billing_ledgerentry\"%'")
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO \"billing_ledgerentry\"%'"
+            )
             if cursor.fetchone()[0]:
                 return
             assert time.monotonic() < deadline, "the second caller never reached the ledger insert"
@@ -148,20 +179,29 @@ def test_a_crash_mid_finalize_bills_nothing_and_the_sweepers_reclose_bills_once(
 
 def test_a_price_change_after_create_does_not_reprice_the_batch(alice, model):
     batch = create(alice, [chat("one"), chat(LONG)])
-    Price.objects.filter(model=model).update(input_per_mtok=Decimal("9"), cached_input_per_mtok=Decimal("9"),
-                                             output_per_mtok=Decimal("9"))
+    Price.objects.filter(model=model).update(
+        input_per_mtok=Decimal("9"), cached_input_per_mtok=Decimal("9"), output_per_mtok=Decimal("9")
+    )
     run_batch(batch.pk)
     batch.refresh_from_db()
     entry = LedgerEntry.objects.get(batch_id=batch.public_id)
     assert (entry.price_input, entry.price_cached_input, entry.price_output) == (
-        Decimal("0.20"), Decimal("0.05"), Decimal("0.80"))
+        Decimal("0.20"),
+        Decimal("0.05"),
+        Decimal("0.80"),
+    )
     prompt, cached, completion = usage_of_lines(read_lines(batch.output_file))
     assert cached > 0
     expected = oracle_cost(prompt, cached, completion)
     assert entry.total_cost_nanos == expected[3]
     shown = alice.client.get(f"/v1/batches/{batch.public_id}").json()["usage"]["cost"]
-    assert shown == {"currency": "USD", "input": as_usd(expected[0]), "cached_input": as_usd(expected[1]),
-                     "output": as_usd(expected[2]), "total": as_usd(expected[3])}
+    assert shown == {
+        "currency": "USD",
+        "input": as_usd(expected[0]),
+        "cached_input": as_usd(expected[1]),
+        "output": as_usd(expected[2]),
+        "total": as_usd(expected[3]),
+    }
     # A batch created after the change is priced at the new rate.
     later = create(alice, [chat("one"), chat(LONG)])
     assert later.price_input == Decimal("9")

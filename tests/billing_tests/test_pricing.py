@@ -22,10 +22,20 @@ def test_it_bills_standard_at_half_and_expedited_at_the_full_sync_rate():
     million = {"prompt_tokens": 10**6, "cached_tokens": 0, "completion_tokens": 10**6}
     standard = cost(PRICES, **million).as_object()
     expedited = cost(Prices(PRICES.input, PRICES.cached_input, PRICES.output, EXPEDITED), **million).as_object()
-    assert standard == {"currency": "USD", "input": "0.100000000", "cached_input": "0.000000000",
-                        "output": "0.400000000", "total": "0.500000000"}
-    assert expedited == {"currency": "USD", "input": "0.200000000", "cached_input": "0.000000000",
-                         "output": "0.800000000", "total": "1.000000000"}
+    assert standard == {
+        "currency": "USD",
+        "input": "0.100000000",
+        "cached_input": "0.000000000",
+        "output": "0.400000000",
+        "total": "0.500000000",
+    }
+    assert expedited == {
+        "currency": "USD",
+        "input": "0.200000000",
+        "cached_input": "0.000000000",
+        "output": "0.800000000",
+        "total": "1.000000000",
+    }
 
 
 def test_it_charges_cached_tokens_at_the_cached_rate_and_only_the_rest_at_input():
@@ -60,18 +70,29 @@ def test_it_computes_huge_amounts_exactly():
 
 def test_it_never_bills_more_cached_tokens_than_prompt_tokens():
     assert cost(PRICES, prompt_tokens=10, cached_tokens=64, completion_tokens=0) == cost(
-        PRICES, prompt_tokens=10, cached_tokens=10, completion_tokens=0)
+        PRICES, prompt_tokens=10, cached_tokens=10, completion_tokens=0
+    )
 
 
 def test_it_shows_amounts_as_plain_decimal_strings_with_nine_places():
-    assert [usd(n) for n in (0, 1, 7_500, 123_456_789_012)] == ["0.000000000", "0.000000001", "0.000007500",
-                                                                 "123.456789012"]
+    assert [usd(n) for n in (0, 1, 7_500, 123_456_789_012)] == [
+        "0.000000000",
+        "0.000000001",
+        "0.000007500",
+        "123.456789012",
+    ]
 
 
 def test_it_prices_a_batch_from_its_snapshot_and_counters():
-    batch = SimpleNamespace(price_input=Decimal("0.20"), price_cached_input=Decimal("0.05"),
-                            price_output=Decimal("0.80"), price_multiplier=STANDARD,
-                            input_tokens=1000, cached_tokens=256, output_tokens=300)
+    batch = SimpleNamespace(
+        price_input=Decimal("0.20"),
+        price_cached_input=Decimal("0.05"),
+        price_output=Decimal("0.80"),
+        price_multiplier=STANDARD,
+        input_tokens=1000,
+        cached_tokens=256,
+        output_tokens=300,
+    )
     assert batch_cost(batch) == Cost(74_400, 6_400, 120_000)
 
 
@@ -84,4 +105,6 @@ def test_it_matches_exact_rational_arithmetic(prompt, cached, completion, price,
     assert result.output_nanos == oracle_nanos(completion, price[2], mult)
     shown = result.as_object()
     assert shown["total"] == as_usd(result.input_nanos + result.cached_input_nanos + result.output_nanos)
-    assert Decimal(shown["total"]) == Decimal(shown["input"]) + Decimal(shown["cached_input"]) + Decimal(shown["output"])
+    assert Decimal(shown["total"]) == Decimal(shown["input"]) + Decimal(shown["cached_input"]) + Decimal(
+        shown["output"]
+    )

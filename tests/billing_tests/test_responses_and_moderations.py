@@ -11,18 +11,28 @@ RESPONSES, MODERATIONS = "/v1/responses", "/v1/moderations"
 
 
 def create(persona, endpoint, bodies):
-    requests = [{"custom_id": f"req-{i}", "method": "POST", "url": endpoint, "body": {"model": MODEL, **body}}
-                for i, body in enumerate(bodies, start=1)]
-    response = persona.client.post("/v1/batches", {"endpoint": endpoint, "completion_window": "24h",
-                                                   "requests": requests}, format="json")
+    requests = [
+        {"custom_id": f"req-{i}", "method": "POST", "url": endpoint, "body": {"model": MODEL, **body}}
+        for i, body in enumerate(bodies, start=1)
+    ]
+    response = persona.client.post(
+        "/v1/batches", {"endpoint": endpoint, "completion_window": "24h", "requests": requests}, format="json"
+    )
     assert response.status_code == 200 and response.json()["errors"] is None, response.content
     return Batch.objects.get(public_id=response.json()["id"])
 
 
 def test_a_responses_batch_bills_input_cached_output_and_reasoning_tokens(alice, model):
     items = [{"role": "user", "content": [{"type": "input_text", "text": LONG}]}]
-    batch = create(alice, RESPONSES, [{"input": LONG}, {"input": items, "instructions": "Be brief.",
-                                                         "reasoning": {"effort": "high"}}, {"input": "short"}])
+    batch = create(
+        alice,
+        RESPONSES,
+        [
+            {"input": LONG},
+            {"input": items, "instructions": "Be brief.", "reasoning": {"effort": "high"}},
+            {"input": "short"},
+        ],
+    )
     run_batch(batch.pk)
     batch.refresh_from_db()
 
@@ -37,9 +47,17 @@ def test_a_responses_batch_bills_input_cached_output_and_reasoning_tokens(alice,
     assert cached > 0 and reasoning == 256
     entry = LedgerEntry.objects.get(batch_id=batch.public_id)
     assert (entry.input_tokens, entry.cached_tokens, entry.output_tokens, entry.reasoning_tokens) == (
-        prompt, cached, completion, reasoning)
-    assert (entry.input_cost_nanos, entry.cached_input_cost_nanos, entry.output_cost_nanos,
-            entry.total_cost_nanos) == oracle_cost(prompt, cached, completion)
+        prompt,
+        cached,
+        completion,
+        reasoning,
+    )
+    assert (
+        entry.input_cost_nanos,
+        entry.cached_input_cost_nanos,
+        entry.output_cost_nanos,
+        entry.total_cost_nanos,
+    ) == oracle_cost(prompt, cached, completion)
     usage = batch_object(batch)["usage"]
     assert usage["output_tokens_details"] == {"reasoning_tokens": reasoning}
     assert batch_object(batch)["openrelay"]["implausible_usage"] == 0

@@ -19,10 +19,19 @@ def entry(org, day, model=MODEL, tokens=(1000, 256, 300), batch_id=None, hour=12
     prompt, cached, completion = tokens
     parts = oracle_cost(prompt, cached, completion)
     return LedgerEntry.objects.create(
-        organization=org, batch_id=batch_id or f"batch_{org.pk}_{day}_{model}_{hour}", batch_status="completed",
-        model_name=model, priority="standard", input_tokens=prompt, cached_tokens=cached, output_tokens=completion,
-        input_cost_nanos=parts[0], cached_input_cost_nanos=parts[1], output_cost_nanos=parts[2],
-        total_cost_nanos=parts[3], created_at=datetime.combine(day, datetime.min.time(), tzinfo=UTC).replace(hour=hour),
+        organization=org,
+        batch_id=batch_id or f"batch_{org.pk}_{day}_{model}_{hour}",
+        batch_status="completed",
+        model_name=model,
+        priority="standard",
+        input_tokens=prompt,
+        cached_tokens=cached,
+        output_tokens=completion,
+        input_cost_nanos=parts[0],
+        cached_input_cost_nanos=parts[1],
+        output_cost_nanos=parts[2],
+        total_cost_nanos=parts[3],
+        created_at=datetime.combine(day, datetime.min.time(), tzinfo=UTC).replace(hour=hour),
     )
 
 
@@ -30,8 +39,13 @@ def cost_object(*tokens):
     parts = [0, 0, 0, 0]
     for usage in tokens:
         parts = [a + b for a, b in zip(parts, oracle_cost(*usage))]
-    return {"currency": "USD", "input": as_usd(parts[0]), "cached_input": as_usd(parts[1]),
-            "output": as_usd(parts[2]), "total": as_usd(parts[3])}
+    return {
+        "currency": "USD",
+        "input": as_usd(parts[0]),
+        "cached_input": as_usd(parts[1]),
+        "output": as_usd(parts[2]),
+        "total": as_usd(parts[3]),
+    }
 
 
 @pytest.mark.django_db
@@ -51,16 +65,45 @@ class TestTotals:
         body = response.json()
         assert (body["object"], body["start"], body["end"]) == ("organization.usage", "2026-11-30", "2026-12-01")
         assert body["data"] == [
-            {"date": "2026-11-30", "model": MODEL, "batches": 2, "input_tokens": 1010, "cached_tokens": 256,
-             "output_tokens": 305, "total_tokens": 1315, "cost": cost_object((1000, 256, 300), (10, 0, 5))},
-            {"date": "2026-11-30", "model": OTHER_MODEL, "batches": 1, "input_tokens": 7, "cached_tokens": 0,
-             "output_tokens": 7, "total_tokens": 14, "cost": cost_object((7, 0, 7))},
-            {"date": "2026-12-01", "model": MODEL, "batches": 1, "input_tokens": 1, "cached_tokens": 0,
-             "output_tokens": 1, "total_tokens": 2, "cost": cost_object((1, 0, 1))},
+            {
+                "date": "2026-11-30",
+                "model": MODEL,
+                "batches": 2,
+                "input_tokens": 1010,
+                "cached_tokens": 256,
+                "output_tokens": 305,
+                "total_tokens": 1315,
+                "cost": cost_object((1000, 256, 300), (10, 0, 5)),
+            },
+            {
+                "date": "2026-11-30",
+                "model": OTHER_MODEL,
+                "batches": 1,
+                "input_tokens": 7,
+                "cached_tokens": 0,
+                "output_tokens": 7,
+                "total_tokens": 14,
+                "cost": cost_object((7, 0, 7)),
+            },
+            {
+                "date": "2026-12-01",
+                "model": MODEL,
+                "batches": 1,
+                "input_tokens": 1,
+                "cached_tokens": 0,
+                "output_tokens": 1,
+                "total_tokens": 2,
+                "cost": cost_object((1, 0, 1)),
+            },
         ]
-        assert body["total"] == {"batches": 4, "input_tokens": 1018, "cached_tokens": 256, "output_tokens": 313,
-                                 "total_tokens": 1331,
-                                 "cost": cost_object((1000, 256, 300), (10, 0, 5), (7, 0, 7), (1, 0, 1))}
+        assert body["total"] == {
+            "batches": 4,
+            "input_tokens": 1018,
+            "cached_tokens": 256,
+            "output_tokens": 313,
+            "total_tokens": 1331,
+            "cost": cost_object((1000, 256, 300), (10, 0, 5), (7, 0, 7), (1, 0, 1)),
+        }
 
     def test_bob_never_sees_alices_usage(self, alice, bob):
         entry(alice.org, timezone.now().date())
@@ -78,13 +121,16 @@ class TestTotals:
         assert (body["start"], body["end"]) == ((today - timedelta(days=29)).isoformat(), today.isoformat())
         assert [row["date"] for row in body["data"]] == [(today - timedelta(days=29)).isoformat(), today.isoformat()]
 
-    @pytest.mark.parametrize("params, param, fragment", [
-        ({"start": "2026-13-01"}, "start", "expected a date as YYYY-MM-DD"),
-        ({"end": "20261201"}, "end", "expected a date as YYYY-MM-DD"),
-        ({"start": "yesterday"}, "start", "'yesterday'"),
-        ({"start": "2026-12-02", "end": "2026-12-01"}, "start", "is after 'end'"),
-        ({"start": "2025-01-01", "end": "2026-01-02"}, "start", "at most 366"),
-    ])
+    @pytest.mark.parametrize(
+        "params, param, fragment",
+        [
+            ({"start": "2026-13-01"}, "start", "expected a date as YYYY-MM-DD"),
+            ({"end": "20261201"}, "end", "expected a date as YYYY-MM-DD"),
+            ({"start": "yesterday"}, "start", "'yesterday'"),
+            ({"start": "2026-12-02", "end": "2026-12-01"}, "start", "is after 'end'"),
+            ({"start": "2025-01-01", "end": "2026-01-02"}, "start", "at most 366"),
+        ],
+    )
     def test_it_answers_bad_params_in_the_error_envelope(self, alice, params, param, fragment):
         response = alice.client.get(URL, params)
         assert response.status_code == 400
@@ -92,10 +138,13 @@ class TestTotals:
         assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", param, "invalid_value")
         assert fragment in error["message"]
 
-    @pytest.mark.parametrize("params, start, end", [
-        ({"end": "0001-01-05"}, "0001-01-01", "0001-01-05"),
-        ({"start": "9999-12-01", "end": "9999-12-31"}, "9999-12-01", "9999-12-31"),
-    ])
+    @pytest.mark.parametrize(
+        "params, start, end",
+        [
+            ({"end": "0001-01-05"}, "0001-01-01", "0001-01-05"),
+            ({"start": "9999-12-01", "end": "9999-12-31"}, "9999-12-01", "9999-12-31"),
+        ],
+    )
     def test_it_takes_the_first_and_last_days_of_the_calendar(self, alice, params, start, end):
         response = alice.client.get(URL, params)
         assert response.status_code == 200

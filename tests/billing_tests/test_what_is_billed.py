@@ -17,8 +17,10 @@ from tests.billing_tests.conftest import LONG, as_usd, create, oracle_cost, run_
 from tests.fixtures.tool_executor import per_record, status
 from tests.helpers import CHAT, MODEL, chat, read_lines
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
 
 
 def replayed_usage(sim, keep):
@@ -36,15 +38,20 @@ def assert_billed(batch, prompt, cached, completion):
     entry = LedgerEntry.objects.get(batch_id=batch.public_id)
     assert (entry.input_tokens, entry.cached_tokens, entry.output_tokens) == (prompt, cached, completion)
     expected = oracle_cost(prompt, cached, completion)
-    assert (entry.input_cost_nanos, entry.cached_input_cost_nanos, entry.output_cost_nanos,
-            entry.total_cost_nanos) == expected
+    assert (
+        entry.input_cost_nanos,
+        entry.cached_input_cost_nanos,
+        entry.output_cost_nanos,
+        entry.total_cost_nanos,
+    ) == expected
     return entry
 
 
 def test_it_bills_successful_plain_records_and_not_failed_or_timed_out_ones(alice, model, sim, settings):
     settings.OPENRELAY_CALL_TIME_LIMIT_S = 0.5
-    batch = create(alice, [chat("fine"), chat(LONG), chat(LONG + "[[status:400]]"), chat(LONG + "[[hang]]"),
-                           chat("also fine")])
+    batch = create(
+        alice, [chat("fine"), chat(LONG), chat(LONG + "[[status:400]]"), chat(LONG + "[[hang]]"), chat("also fine")]
+    )
     run_batch(batch.pk)
     batch.refresh_from_db()
     assert (batch.status, batch.completed_count, batch.failed_count) == ("completed", 3, 2)
@@ -64,7 +71,10 @@ def test_it_bills_successful_plain_records_and_not_failed_or_timed_out_ones(alic
     usage = alice.client.get(f"/v1/batches/{batch.public_id}").json()["usage"]
     assert usage["cost"]["total"] == as_usd(entry.total_cost_nanos)
     assert (usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], usage["output_tokens"]) == (
-        prompt, cached, completion)
+        prompt,
+        cached,
+        completion,
+    )
 
 
 def tool_record(text, url):
@@ -97,8 +107,10 @@ def test_it_bills_every_successful_request_of_a_workflow_record(alice, model, si
     def script(payload):
         if payload["step"] == 1:
             # A request stopped at the call limit comes back failed and is not billed.
-            requests = [{"id": "page", "body": chat(f"page of {payload['custom_id']}")},
-                        {"id": "slow", "body": chat("never answers [[hang]]")}]
+            requests = [
+                {"id": "page", "body": chat(f"page of {payload['custom_id']}")},
+                {"id": "slow", "body": chat("never answers [[hang]]")},
+            ]
             return {"status": "continue", "requests": requests}
         if payload["custom_id"] == "req-2":
             return {"status": "failed", "error": {"message": "Rejected by the callback."}}
@@ -106,8 +118,13 @@ def test_it_bills_every_successful_request_of_a_workflow_record(alice, model, si
 
     callback.answer(script)
     workflow = {"url": callback.url}
-    batch = create(alice, [{**chat("first record"), "openrelay": {"workflow": workflow}},
-                           {**chat("second record"), "openrelay": {"workflow": workflow}}])
+    batch = create(
+        alice,
+        [
+            {**chat("first record"), "openrelay": {"workflow": workflow}},
+            {**chat("second record"), "openrelay": {"workflow": workflow}},
+        ],
+    )
     run_batch(batch.pk)
     batch.refresh_from_db()
     assert (batch.completed_count, batch.failed_count) == (1, 1)

@@ -52,8 +52,11 @@ class Orl:
     key: str
 
     def __call__(self, *args, key=..., base_url=None, env=None):
-        env = {"OPENRELAY_API_KEY": self.key if key is ... else key, "OPENRELAY_BASE_URL": base_url or self.base_url,
-               **(env or {})}
+        env = {
+            "OPENRELAY_API_KEY": self.key if key is ... else key,
+            "OPENRELAY_BASE_URL": base_url or self.base_url,
+            **(env or {}),
+        }
         result = CliRunner().invoke(app, [str(arg) for arg in args], env=env)
         # Whatever happened, the key must not show up anywhere.
         assert self.key not in result.stdout + result.stderr
@@ -70,8 +73,12 @@ def orl(base_url, alice):
 
 
 def chat(custom_id, content="hello", model=MODEL):
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT,
-            "body": {"model": model, "messages": [{"role": "user", "content": content}]}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": model, "messages": [{"role": "user", "content": content}]},
+    }
 
 
 def write_jsonl(path, *records):
@@ -101,10 +108,21 @@ def worker(data_dir, model):
 
         # Tasks other tests enqueued without a worker would be run first.
         redis.Redis.from_url(django_settings.REDIS_URL).delete(f"django_q:{Conf.PREFIX}:q")
-    env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
-           "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_ALLOW_PRIVATE_URLS": "true"}
-    process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "OPENRELAY_DATA_DIR": str(data_dir),
+        "OPENRELAY_Q_WORKERS": "2",
+        "OPENRELAY_ALLOW_PRIVATE_URLS": "true",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     yield process
     # The database is the ledger: a kill loses nothing, and a graceful stop takes seconds.
     os.killpg(process.pid, signal.SIGKILL)

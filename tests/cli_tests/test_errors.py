@@ -49,8 +49,17 @@ def test_it_exits_2_for_bad_metadata(orl, tmp_path):
 def test_it_prefers_the_flags_over_the_environment(orl, alice, bob, tmp_path):
     file_id = json.loads(orl("--json", "files", "create", write_jsonl(tmp_path / "in.jsonl", chat("a"))).stdout)["id"]
     # The environment says bob (who can't see alice's file) on a dead port; the flags say alice on the live server.
-    result = orl("--api-key", alice.key, "--base-url", orl.base_url, "files", "get", file_id, key=bob.key,
-                 base_url="http://127.0.0.1:9/v1")
+    result = orl(
+        "--api-key",
+        alice.key,
+        "--base-url",
+        orl.base_url,
+        "files",
+        "get",
+        file_id,
+        key=bob.key,
+        base_url="http://127.0.0.1:9/v1",
+    )
     assert result.exit_code == 0, result.output
     assert file_id in result.stdout
 
@@ -67,8 +76,16 @@ class _EchoingHandler(BaseHTTPRequestHandler):
     """A careless server that quotes the Authorization header back in its error."""
 
     def do_GET(self):
-        body = json.dumps({"error": {"message": f"Rejected {self.headers['Authorization']}", "type": "x",
-                                     "param": self.headers["Authorization"], "code": None}}).encode()
+        body = json.dumps(
+            {
+                "error": {
+                    "message": f"Rejected {self.headers['Authorization']}",
+                    "type": "x",
+                    "param": self.headers["Authorization"],
+                    "code": None,
+                }
+            }
+        ).encode()
         self.send_response(400)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))

@@ -11,7 +11,11 @@ def test_it_uploads_lists_gets_and_deletes_a_file(orl, alice, tmp_path):
     assert created.exit_code == 0, created.output
     file = json.loads(created.stdout)
     assert (file["object"], file["filename"], file["purpose"], file["bytes"]) == (
-        "file", "in.jsonl", "batch", path.stat().st_size)
+        "file",
+        "in.jsonl",
+        "batch",
+        path.stat().st_size,
+    )
 
     listed = json.loads(orl("--json", "files", "list").stdout)
     assert [f["id"] for f in listed["data"]] == [file["id"]]

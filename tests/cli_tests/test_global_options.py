@@ -17,12 +17,27 @@ def test_it_takes_json_after_the_command(orl, alice, model, tmp_path):
 
 
 def test_it_takes_the_key_and_base_url_after_the_command(orl, alice, base_url):
-    listed = orl("files", "list", "--api-key", alice.key, "--base-url", base_url, "--json",
-                 key=None, base_url="http://127.0.0.1:9/v1")
+    listed = orl(
+        "files",
+        "list",
+        "--api-key",
+        alice.key,
+        "--base-url",
+        base_url,
+        "--json",
+        key=None,
+        base_url="http://127.0.0.1:9/v1",
+    )
     assert listed.exit_code == 0, listed.output
     assert json.loads(listed.stdout)["data"] == []
-    equals = orl("models", f"--base-url={base_url}", f"--api-key={alice.key}", "--json", key=None,
-                 base_url="http://127.0.0.1:9/v1")
+    equals = orl(
+        "models",
+        f"--base-url={base_url}",
+        f"--api-key={alice.key}",
+        "--json",
+        key=None,
+        base_url="http://127.0.0.1:9/v1",
+    )
     assert equals.exit_code == 0, equals.output
     assert json.loads(equals.stdout)["object"] == "list"
 

@@ -10,8 +10,10 @@ SERVER_PACKAGES = ("django", "rest_framework", "django_q", "channels", "batches"
 
 def test_it_imports_nothing_of_the_server():
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    probe = ("import sys, openrelay.cli.app; "
-             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({SERVER_PACKAGES!r})))")
+    probe = (
+        "import sys, openrelay.cli.app; "
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({SERVER_PACKAGES!r})))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"

@@ -31,15 +31,21 @@ def test_it_waits_with_progress_and_downloads_both_result_files(orl, alice, mode
     assert output.read_bytes() == _content(alice, batch["output_file_id"])
     assert errors.read_bytes() == _content(alice, batch["error_file_id"])
     assert sorted(json.loads(line)["custom_id"] for line in output.read_text().splitlines()) == [
-        f"r{i}" for i in range(5)]
+        f"r{i}" for i in range(5)
+    ]
     assert [json.loads(line)["custom_id"] for line in errors.read_text().splitlines()] == ["bad"]
 
     assert f"Batch {batch['id']} completed: 5 completed, 1 failed of 6." in result.stdout
     assert f"Output file {batch['output_file_id']} saved to {output}" in result.stdout
     cost = f"{batch['usage']['cost']['total']} USD"
     progress = result.stderr.splitlines()
-    assert any("completed 6/6" in line and f"{batch['usage']['total_tokens']:,} tokens" in line and cost in line
-               and "rec/s" in line for line in progress), progress
+    assert any(
+        "completed 6/6" in line
+        and f"{batch['usage']['total_tokens']:,} tokens" in line
+        and cost in line
+        and "rec/s" in line
+        for line in progress
+    ), progress
     shown = orl("batches", "get", batch["id"]).stdout
     assert f"cost         {cost}  (input {batch['usage']['cost']['input']}" in shown
 
@@ -60,8 +66,13 @@ def test_it_exits_3_when_the_batch_it_waits_for_is_cancelled(orl, alice, worker,
     path = write_jsonl(tmp_path / "in.jsonl", *(chat(f"r{i}", "slow [[latency:500]]") for i in range(40)))
     batch_id = json.loads(orl("--json", "batches", "create", "-f", path, "-e", CHAT).stdout)["id"]
     # The real console script, in its own process, with only the environment to configure it.
-    waiting = subprocess.Popen([ORL, "batches", "wait", batch_id, "--poll-interval", "0.2"], env=orl.env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.Popen(
+        [ORL, "batches", "wait", batch_id, "--poll-interval", "0.2"],
+        env=orl.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: Batch.objects.filter(public_id=batch_id, status="in_progress").exists(), "the batch to start")
         assert orl("batches", "cancel", batch_id).exit_code == 0

@@ -4,8 +4,9 @@ import json
 
 
 def test_the_webhook_commands(orl, alice, receiver, verifier):
-    created = orl("webhooks", "create", receiver.url, "--name", "ci", "--event", "batch.completed",
-                  "--event", "batch.failed")
+    created = orl(
+        "webhooks", "create", receiver.url, "--name", "ci", "--event", "batch.completed", "--event", "batch.failed"
+    )
     assert created.exit_code == 0, created.output
     secret = next(line.split(": ")[1] for line in created.stdout.splitlines() if "Signing secret" in line).strip()
     assert secret.startswith("whsec_")

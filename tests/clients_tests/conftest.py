@@ -24,8 +24,18 @@ from openrelay.simulator.server import run_in_thread
 from tests.helpers import MODEL, ROOT, database_url, deploy, free_port
 
 SERVERS = {
-    "uvicorn": lambda port: ["-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--no-access-log",
-                             "--log-level", "warning", "openrelay.asgi:application"],
+    "uvicorn": lambda port: [
+        "-m",
+        "uvicorn",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-access-log",
+        "--log-level",
+        "warning",
+        "openrelay.asgi:application",
+    ],
     "daphne": lambda port: ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"],
 }
 
@@ -39,9 +49,10 @@ def wait_for(predicate, what, timeout=30):
 
 
 def chat_line(custom_id, content="hello"):
-    return (b'{"custom_id": "%s", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "%s", '
-            b'"messages": [{"role": "user", "content": "%s"}]}}\n') % (custom_id.encode(), MODEL.encode(),
-                                                                        content.encode())
+    return (
+        b'{"custom_id": "%s", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "%s", '
+        b'"messages": [{"role": "user", "content": "%s"}]}}\n'
+    ) % (custom_id.encode(), MODEL.encode(), content.encode())
 
 
 @dataclass
@@ -62,9 +73,14 @@ class Process:
 
 
 def child_env(data_dir):
-    env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
-           "OPENRELAY_ALLOW_PRIVATE_URLS": "true", "OPENRELAY_LOG_LEVEL": "WARNING",
-           "OPENRELAY_Q_WORKERS": "2"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "OPENRELAY_DATA_DIR": str(data_dir),
+        "OPENRELAY_ALLOW_PRIVATE_URLS": "true",
+        "OPENRELAY_LOG_LEVEL": "WARNING",
+        "OPENRELAY_Q_WORKERS": "2",
+    }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return env
 
@@ -72,8 +88,14 @@ def child_env(data_dir):
 def start(name, argv, data_dir):
     log = data_dir / f"{name}.log"
     with log.open("wb") as out:
-        popen = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=child_env(data_dir), start_new_session=True,
-                                 stdout=out, stderr=subprocess.STDOUT)
+        popen = subprocess.Popen(
+            [sys.executable, *argv],
+            cwd=ROOT,
+            env=child_env(data_dir),
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     return Process(popen, log)
 
 

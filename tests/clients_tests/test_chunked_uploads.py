@@ -17,8 +17,9 @@ LIMIT = 209_715_200  # OPENRELAY_MAX_UPLOAD_BYTES's default: the servers run wit
 def chunked_upload(server, key, file_size, **kwargs):
     headers, body = streamed_multipart({"purpose": "batch"}, file_size, **kwargs)
     del headers["Content-Length"]  # httpx then sends the generator chunked
-    return httpx.post(f"{server.url}/v1/files", content=body, timeout=120,
-                      headers={**headers, "Authorization": f"Bearer {key}"})
+    return httpx.post(
+        f"{server.url}/v1/files", content=body, timeout=120, headers={**headers, "Authorization": f"Bearer {key}"}
+    )
 
 
 def rss(server):
@@ -66,8 +67,11 @@ def test_it_drops_a_chunked_body_far_over_200_mb_as_it_arrives(uvicorn_server, a
 
 
 def test_it_refuses_a_chunked_json_body_to_the_upload_route(uvicorn_server, alice):
-    response = httpx.post(f"{uvicorn_server.url}/v1/files", content=iter([b'{"purpose": "batch"}']),
-                          headers={"Authorization": f"Bearer {alice.key}", "Content-Type": "application/json"})
+    response = httpx.post(
+        f"{uvicorn_server.url}/v1/files",
+        content=iter([b'{"purpose": "batch"}']),
+        headers={"Authorization": f"Bearer {alice.key}", "Content-Type": "application/json"},
+    )
     assert response.status_code == 415
     assert "multipart/form-data" in response.json()["error"]["message"]
 
@@ -84,7 +88,10 @@ def test_daphne_reads_chunked_uploads_and_json_bodies(daphne_server, alice, mode
     assert uploaded.status_code == 200, uploaded.text
     assert uploaded.json()["bytes"] == len(lines)
     create = b'{"input_file_id": "%s", "endpoint": "/v1/chat/completions", "completion_window": "24h"}'
-    created = httpx.post(f"{daphne_server.url}/v1/batches", content=iter([create % uploaded.json()["id"].encode()]),
-                         headers={**auth, "Content-Type": "application/json"})
+    created = httpx.post(
+        f"{daphne_server.url}/v1/batches",
+        content=iter([create % uploaded.json()["id"].encode()]),
+        headers={**auth, "Content-Type": "application/json"},
+    )
     assert created.status_code == 200, created.text
     assert created.json()["request_counts"]["total"] == 2

@@ -78,8 +78,9 @@ def _send_quietly(sock, data):
 
 def _rss_peak_kb(pid):
     status = Path(f"/proc/{pid}/status").read_text()
-    return {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in status.splitlines())
-            if k in ("VmRSS", "VmHWM")}
+    return {
+        k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in status.splitlines()) if k in ("VmRSS", "VmHWM")
+    }
 
 
 def test_a_head_up_to_the_cap_is_served(server):
@@ -92,7 +93,7 @@ def test_a_head_over_the_cap_is_431_in_the_error_envelope(server, size):
     port, _ = server
     status, body = _ask(port, _head(size))
     assert status == 431
-    error = orjson.loads(body[body.index(b"{"):body.rindex(b"}") + 1])["error"]
+    error = orjson.loads(body[body.index(b"{") : body.rindex(b"}") + 1])["error"]
     assert error["code"] == "request_headers_too_large" and "65536 bytes" in error["message"]
 
 

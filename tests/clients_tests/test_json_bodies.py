@@ -15,8 +15,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def api(uvicorn_server, alice):
-    with httpx.Client(base_url=f"{uvicorn_server.url}/v1", headers={"Authorization": f"Bearer {alice.key}"},
-                      timeout=30) as client:
+    with httpx.Client(
+        base_url=f"{uvicorn_server.url}/v1", headers={"Authorization": f"Bearer {alice.key}"}, timeout=30
+    ) as client:
         yield client
 
 
@@ -30,7 +31,7 @@ def input_file(api, model):
 def chunked(payload, piece=7):
     """The JSON text of `payload` as a generator of small pieces: httpx sends it chunked."""
     raw = orjson.dumps(payload)
-    return (raw[i:i + piece] for i in range(0, len(raw), piece))
+    return (raw[i : i + piece] for i in range(0, len(raw), piece))
 
 
 def create_params(file_id):
@@ -45,8 +46,9 @@ def error_of(response, status):
 
 
 def test_it_reads_a_chunked_batch_create(api, input_file):
-    response = api.post("/batches", content=chunked(create_params(input_file)),
-                        headers={"Content-Type": "application/json"})
+    response = api.post(
+        "/batches", content=chunked(create_params(input_file)), headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 200, response.text
     assert response.request.headers["Transfer-Encoding"] == "chunked"
     assert "Content-Length" not in response.request.headers
@@ -62,8 +64,11 @@ def test_it_reads_a_chunked_webhook_endpoint_create(api):
     assert (endpoint.name, endpoint.url, endpoint.event_types) == ("results", payload["url"], ["batch.completed"])
 
 
-@pytest.mark.parametrize("content_type", ["application/x-www-form-urlencoded", None, "application/json; charset=utf-8"],
-                         ids=["curl -d", "no type", "json with charset"])
+@pytest.mark.parametrize(
+    "content_type",
+    ["application/x-www-form-urlencoded", None, "application/json; charset=utf-8"],
+    ids=["curl -d", "no type", "json with charset"],
+)
 def test_it_reads_json_sent_as_curl_does(api, input_file, content_type):
     # `curl -d '{...}'` without -H sends application/x-www-form-urlencoded.
     headers = {"Content-Type": content_type} if content_type else {}
@@ -73,11 +78,14 @@ def test_it_reads_json_sent_as_curl_does(api, input_file, content_type):
     assert response.json()["input_file_id"] == input_file
 
 
-@pytest.mark.parametrize("content_type, body", [
-    ("text/plain", b'{"endpoint": "/v1/chat/completions"}'),
-    ("multipart/form-data; boundary=x", b"--x--\r\n"),
-    ("application/x-www-form-urlencoded", b"endpoint=%2Fv1%2Fchat%2Fcompletions&completion_window=24h"),
-])
+@pytest.mark.parametrize(
+    "content_type, body",
+    [
+        ("text/plain", b'{"endpoint": "/v1/chat/completions"}'),
+        ("multipart/form-data; boundary=x", b"--x--\r\n"),
+        ("application/x-www-form-urlencoded", b"endpoint=%2Fv1%2Fchat%2Fcompletions&completion_window=24h"),
+    ],
+)
 def test_it_asks_for_json_with_any_other_type(api, content_type, body):
     error = error_of(api.post("/batches", content=body, headers={"Content-Type": content_type}), 415)
     assert (error["type"], error["code"]) == ("invalid_request_error", "unsupported_media_type")

@@ -21,8 +21,9 @@ def run_node(script, *args, base_url, key):
     assert node, "node is not on the PATH"
     assert (NODE_DIR / "node_modules" / "openai").is_dir(), "the SDK is missing: npm ci --prefix tests/node"
     env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": key}
-    result = subprocess.run([node, str(NODE_DIR / script), *map(str, args)], env=env, capture_output=True,
-                            text=True, timeout=90)
+    result = subprocess.run(
+        [node, str(NODE_DIR / script), *map(str, args)], env=env, capture_output=True, text=True, timeout=90
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -38,7 +39,10 @@ def test_it_streams_an_upload_runs_the_batch_and_downloads_it(uvicorn_server, wo
     upload = seen["sent"][0]
     assert (upload["method"], upload["url"], upload["streamed"]) == ("POST", f"{uvicorn_server.url}/v1/files", True)
     assert (seen["file"]["bytes"], seen["file"]["filename"], seen["file"]["purpose"]) == (
-        len(content), "requests.jsonl", "batch")
+        len(content),
+        "requests.jsonl",
+        "batch",
+    )
     assert seen["created"]["errors"]["data"] == [
         {"code": "invalid_json_line", "message": "This line is not parseable as valid JSON.", "param": None, "line": 1}
     ]

@@ -14,8 +14,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def run(client, tmp_path, endpoint, bodies, deadline_s=60):
     path = tmp_path / "requests.jsonl"
-    path.write_text("".join(json.dumps({"custom_id": f"r{i}", "method": "POST", "url": endpoint,
-                                        "body": {"model": MODEL, **body}}) + "\n" for i, body in enumerate(bodies)))
+    path.write_text(
+        "".join(
+            json.dumps({"custom_id": f"r{i}", "method": "POST", "url": endpoint, "body": {"model": MODEL, **body}})
+            + "\n"
+            for i, body in enumerate(bodies)
+        )
+    )
     upload = client.files.create(file=path.open("rb"), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint=endpoint, completion_window="24h")
     deadline = time.monotonic() + deadline_s
@@ -30,15 +35,18 @@ def run(client, tmp_path, endpoint, bodies, deadline_s=60):
 def test_the_sdk_runs_a_responses_batch(uvicorn_server, worker, alice, tmp_path):
     client = openai.OpenAI(base_url=f"{uvicorn_server.url}/v1", api_key=alice.key, max_retries=0)
     bodies = [{"input": f"Question {i}"} for i in range(20)]
-    bodies.append({"input": [{"role": "user", "content": [{"type": "input_text", "text": "Think."}]}],
-                   "reasoning": {"effort": "low"}})
+    bodies.append(
+        {
+            "input": [{"role": "user", "content": [{"type": "input_text", "text": "Think."}]}],
+            "reasoning": {"effort": "low"},
+        }
+    )
     bodies.append({"input": "later", "background": True})  # rejected at create, the rest run
 
     batch, output = run(client, tmp_path, "/v1/responses", bodies)
 
     assert batch.status == "completed" and batch.endpoint == "/v1/responses"
-    assert [(e.line, e.code, e.param) for e in batch.errors.data] == [(22, "unsupported_parameter",
-                                                                        "body.background")]
+    assert [(e.line, e.code, e.param) for e in batch.errors.data] == [(22, "unsupported_parameter", "body.background")]
     assert batch.request_counts.completed == 21 and batch.model == MODEL
     assert {line["response"]["body"]["object"] for line in output} == {"response"}
     assert {line["response"]["body"]["model"] for line in output} == {MODEL}

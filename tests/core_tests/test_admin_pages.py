@@ -7,14 +7,22 @@ pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path 
 
 
 @pytest.mark.django_db
-def test_it_lists_and_shows_batches_and_files_and_cancels(admin_user, client, alice, django_capture_on_commit_callbacks):
+def test_it_lists_and_shows_batches_and_files_and_cancels(
+    admin_user, client, alice, django_capture_on_commit_callbacks
+):
     from django.utils import timezone
 
-    file = file_services.create_file_from_chunks(organization=alice.org, filename="in.jsonl", purpose="batch",
-                                                 chunks=[b'{"a": 1}\n'])
-    batch = Batch.objects.create(organization=alice.org, endpoint="/v1/chat/completions", input_file=file,
-                                 input_file_public_id=file.public_id, expires_at=timezone.now(),
-                                 status=BatchStatus.IN_PROGRESS)
+    file = file_services.create_file_from_chunks(
+        organization=alice.org, filename="in.jsonl", purpose="batch", chunks=[b'{"a": 1}\n']
+    )
+    batch = Batch.objects.create(
+        organization=alice.org,
+        endpoint="/v1/chat/completions",
+        input_file=file,
+        input_file_public_id=file.public_id,
+        expires_at=timezone.now(),
+        status=BatchStatus.IN_PROGRESS,
+    )
     client.force_login(admin_user)
     assert batch.public_id in client.get("/admin/batches/batch/").content.decode()
     assert client.get(f"/admin/batches/batch/{batch.pk}/change/").status_code == 200
@@ -39,9 +47,14 @@ def test_the_deployment_pages_show_health_since_when_and_the_last_error_without_
 
     model = Model.objects.create(name="m")
     since = timezone.now()
-    deployment = Deployment.objects.create(model=model, base_url="http://127.0.0.1:9/v1", api_key="sk-upstream-secret",
-                                           health="unhealthy", health_changed_at=since,
-                                           last_error="HTTP 401: Invalid API key.")
+    deployment = Deployment.objects.create(
+        model=model,
+        base_url="http://127.0.0.1:9/v1",
+        api_key="sk-upstream-secret",
+        health="unhealthy",
+        health_changed_at=since,
+        last_error="HTTP 401: Invalid API key.",
+    )
     client.force_login(admin_user)
     listing = client.get("/admin/openrelay/deployment/").content.decode()
     page = client.get(f"/admin/openrelay/deployment/{deployment.pk}/change/").content.decode()

@@ -18,8 +18,9 @@ EMBEDDED_ONLY = ("DATABASE_URL", "REDIS_URL")
 # `up` runs on the embedded defaults whatever the environment (these tests drop DATABASE_URL
 # and REDIS_URL), so in the PostgreSQL + Redis pass they would run exactly as in the SQLite
 # pass: once is enough, and it keeps that pass under its 10 minutes.
-EMBEDDED_PASS_ONLY = pytest.mark.skipif(bool(os.environ.get("DATABASE_URL")),
-                                        reason="up runs on the embedded defaults: the SQLite pass runs it")
+EMBEDDED_PASS_ONLY = pytest.mark.skipif(
+    bool(os.environ.get("DATABASE_URL")), reason="up runs on the embedded defaults: the SQLite pass runs it"
+)
 pytestmark = EMBEDDED_PASS_ONLY
 
 
@@ -41,7 +42,12 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
     env["OPENRELAY_DATA_DIR"] = str(tmp_path)
     process = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(sim_port)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
     try:
         banner = _read_banner(process, time.monotonic() + 60)
@@ -60,8 +66,10 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
             assert time.monotonic() < deadline, "the web server never answered"
             time.sleep(0.2)
         client = OpenAI(base_url=f"{base}/v1", api_key=key)
-        line = (b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", '
-                b'"body": {"model": "openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "hi"}]}}\n')
+        line = (
+            b'{"custom_id": "r1", "method": "POST", "url": "/v1/chat/completions", '
+            b'"body": {"model": "openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "hi"}]}}\n'
+        )
         file = client.files.create(file=("in.jsonl", line), purpose="batch")
         batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
         deadline = time.monotonic() + 60
@@ -74,8 +82,12 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
         with httpx.Client(base_url=base) as browser:
             form = browser.get("/login")
             token = browser.cookies["csrftoken"]
-            signed_in = browser.post("/login", data={"username": "dev", "password": password, "csrfmiddlewaretoken": token},
-                                     headers={"Referer": f"{base}/login"}, follow_redirects=True)
+            signed_in = browser.post(
+                "/login",
+                data={"username": "dev", "password": password, "csrfmiddlewaretoken": token},
+                headers={"Referer": f"{base}/login"},
+                follow_redirects=True,
+            )
             assert form.status_code == 200 and batch.id in signed_in.text
     finally:
         os.killpg(process.pid, signal.SIGTERM)
@@ -94,7 +106,12 @@ def _start_up(tmp_path, port, sim_port):
     env["OPENRELAY_DATA_DIR"] = str(tmp_path)
     process = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(sim_port)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
     )
     return process, _read_banner(process, time.monotonic() + 60)[-1]
 

@@ -84,7 +84,12 @@ def _run_up(data_dir):
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(free_port())],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     lines = []
     threading.Thread(target=_output, args=(process, lines), daemon=True).start()

@@ -52,8 +52,13 @@ def gemma(db):
 
 
 def chat_line(custom_id, content="hello", **extra):
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT,
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": content}]}, **extra}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": content}]},
+        **extra,
+    }
 
 
 def jsonl(*records):
@@ -61,8 +66,13 @@ def jsonl(*records):
 
 
 def stored_file(org, content=b'{"custom_id": "a"}\n', filename="in.jsonl", purpose="batch"):
-    return file_services.create_file_from_chunks(organization=org, filename=filename, purpose=purpose, chunks=[content],
-                                                 expires_at=file_services.default_expiry(purpose))
+    return file_services.create_file_from_chunks(
+        organization=org,
+        filename=filename,
+        purpose=purpose,
+        chunks=[content],
+        expires_at=file_services.default_expiry(purpose),
+    )
 
 
 def make_batch(org, *, status="in_progress", total=10, completed=0, failed=0, input_file=None, **fields):
@@ -71,8 +81,15 @@ def make_batch(org, *, status="in_progress", total=10, completed=0, failed=0, in
     now = timezone.now()
     fields = {"endpoint": CHAT, "model_name": MODEL, **fields}
     return Batch.objects.create(
-        organization=org, input_file=file, input_file_public_id=file.public_id,
-        status=status, created_at=now, expires_at=now + timezone.timedelta(hours=24),
+        organization=org,
+        input_file=file,
+        input_file_public_id=file.public_id,
+        status=status,
+        created_at=now,
+        expires_at=now + timezone.timedelta(hours=24),
         in_progress_at=now if status != "validating" else None,
-        total_count=total, completed_count=completed, failed_count=failed, **fields,
+        total_count=total,
+        completed_count=completed,
+        failed_count=failed,
+        **fields,
     )

@@ -68,16 +68,18 @@ def test_the_list_pages_both_ways_keeping_its_filters(alice_client, alice, monke
     assert "q=nightly" in older
     second = _page(alice_client.get(f"/?{older}"))
     assert _ids(second) == newest_first[2:4]
-    third = _page(alice_client.get("/?" + re.search(r'href="\?([^"]+)" data-page="older"', second).group(1)
-                                   .replace("&amp;", "&")))
+    third = _page(
+        alice_client.get("/?" + re.search(r'href="\?([^"]+)" data-page="older"', second).group(1).replace("&amp;", "&"))
+    )
     assert _ids(third) == newest_first[4:] and 'data-page="older"' not in third
     back = re.search(r'href="\?([^"]+)" data-page="newer"', third).group(1).replace("&amp;", "&")
     assert _ids(_page(alice_client.get(f"/?{back}"))) == newest_first[2:4]
     assert alice_client.get("/?after=batch_unknown").status_code == 404
 
 
-def test_a_filtered_page_costs_the_same_queries_for_any_number_of_batches(alice_client, alice,
-                                                                         django_assert_max_num_queries):
+def test_a_filtered_page_costs_the_same_queries_for_any_number_of_batches(
+    alice_client, alice, django_assert_max_num_queries
+):
     make_batch(alice.org, metadata={"team": "ml"})
     with django_assert_max_num_queries(7) as few:
         alice_client.get("/?q=team=ml&status=in_progress")
@@ -101,30 +103,66 @@ def _error_codes(lines):
 
 
 def test_failures_by_code_match_the_error_file_and_each_code_downloads_its_lines(alice_client, alice, model):
-    bodies = [chat("fine"), chat("bad [[status:400]]"), chat("bad [[status:400]]"), chat("gone [[status:404]]"),
-              chat("fine")]
+    bodies = [
+        chat("fine"),
+        chat("bad [[status:400]]"),
+        chat("bad [[status:400]]"),
+        chat("gone [[status:404]]"),
+        chat("fine"),
+    ]
     batch = make_engine_batch(alice.org, bodies)
     run_batch(batch.pk)
     batch.refresh_from_db()
     page = _page(alice_client.get(f"/batches/{batch.public_id}"))
-    shown = {code: int(count) for code, count in
-             re.findall(r'<tr data-code="([^"]+)"[^>]*>.*?data-count>([\d,]+)</td>', page, re.S)}
+    shown = {
+        code: int(count)
+        for code, count in re.findall(r'<tr data-code="([^"]+)"[^>]*>.*?data-count>([\d,]+)</td>', page, re.S)
+    }
     error_file = b"".join(alice_client.get(f"/files/{batch.error_file.public_id}/download").streaming_content)
     assert shown == _error_codes(error_file.splitlines()) == {"http_400": 2, "http_404": 1}
     assert re.search(r'href="/batches/[^"]+/so_far.jsonl\?kind=error&amp;code=http_400"', page)
-    lines = b"".join(alice_client.get(f"/batches/{batch.public_id}/so_far.jsonl?kind=error&code=http_400")
-                     .streaming_content).splitlines()
+    lines = b"".join(
+        alice_client.get(f"/batches/{batch.public_id}/so_far.jsonl?kind=error&code=http_400").streaming_content
+    ).splitlines()
     assert sorted(orjson.loads(line)["custom_id"] for line in lines) == ["req-2", "req-3"]
 
 
 def test_a_cancelled_batch_tells_done_failed_and_not_run_apart(alice_client, alice):
-    batch = make_batch(alice.org, status="cancelled", total=100, completed=30, failed=70,
-                       progress=[[1000.0, 0, 0], [1010.0, 30, 5]], cancelled_at=timezone.now())
+    batch = make_batch(
+        alice.org,
+        status="cancelled",
+        total=100,
+        completed=30,
+        failed=70,
+        progress=[[1000.0, 0, 0], [1010.0, 30, 5]],
+        cancelled_at=timezone.now(),
+    )
     Record.objects.bulk_create(
-        [Record(batch=batch, line=i, custom_id=f"r{i}", offset=0, length=1, status=RecordStatus.FAILED,
-                error_code="tool_execution_failed") for i in range(5)]
-        + [Record(batch=batch, line=10 + i, custom_id=f"c{i}", offset=0, length=1, status=RecordStatus.CANCELLED,
-                  error_code="batch_cancelled") for i in range(65)])
+        [
+            Record(
+                batch=batch,
+                line=i,
+                custom_id=f"r{i}",
+                offset=0,
+                length=1,
+                status=RecordStatus.FAILED,
+                error_code="tool_execution_failed",
+            )
+            for i in range(5)
+        ]
+        + [
+            Record(
+                batch=batch,
+                line=10 + i,
+                custom_id=f"c{i}",
+                offset=0,
+                length=1,
+                status=RecordStatus.CANCELLED,
+                error_code="batch_cancelled",
+            )
+            for i in range(65)
+        ]
+    )
     page = _page(alice_client.get(f"/batches/{batch.public_id}"))
     stat = dict(re.findall(r'data-field="(completed|failed|not_run|percent)">([^<]+)<', page))
     assert stat == {"percent": "35%", "completed": "30", "failed": "5", "not_run": "65"}
@@ -137,15 +175,22 @@ def test_a_cancelled_batch_tells_done_failed_and_not_run_apart(alice_client, ali
 def test_the_batch_page_shows_metadata_rate_and_time_left(alice_client, alice):
     now = timezone.now()
     start = now - timedelta(seconds=100)
-    batch = make_batch(alice.org, total=1000, completed=400, metadata={"team": "ml", "job": "nightly"},
-                       progress=[[start.timestamp() + 40, 100, 0], [now.timestamp() - 1, 400, 0]])
+    batch = make_batch(
+        alice.org,
+        total=1000,
+        completed=400,
+        metadata={"team": "ml", "job": "nightly"},
+        progress=[[start.timestamp() + 40, 100, 0], [now.timestamp() - 1, 400, 0]],
+    )
     Batch.objects.filter(pk=batch.pk).update(in_progress_at=start)
     page = _page(alice_client.get(f"/batches/{batch.public_id}"))
     assert re.search(r"<th><code>job</code></th><td>nightly</td>", page)
     rate = float(re.search(r'data-field="rate">([\d.]+)/s<', page).group(1))
     assert 4.9 <= rate <= 5.1  # 300 records in the last ~60 s
     assert re.search(r'data-field="eta">(1 min 5\d s|2 min 0\d s)<', page)  # 600 left at ~5 a second
-    samples = orjson.loads(re.search(r'<script id="batch-samples" type="application/json">(.*?)</script>', page).group(1))
+    samples = orjson.loads(
+        re.search(r'<script id="batch-samples" type="application/json">(.*?)</script>', page).group(1)
+    )
     assert samples[0] == [int(start.timestamp()), 0, 0] and samples[-1][1] == 400
 
 

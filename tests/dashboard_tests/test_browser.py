@@ -34,8 +34,15 @@ from tests.helpers import database_url, free_port
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = Path(settings.DATA_DIR) / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--headless",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 PASSWORD = "browser-test-password"
 FAST_RECORDS, SLOW_RECORDS = 60, 40
 CREATED = re.compile(r"/batches/batch_[^/?]+\?created=1$")
@@ -59,8 +66,13 @@ class Processes:
     """The web server and the worker cluster, each in its own process group, on the test database."""
 
     def __init__(self, data_dir):
-        self.env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir),
-                    "OPENRELAY_Q_WORKERS": "2", "OPENRELAY_LOG_LEVEL": "WARNING"}
+        self.env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "OPENRELAY_DATA_DIR": str(data_dir),
+            "OPENRELAY_Q_WORKERS": "2",
+            "OPENRELAY_LOG_LEVEL": "WARNING",
+        }
         self.env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
         self.started = []
         self.logs = data_dir / "logs"
@@ -68,8 +80,9 @@ class Processes:
 
     def start(self, name, argv):
         log = open(self.logs / f"{name}.log", "wb")
-        self.started.append(subprocess.Popen(argv, cwd=ROOT, env=self.env, start_new_session=True, stdout=log,
-                                             stderr=subprocess.STDOUT))
+        self.started.append(
+            subprocess.Popen(argv, cwd=ROOT, env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+        )
         log.close()
 
     def web(self, server):
@@ -129,8 +142,9 @@ def browser(processes, monkeypatch):
     with sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         # Reduced motion: no bar transitions, so each screenshot shows what the DOM says.
-        context = chromium.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True,
-                                       reduced_motion="reduce")
+        context = chromium.new_context(
+            viewport={"width": 1280, "height": 900}, accept_downloads=True, reduced_motion="reduce"
+        )
         context.set_default_timeout(20_000)
         yield context.new_page()
         # The ORM calls made while Playwright's loop ran had connections of
@@ -181,11 +195,13 @@ def test_it_uploads_creates_watches_live_downloads_and_cancels(member, processes
 
         # Upload and create: 60 records that take ~2 s in all, plus two the create rejects.
         requests = tmp_path / "requests.jsonl"
-        requests.write_bytes(jsonl(
-            *[chat_line(f"fast-{i}", f"question {i} [[latency:150]]") for i in range(FAST_RECORDS)],
-            b'{"custom_id": "broken"',
-            chat_line("fast-0"),
-        ))
+        requests.write_bytes(
+            jsonl(
+                *[chat_line(f"fast-{i}", f"question {i} [[latency:150]]") for i in range(FAST_RECORDS)],
+                b'{"custom_id": "broken"',
+                chat_line("fast-0"),
+            )
+        )
         page.click("nav >> text=New batch")
         page.wait_for_selector("[data-drop]")
         page.set_input_files("input[name=file]", str(requests))
@@ -209,8 +225,9 @@ def test_it_uploads_creates_watches_live_downloads_and_cancels(member, processes
         page.wait_for_selector("[data-live].open")
         page.wait_for_function("() => window.__widths.some(w => w !== '0%' && w !== '100%')")
         shot(page, "05-running")
-        page.wait_for_function("() => document.querySelector('.page-head [data-field=status]').textContent === 'completed'",
-                               timeout=30_000)
+        page.wait_for_function(
+            "() => document.querySelector('.page-head [data-field=status]').textContent === 'completed'", timeout=30_000
+        )
         assert page.evaluate("window.__notReloaded") is True
         assert page.locator("[data-field=bar]").first.get_attribute("style") == "width: 100%;"
         assert text(page, ".stats [data-field=counts]") == f"{FAST_RECORDS} / {FAST_RECORDS}"
@@ -231,11 +248,14 @@ def test_it_uploads_creates_watches_live_downloads_and_cancels(member, processes
         slow = jsonl(*[chat_line(f"slow-{i}", f"slow {i} [[latency:1000]]") for i in range(SLOW_RECORDS)])
         page.click("nav >> text=New batch")
         page.wait_for_selector("[data-drop]")
-        page.evaluate("""(content) => {
+        page.evaluate(
+            """(content) => {
             const data = new DataTransfer();
             data.items.add(new File([content], "slow.jsonl", {type: "application/jsonl"}));
             document.querySelector('[data-drop]').dispatchEvent(new DragEvent('drop', {dataTransfer: data, bubbles: true}));
-        }""", slow.decode())
+        }""",
+            slow.decode(),
+        )
         assert "slow.jsonl" in text(page, "[data-file-name]")
         shot(page, "07-dropped")
         page.click("[data-submit]")
@@ -260,8 +280,9 @@ def test_it_uploads_creates_watches_live_downloads_and_cancels(member, processes
         page.once("dialog", lambda dialog: dialog.accept())
         page.click("[data-role=cancel] button")
         page.wait_for_selector(".flash.success")
-        page.wait_for_function("() => document.querySelector('.page-head [data-field=status]').textContent === 'cancelled'",
-                               timeout=30_000)
+        page.wait_for_function(
+            "() => document.querySelector('.page-head [data-field=status]').textContent === 'cancelled'", timeout=30_000
+        )
         page.wait_for_selector("[data-file=error_file_id]:not([hidden])")
         shot(page, "09-cancelled")
         batch = Batch.objects.get(public_id=slow_id)

@@ -81,8 +81,10 @@ def error_codes(lines):
 
 
 def shown_failures(page):
-    return {row.get_attribute("data-code"): int(row.locator("[data-count]").inner_text().replace(",", ""))
-            for row in page.locator("[data-failures] tr[data-code]").all()}
+    return {
+        row.get_attribute("data-code"): int(row.locator("[data-count]").inner_text().replace(",", ""))
+        for row in page.locator("[data-failures] tr[data-code]").all()
+    }
 
 
 def download(page, selector):
@@ -91,8 +93,7 @@ def download(page, selector):
     return Path(info.value.path()).read_bytes().splitlines()
 
 
-def test_the_batch_page_moves_rate_and_eta_counts_failures_shows_retry_live_and_redraws_after_reload(
-        member, processes, browser, shots):  # noqa: F811
+def test_batch_page_live_rate_eta_failures_retry_and_the_chart_after_reload(member, processes, browser, shots):  # noqa: F811
     page = browser
     records = 160
     with run_in_thread(SimulatorConfig()) as sim:
@@ -128,11 +129,14 @@ def test_the_batch_page_moves_rate_and_eta_counts_failures_shows_retry_live_and_
             }
         }""")
         page.wait_for_selector("[data-live].open")
-        page.wait_for_function("() => /left/i.test(document.querySelector('[data-field=eta_label]').textContent) && "
-                               "/\\d/.test(document.querySelector('.stats [data-field=eta]').textContent)")
+        page.wait_for_function(
+            "() => /left/i.test(document.querySelector('[data-field=eta_label]').textContent) && "
+            "/\\d/.test(document.querySelector('.stats [data-field=eta]').textContent)"
+        )
         shots(page, "01-running-rate-and-eta")
-        page.wait_for_function("() => document.querySelector('.page-head [data-field=status]').textContent === 'completed'",
-                               timeout=60_000)
+        page.wait_for_function(
+            "() => document.querySelector('.page-head [data-field=status]').textContent === 'completed'", timeout=60_000
+        )
         seen = page.evaluate("window.__seen")
         rates = {r for r in seen["rate"] if re.fullmatch(r"[\d,.]+/s", r)}
         etas = {e for e in seen["eta"] if re.search(r"\d", e)}
@@ -144,14 +148,18 @@ def test_the_batch_page_moves_rate_and_eta_counts_failures_shows_retry_live_and_
         page.wait_for_selector("[data-file=error_file_id]:not([hidden])")
         assert page.evaluate("window.__notReloaded") is True
         batch = Batch.objects.get(public_id=batch_id)
-        page.wait_for_function(f"() => Number(document.querySelector('[data-failures-total]')?.dataset.failuresTotal) "
-                               f"=== {batch.failed_count}")
+        page.wait_for_function(
+            f"() => Number(document.querySelector('[data-failures-total]')?.dataset.failuresTotal) "
+            f"=== {batch.failed_count}"
+        )
         assert page.text_content("[data-field=eta_label]") == "Took"
         shots(page, "02-completed-live")
         error_file = download(page, "[data-file=error_file_id]")
         assert shown_failures(page) == error_codes(error_file) == {"http_400": 16, "http_404": 7}
-        bars = {code: page.get_attribute(f"[data-failures] tr[data-code={code}] svg rect", "width")
-                for code in ("http_400", "http_404")}
+        bars = {
+            code: page.get_attribute(f"[data-failures] tr[data-code={code}] svg rect", "width")
+            for code in ("http_400", "http_404")
+        }
         assert bars == {"http_400": "100.0", "http_404": "43.8"}  # drawn against the most common code
         lines_400 = download(page, "[data-failures] tr[data-code=http_400] a")
         assert len(lines_400) == 16
@@ -187,16 +195,22 @@ def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, processes
         url = processes.web("uvicorn")
         processes.workers()
         sign_in(page, url)
-        batch = services.create_batch(organization=member, endpoint=CHAT, requests=[
-            chat_line(f"s-{i}", f"slow {i} [[latency:600]]") for i in range(60)])
+        batch = services.create_batch(
+            organization=member,
+            endpoint=CHAT,
+            requests=[chat_line(f"s-{i}", f"slow {i} [[latency:600]]") for i in range(60)],
+        )
         page.goto(f"{url}/batches/{batch.public_id}")
         page.wait_for_selector("[data-live].open")
-        page.wait_for_function("() => parseInt(document.querySelector('.stats [data-field=completed]').textContent) > 0")
+        page.wait_for_function(
+            "() => parseInt(document.querySelector('.stats [data-field=completed]').textContent) > 0"
+        )
         page.once("dialog", lambda dialog: dialog.accept())
         page.click("[data-role=cancel] button")
         page.wait_for_selector(".flash.success")
-        page.wait_for_function("() => document.querySelector('.page-head [data-field=status]').textContent === 'cancelled'",
-                               timeout=30_000)
+        page.wait_for_function(
+            "() => document.querySelector('.page-head [data-field=status]').textContent === 'cancelled'", timeout=30_000
+        )
         page.wait_for_selector(".stats [data-not-run]:not([hidden])")
         batch.refresh_from_db()
         not_run = int(text(page, ".stats [data-field=not_run]").replace(",", ""))
@@ -218,8 +232,9 @@ def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member
     Model.objects.create(name=MODEL)
     wanted = make_batch(member, status="completed", completed=10, metadata={"team": "vision", "job": "menus"})
     make_batch(member, metadata={"team": "search"})
-    embedding = make_batch(member, endpoint="/v1/embeddings", model_name="openrelay/embed-small",
-                           metadata={"team": "vision"})
+    embedding = make_batch(
+        member, endpoint="/v1/embeddings", model_name="openrelay/embed-small", metadata={"team": "vision"}
+    )
     for i in range(52):
         make_batch(member, status="completed", completed=10, metadata={"run": "nightly", "n": str(i)})
     url = processes.web("uvicorn")
@@ -300,19 +315,27 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         page.evaluate("window.__notReloaded = true")
 
         # Every tenth record is refused by the model (400): an answer that is not 2xx counts as an error.
-        batch = services.create_batch(organization=member, endpoint=CHAT, requests=[
-            chat_line(f"o-{i}", f"slow {i} [[latency:700]]" + (" [[status:400]]" if i % 10 == 0 else ""))
-            for i in range(30)])
-        page.wait_for_function(f"() => Number(document.querySelector(\"{row} [data-field=in_flight]\").textContent) > 0",
-                               timeout=20_000)
+        batch = services.create_batch(
+            organization=member,
+            endpoint=CHAT,
+            requests=[
+                chat_line(f"o-{i}", f"slow {i} [[latency:700]]" + (" [[status:400]]" if i % 10 == 0 else ""))
+                for i in range(30)
+            ],
+        )
+        page.wait_for_function(
+            f'() => Number(document.querySelector("{row} [data-field=in_flight]").textContent) > 0', timeout=20_000
+        )
         page.wait_for_selector(f"[data-running-batch='{batch.public_id}']")
         assert int(text(page, f"{row} [data-field=in_flight]")) <= 3  # never past the deployment's limit
         # The model's queue: records neither finished nor claimed, 30 at most, drained as it runs.
         queued = f"tbody[data-model='{MODEL}'] [data-field=queued]"
-        page.wait_for_function(f"() => Number(document.querySelector(\"{queued}\").textContent) > 0")
+        page.wait_for_function(f'() => Number(document.querySelector("{queued}").textContent) > 0')
         assert int(text(page, queued)) <= 30
         # Calls counted as they are answered (each engine's last minute, summed), within the 30 made.
-        page.wait_for_function(f"() => Number(document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent) > 0")
+        page.wait_for_function(
+            f'() => Number(document.querySelector("{row} [data-field=calls_a_minute]").textContent) > 0'
+        )
         assert int(text(page, f"{row} [data-field=calls_a_minute]")) <= 30
         shots(page, "02-running")
         _wait_for(lambda: Batch.objects.get(pk=batch.pk).status == "completed", 60, "the batch to complete")
@@ -320,31 +343,59 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=in_flight]\").textContent === '0'")
         assert page.evaluate("window.__notReloaded") is True
         # Every call of the batch, answered within the last minute (the model's lane has closed by now or soon).
-        page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent === '30'")
+        page.wait_for_function(
+            f"() => document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent === '30'"
+        )
         assert text(page, f"{row} [data-field=error_rate]") == "10.0%"  # the 3 refused of the 30 calls
         assert text(page, queued) == "0"
         shots(page, "03-idle")
 
 
-@pytest.mark.skipif(settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
-                    reason="layout only, the same on every database: the SQLite pass measures it")
+@pytest.mark.skipif(
+    settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
+    reason="layout only, the same on every database: the SQLite pass measures it",
+)
 def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes, browser, shots):  # noqa: F811
     page = browser
     Model.objects.create(name=MODEL)
     for i in range(3):
         file_services.create_file_from_chunks(
-            organization=member, filename=f"invoices-2026-q4-scanned-pages-batch-{i:03d}-with-a-long-name.jsonl",
-            purpose="batch", chunks=[b'{"custom_id": "a"}\n' * (1000 * (i + 1))],
-            expires_at=file_services.default_expiry("batch"))
+            organization=member,
+            filename=f"invoices-2026-q4-scanned-pages-batch-{i:03d}-with-a-long-name.jsonl",
+            purpose="batch",
+            chunks=[b'{"custom_id": "a"}\n' * (1000 * (i + 1))],
+            expires_at=file_services.default_expiry("batch"),
+        )
     for _ in range(3):
-        batch = make_batch(member, status="completed", total=50_000, completed=49_990, failed=10,
-                           input_tokens=123_456_789, output_tokens=9_876_543)
+        batch = make_batch(
+            member,
+            status="completed",
+            total=50_000,
+            completed=49_990,
+            failed=10,
+            input_tokens=123_456_789,
+            output_tokens=9_876_543,
+        )
         LedgerEntry.objects.create(
-            batch_id=batch.public_id, organization=member, batch_status="completed", model_name=MODEL,
-            priority="standard", created_at=timezone.now(), input_tokens=123_456_789, cached_tokens=1_234_567,
-            output_tokens=9_876_543, reasoning_tokens=0, price_input="0.2", price_cached_input="0.05",
-            price_output="0.8", price_multiplier="0.5", input_cost_nanos=12_345_678_901,
-            cached_input_cost_nanos=30_864_175, output_cost_nanos=3_950_617_200, total_cost_nanos=16_327_160_276)
+            batch_id=batch.public_id,
+            organization=member,
+            batch_status="completed",
+            model_name=MODEL,
+            priority="standard",
+            created_at=timezone.now(),
+            input_tokens=123_456_789,
+            cached_tokens=1_234_567,
+            output_tokens=9_876_543,
+            reasoning_tokens=0,
+            price_input="0.2",
+            price_cached_input="0.05",
+            price_output="0.8",
+            price_multiplier="0.5",
+            input_cost_nanos=12_345_678_901,
+            cached_input_cost_nanos=30_864_175,
+            output_cost_nanos=3_950_617_200,
+            total_cost_nanos=16_327_160_276,
+        )
     url = processes.web("uvicorn")
     sign_in_as(page, url, STAFF)
     assert page.viewport_size["width"] == 1280
@@ -358,7 +409,10 @@ def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes
     assert page.evaluate("() => document.documentElement.scrollWidth") <= 1280
     shots(page, "01-files")
 
-    for name, path in (("02-admin-batches", "/admin/batches/batch/"), ("03-admin-ledger", "/admin/billing/ledgerentry/")):
+    for name, path in (
+        ("02-admin-batches", "/admin/batches/batch/"),
+        ("03-admin-ledger", "/admin/billing/ledgerentry/"),
+    ):
         page.goto(url + path)
         assert page.locator("#result_list tbody tr").count() == 3
         fit = page.evaluate("""() => ({page: document.documentElement.scrollWidth,

@@ -130,8 +130,10 @@ def test_a_member_gets_the_organizations_events_and_never_anothers(alice, alice_
 
 
 def test_a_batch_feed_gets_its_batch_and_nothing_else(alice, alice_user):
-    rejected = [{"code": "invalid_json_line", "message": "This line is not parseable as valid JSON.", "param": None,
-                 "line": n} for n in range(1, 1001)]
+    rejected = [
+        {"code": "invalid_json_line", "message": "This line is not parseable as valid JSON.", "param": None, "line": n}
+        for n in range(1, 1001)
+    ]
     batch, other = make_batch(alice.org, errors=rejected), make_batch(alice.org)
     pushed, elsewhere = snapshot(batch, completed=2), snapshot(other, completed=1)
     assert len(pushed["batch"]["errors"]["data"]) == 1000
@@ -265,8 +267,9 @@ def test_in_memory_the_organization_feed_picks_up_new_and_finishing_batches(alic
 
 
 def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_feeds(alice, alice_user):
-    batch = make_batch(alice.org, status="cancelled", total=100, completed=30, failed=70,
-                       progress=[[1000.0, 0, 0], [1010.0, 30, 5]])
+    batch = make_batch(
+        alice.org, status="cancelled", total=100, completed=30, failed=70, progress=[[1000.0, 0, 0], [1010.0, 30, 5]]
+    )
     cookie, pushed = session_of(alice_user), snapshot(batch)
 
     async def test():

@@ -8,8 +8,12 @@ from openrelay.core.models import Model, Price
 def test_the_new_batch_page_shows_each_models_effective_prices(alice_client, gemma):
     Price.objects.create(model=gemma, input_per_mtok=Decimal("0.2"), output_per_mtok=Decimal("0.8"))
     discounted = Model.objects.create(name="openrelay/discounted")
-    Price.objects.create(model=discounted, input_per_mtok=Decimal("0.3"), cached_input_per_mtok=Decimal("0.1"),
-                         output_per_mtok=Decimal("1.2"))
+    Price.objects.create(
+        model=discounted,
+        input_per_mtok=Decimal("0.3"),
+        cached_input_per_mtok=Decimal("0.1"),
+        output_per_mtok=Decimal("1.2"),
+    )
     Model.objects.create(name="openrelay/unpriced")
     Model.objects.create(name="openrelay/retired", enabled=False)
 

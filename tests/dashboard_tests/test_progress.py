@@ -21,7 +21,7 @@ def test_it_stays_bounded_and_keeps_the_last_minute_whole():
         samples = progress.appended(samples, 1000.0 + 2 * i, i, 0)
     assert len(samples) <= progress.MAX_SAMPLES
     assert samples[0] == [1000.0, 0, 0]  # the start stays
-    recent = samples[-progress.RECENT_SAMPLES:]
+    recent = samples[-progress.RECENT_SAMPLES :]
     assert [b[0] - a[0] for a, b in zip(recent, recent[1:])] == [2.0] * (progress.RECENT_SAMPLES - 1)
     assert len(str(samples)) < 4000  # the stored JSON's order of size
 

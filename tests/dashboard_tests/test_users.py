@@ -56,12 +56,22 @@ def test_the_admin_sets_a_users_organization(admin_user, alice, bob, client, dja
     page = client.get(f"/admin/auth/user/{user.pk}/change/").content.decode()
     assert "membership-0-organization" in page
     membership = Membership.objects.get(user=user)
-    response = client.post(f"/admin/auth/user/{user.pk}/change/", {
-        "username": "hank", "is_active": "on", "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00",
-        "membership-TOTAL_FORMS": "1", "membership-INITIAL_FORMS": "1", "membership-MIN_NUM_FORMS": "0",
-        "membership-MAX_NUM_FORMS": "1", "membership-0-id": membership.pk, "membership-0-user": user.pk,
-        "membership-0-organization": bob.org.pk,
-    })
+    response = client.post(
+        f"/admin/auth/user/{user.pk}/change/",
+        {
+            "username": "hank",
+            "is_active": "on",
+            "date_joined_0": "2026-01-01",
+            "date_joined_1": "00:00:00",
+            "membership-TOTAL_FORMS": "1",
+            "membership-INITIAL_FORMS": "1",
+            "membership-MIN_NUM_FORMS": "0",
+            "membership-MAX_NUM_FORMS": "1",
+            "membership-0-id": membership.pk,
+            "membership-0-user": user.pk,
+            "membership-0-organization": bob.org.pk,
+        },
+    )
     assert response.status_code == 302, response.content.decode()[:2000]
     membership.refresh_from_db()
     assert membership.organization == bob.org

@@ -98,8 +98,9 @@ def test_lists_show_only_the_organizations_own_rows(alice_client, alice, bob):
     assert mine.input_file.public_id in files and theirs.input_file.public_id not in files
 
 
-def test_the_batches_page_costs_the_same_queries_for_any_number_of_batches(alice_client, alice,
-                                                                           django_assert_max_num_queries):
+def test_the_batches_page_costs_the_same_queries_for_any_number_of_batches(
+    alice_client, alice, django_assert_max_num_queries
+):
     make_batch(alice.org)
     with django_assert_max_num_queries(6) as few:
         alice_client.get("/")
@@ -126,13 +127,23 @@ def test_the_batches_page_pages_by_cursor(alice_client, alice, settings, monkeyp
 
 def test_the_batch_page_shows_timeline_counts_usage_and_files(alice_client, alice):
     output = stored_file(alice.org, b'{"custom_id": "a"}\n', filename="out.jsonl", purpose="batch_output")
-    batch = make_batch(alice.org, status="completed", total=4, completed=3, failed=1, output_file=output,
-                       input_tokens=1200, output_tokens=34, cached_tokens=0)
+    batch = make_batch(
+        alice.org,
+        status="completed",
+        total=4,
+        completed=3,
+        failed=1,
+        output_file=output,
+        input_tokens=1200,
+        output_tokens=34,
+        cached_tokens=0,
+    )
     Batch.objects.filter(pk=batch.pk).update(finalizing_at=batch.created_at, completed_at=batch.created_at)
     page = _page(alice_client.get(f"/batches/{batch.public_id}"))
     assert "4 / 4" in page and "1,234" in page and "100%" in page
-    assert re.search(r'data-ts="completed_at">\s*<span class="step">Completed</span> <time data-field="completed_at">20',
-                     page)
+    assert re.search(
+        r'data-ts="completed_at">\s*<span class="step">Completed</span> <time data-field="completed_at">20', page
+    )
     assert f"/files/{output.public_id}/download" in page
     assert f"/files/{batch.input_file.public_id}/download" in page
     assert 'data-role="cancel"' not in page  # a completed batch can't be cancelled
@@ -140,8 +151,9 @@ def test_the_batch_page_shows_timeline_counts_usage_and_files(alice_client, alic
 
 
 def test_the_batch_page_shows_the_cached_share_of_input_tokens(alice_client, alice):
-    batch = make_batch(alice.org, status="in_progress", total=4, completed=2, input_tokens=7290, output_tokens=40,
-                       cached_tokens=7090)
+    batch = make_batch(
+        alice.org, status="in_progress", total=4, completed=2, input_tokens=7290, output_tokens=40, cached_tokens=7090
+    )
     page = _page(alice_client.get(f"/batches/{batch.public_id}"))
     assert re.search(r'data-field="cached_share">97\.3%<', page)
     fresh = make_batch(alice.org, status="in_progress", total=4)
@@ -171,7 +183,10 @@ def test_it_uploads_creates_and_shows_the_rejected_records_right_away(alice_clie
         secret_tool,
         b'{"custom_id": "broken", ',
         chat_line("ok-1"),  # duplicate custom_id
-        {**chat_line("unknown-model"), "body": {"model": "nope/unknown", "messages": [{"role": "user", "content": "x"}]}},
+        {
+            **chat_line("unknown-model"),
+            "body": {"model": "nope/unknown", "messages": [{"role": "user", "content": "x"}]},
+        },
     )
     response = _upload(alice_client, content, priority="expedited")
     assert response.status_code == 302
@@ -181,7 +196,7 @@ def test_it_uploads_creates_and_shows_the_rejected_records_right_away(alice_clie
     page = _page(alice_client.get(response["Location"]))
     assert "Batch created: 2 records accepted, 3 rejected" in page
     rejected = page.split("data-rejections")[1]
-    for line in ("<td class=\"num\">3</td>", "<td class=\"num\">4</td>", "<td class=\"num\">5</td>"):
+    for line in ('<td class="num">3</td>', '<td class="num">4</td>', '<td class="num">5</td>'):
         assert line in rejected
     assert "duplicate" in rejected.lower()
     # The input is never echoed: not the secret, not the raw lines.

@@ -21,7 +21,15 @@ def sim(fresh_sim):
 @pytest.fixture
 def no_proxies(monkeypatch):
     """No proxy variables in the environment (either letter case); returns monkeypatch."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY",
-                 "all_proxy"):
+    for name in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch

@@ -23,17 +23,23 @@ def _bomb(size, encoding=b"gzip"):
 
 def _chunked(size):
     chunk = b"x" * 4096
-    return (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-            + (b"1000\r\n" + chunk + b"\r\n") * (size // 4096) + b"0\r\n\r\n")
+    return (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + (b"1000\r\n" + chunk + b"\r\n") * (size // 4096)
+        + b"0\r\n\r\n"
+    )
 
 
-@pytest.mark.parametrize("answer, why", [
-    (_ok(b"x" * (CAP + 1)), "announces 65537 bytes"),
-    (_chunked(CAP + 4096), "is longer than the 65536-byte cap"),
-    (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * (CAP + 10), "is longer than"),
-    (_bomb(100 * CAP), "gzip answer inflates to more than the 65536-byte cap"),
-    (_bomb(100 * CAP, b"deflate"), "deflate answer inflates to more than"),
-])
+@pytest.mark.parametrize(
+    "answer, why",
+    [
+        (_ok(b"x" * (CAP + 1)), "announces 65537 bytes"),
+        (_chunked(CAP + 4096), "is longer than the 65536-byte cap"),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + b"x" * (CAP + 10), "is longer than"),
+        (_bomb(100 * CAP), "gzip answer inflates to more than the 65536-byte cap"),
+        (_bomb(100 * CAP, b"deflate"), "deflate answer inflates to more than"),
+    ],
+)
 def test_an_answer_over_the_cap_fails_and_its_connection_is_dropped(answer, why):
     async def go():
         async with Script([answer, _ok()]) as server:
@@ -79,7 +85,7 @@ def _silent_after(head_and_some):
     return answer
 
 
-SILENT = _silent_after(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"choices\": [")
+SILENT = _silent_after(b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"choices": [')
 
 
 def test_cut_idle_fails_an_answer_that_went_silent_not_one_that_has_not_begun():

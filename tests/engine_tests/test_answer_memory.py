@@ -57,8 +57,14 @@ class HostileModelServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
                 body = await reader.readexactly(length)
                 if head.startswith(b"GET") or b"warm" in body:  # health probes, the warm-up record
                     answer = b'{"choices": [{"message": {"role": "assistant", "content": "ok"}}], "data": []}'
@@ -102,11 +108,14 @@ def _finished(batch, line):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("attack", ["gzip bomb", "100 MB answer"])
-def test_a_hostile_answer_fails_as_a_failed_server_and_the_worker_stays_small(transactional_db, alice, clusters, attack):
+def test_a_hostile_answer_fails_as_a_failed_server_and_the_worker_stays_small(
+    transactional_db, alice, clusters, attack
+):
     with HostileModelServer(attack) as server:
         model = Model.objects.create(name=MODEL)
-        Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{server.port}/v1", upstream_model="m",
-                                  max_concurrency=4)
+        Deployment.objects.create(
+            model=model, base_url=f"http://127.0.0.1:{server.port}/v1", upstream_model="m", max_concurrency=4
+        )
         cluster = clusters(OPENRELAY_Q_WORKERS=1, OPENRELAY_MAX_MODEL_RESPONSE_BYTES=CAP)
         warm = make_batch(alice.org, [chat("warm")])
         wait_for(lambda: _finished(warm, 1), 60, "the warm-up record")

@@ -16,6 +16,7 @@ def test_a_call_longer_than_any_transport_default_is_not_cut_below_the_limit():
     # 30-minute limit; the transport has no read timeout of its own, so only the
     # engine's limit ends a call. Scaled down: a 1.5 s answer under a 60 s limit.
     with run_in_thread(SimulatorConfig(latency_ms=1500)) as sim:
+
         async def call():
             async with ModelCaller([Upstream(sim.base_url, "m", "", 4)], time_limit_s=60, retries=0) as caller:
                 return await caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
@@ -26,6 +27,7 @@ def test_a_call_longer_than_any_transport_default_is_not_cut_below_the_limit():
 
 def test_the_call_limit_is_reported_as_the_limit():
     with run_in_thread(SimulatorConfig(latency_ms=500)) as sim:
+
         async def call():
             async with ModelCaller([Upstream(sim.base_url, "m", "", 4)], time_limit_s=0.1, retries=0) as caller:
                 return await caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
@@ -59,6 +61,7 @@ def test_a_connect_timeout_takes_the_deployment_out_and_the_call_waits_for_it(mo
 
 def test_the_limit_cuts_a_call_soon_after_it_runs_out_and_leaves_the_task_usable():
     with run_in_thread(SimulatorConfig(latency_ms=5000)) as sim:
+
         async def call():
             async with ModelCaller([Upstream(sim.base_url, "m", "", 4)], time_limit_s=0.2, retries=0) as caller:
                 started = asyncio.get_running_loop().time()
@@ -77,9 +80,12 @@ def test_the_limit_cuts_a_call_soon_after_it_runs_out_and_leaves_the_task_usable
 
 def test_a_cancel_from_outside_is_not_reported_as_the_limit():
     with run_in_thread(SimulatorConfig(latency_ms=5000)) as sim:
+
         async def call():
             async with ModelCaller([Upstream(sim.base_url, "m", "", 4)], time_limit_s=60, retries=0) as caller:
-                task = asyncio.create_task(caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}))
+                task = asyncio.create_task(
+                    caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})
+                )
                 await asyncio.sleep(0.2)
                 task.cancel()  # the batch was cancelled
                 try:
@@ -95,11 +101,16 @@ def test_a_cancel_from_outside_is_not_reported_as_the_limit():
 
 def test_calls_within_the_limit_are_untouched_while_others_are_cut():
     with run_in_thread(SimulatorConfig()) as sim:
+
         async def calls():
             async with ModelCaller([Upstream(sim.base_url, "m", "", 8)], time_limit_s=0.3, retries=0) as caller:
-                slow = caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": "[[latency:3000]]"}]})
-                fast = [caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": f"hi {i}"}]})
-                        for i in range(5)]
+                slow = caller.call(
+                    "/v1/chat/completions", {"messages": [{"role": "user", "content": "[[latency:3000]]"}]}
+                )
+                fast = [
+                    caller.call("/v1/chat/completions", {"messages": [{"role": "user", "content": f"hi {i}"}]})
+                    for i in range(5)
+                ]
                 return await asyncio.gather(slow, *fast)
 
         slow, *fast = _run(calls())

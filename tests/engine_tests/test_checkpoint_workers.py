@@ -39,8 +39,10 @@ def test_kill_9_mid_tool_loop_resumes_at_the_round_in_flight(alice, model, execu
     executor.answer(sleep(0.3))
     batch = make_batch(alice.org, [tool_line(executor, i) for i in range(6)])
     first = clusters(**FAST)
+
     def per_record():
         return [sum(1 for cid, _ in rounds_seen(executor) if cid == f"req-{i}") for i in range(1, 7)]
+
     wait_for(lambda: min(per_record()) >= 2, 30, "every record to reach round 2")
     first.kill()
     assert max(per_record()) < 6, "a record finished before the kill; the test proves nothing"
@@ -78,8 +80,10 @@ def test_a_workflow_killed_at_a_step_resumes_at_that_step(alice, model, callback
     callback.answer(script)
     batch = make_batch(alice.org, [workflow_line(callback, None) for _ in range(4)])
     first = clusters(**FAST)
+
     def at_step_3():
         return sum(any(s == 3 for s, _ in steps) for steps in steps_by_record(callback).values())
+
     wait_for(lambda: at_step_3() == 4, 30, "every record's callback at step 3")
     first.kill()
     hang["at_step_3"] = False
@@ -102,16 +106,20 @@ def test_cancel_and_expiry_mid_workflow_bill_exactly_the_succeeded_requests(alic
 
     def script(payload):
         if payload["step"] == 1:
-            return {"status": "continue", "requests": [{"id": "p1", "body": chat("one")},
-                                                       {"id": "p2", "body": chat("two, longer")}]}
+            return {
+                "status": "continue",
+                "requests": [{"id": "p1", "body": chat("one")}, {"id": "p2", "body": chat("two, longer")}],
+            }
         return Reply(hang=True)
 
     callback.answer(script)
     cancelled = make_batch(alice.org, [workflow_line(callback, "cancel") for _ in range(3)])
     expired = make_batch(alice.org, [workflow_line(callback, "expire") for _ in range(3)])
     clusters(**FAST)
+
     def at_step_2():
         return [c.payload for c in list(callback.calls) if c.payload["step"] == 2]
+
     wait_for(lambda: len(at_step_2()) == 6, 30, "every record's callback at step 2")
     services.cancel_batch(cancelled)
     Batch.objects.filter(pk=expired.pk).update(expires_at=expired.created_at)
@@ -128,4 +136,5 @@ def test_cancel_and_expiry_mid_workflow_bill_exactly_the_succeeded_requests(alic
         for line in errors:
             assert "reached step 2 and sent 3 requests" in line["error"]["message"]
         assert sorted(int(line["error"]["message"].split("; ")[1].split()[0]) for line in errors) == sorted(
-            u["total_tokens"] for u in usages)
+            u["total_tokens"] for u in usages
+        )

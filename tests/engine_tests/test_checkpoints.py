@@ -19,8 +19,7 @@ def _private_urls(settings):
 
 
 def tool_body(executor, rounds):
-    return chat(f"weather [[tool_rounds:{rounds}]]", tools=[TOOL],
-                openrelay={"tool_config": {"url": executor.url}})
+    return chat(f"weather [[tool_rounds:{rounds}]]", tools=[TOOL], openrelay={"tool_config": {"url": executor.url}})
 
 
 def round_messages(n):
@@ -47,8 +46,9 @@ def key(batch, *parts):
 
 def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor):
     batch = make_batch(alice.org, [tool_body(executor, 3)])
-    hand_back_with(batch, {"kind": "tools", "rounds": 2, "usage": [100, 0, 10, 0], "added": round_messages(2),
-                           "pending": None})
+    hand_back_with(
+        batch, {"kind": "tools", "rounds": 2, "usage": [100, 0, 10, 0], "added": round_messages(2), "pending": None}
+    )
     run_batch(batch.pk)
     batch.refresh_from_db()
     # Rounds 1 and 2 are not executed again: round 3 is the first the executor sees.
@@ -64,8 +64,9 @@ def test_it_resumes_a_tool_record_after_its_last_round(alice, model, executor):
 def test_it_runs_the_checkpointed_turns_tool_calls_without_asking_the_model_again(alice, model, executor):
     batch = make_batch(alice.org, [tool_body(executor, 2)])
     added = round_messages(2)
-    hand_back_with(batch, {"kind": "tools", "rounds": 1, "usage": [100, 0, 10, 0], "added": added[:2],
-                           "pending": added[2]})
+    hand_back_with(
+        batch, {"kind": "tools", "rounds": 1, "usage": [100, 0, 10, 0], "added": added[:2], "pending": added[2]}
+    )
     run_batch(batch.pk)
     batch.refresh_from_db()
     assert executor.tool_call_ids() == [["call_1_0"]]  # the pending turn's calls, as the model asked them
@@ -81,9 +82,19 @@ def test_it_resumes_a_workflow_at_its_step_in_flight(alice, model, callback):
     body = {**chat("start"), "openrelay": {"workflow": {"url": callback.url}}}
     batch = make_batch(alice.org, [body])
     done = {"id": "a", "status": "succeeded", "response": {"status_code": 200, "body": {}}, "error": None}
-    hand_back_with(batch, {"kind": "workflow", "steps": 2, "requests": 3, "usage": [50, 0, 5, 0],
-                           "ids": ["a", "b", "root"], "next": [["a", chat("a")], ["b", chat("b")]],
-                           "done": {"a": done}, "results": None})
+    hand_back_with(
+        batch,
+        {
+            "kind": "workflow",
+            "steps": 2,
+            "requests": 3,
+            "usage": [50, 0, 5, 0],
+            "ids": ["a", "b", "root"],
+            "next": [["a", chat("a")], ["b", chat("b")]],
+            "done": {"a": done},
+            "results": None,
+        },
+    )
     callback.answer(lambda payload: {"status": "completed", "output": payload["step"]})
     run_batch(batch.pk)
     batch.refresh_from_db()

@@ -79,16 +79,27 @@ def test_call_time_limit_stops_the_call_and_bills_nothing(alice, model, settings
     assert time.monotonic() - started < 10
     batch = _finished(batch)
     errors = read_lines(batch.error_file)
-    assert errors == [{"id": errors[0]["id"], "custom_id": "req-1", "response": None,
-                       "error": {"code": "request_time_limit", "message": errors[0]["error"]["message"]}}]
+    assert errors == [
+        {
+            "id": errors[0]["id"],
+            "custom_id": "req-1",
+            "response": None,
+            "error": {"code": "request_time_limit", "message": errors[0]["error"]["message"]},
+        }
+    ]
     hung = Record.objects.get(batch=batch, line=1)
     assert hung.prompt_tokens == 0 and hung.attempts == 1
 
 
 def test_failed_server_reruns_on_new_capacity(alice, model, sim):
-    with run_in_thread(SimulatorConfig(fail_all_status=503)) as dead, run_in_thread(SimulatorConfig(drop_all=True)) as dropping:
+    with (
+        run_in_thread(SimulatorConfig(fail_all_status=503)) as dead,
+        run_in_thread(SimulatorConfig(drop_all=True)) as dropping,
+    ):
         for server in (dead, dropping):
-            Deployment.objects.create(model=model, base_url=server.base_url, upstream_model="sim-upstream", max_concurrency=4)
+            Deployment.objects.create(
+                model=model, base_url=server.base_url, upstream_model="sim-upstream", max_concurrency=4
+            )
         batch = make_batch(alice.org, [chat(f"q{i}") for i in range(12)])
         run_batch(batch.pk)
         assert dead.request_count > 0 and dropping.request_count > 0
@@ -246,8 +257,9 @@ def test_a_crash_while_closing_leaves_no_rows_and_no_bytes(alice, model, tmp_pat
 def test_a_worker_stops_when_the_window_passes_and_the_batch_expires(alice, model):
     from datetime import timedelta
 
-    batch = make_batch(alice.org, [chat("quick")] + [chat(f"slow {i} [[latency:5000]]") for i in range(4)],
-                       window=timedelta(seconds=1))
+    batch = make_batch(
+        alice.org, [chat("quick")] + [chat(f"slow {i} [[latency:5000]]") for i in range(4)], window=timedelta(seconds=1)
+    )
     started = time.monotonic()
     run_batch(batch.pk)
     assert time.monotonic() - started < 4  # the slow calls were stopped, not waited out

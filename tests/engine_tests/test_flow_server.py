@@ -60,7 +60,9 @@ def test_503s_from_a_full_queue_cut_the_limit_and_every_call_still_succeeds(adap
 
 def test_429s_cut_the_limit(adaptive):
     adaptive.OPENRELAY_CONCURRENCY_START = 32
-    with run_in_thread(SimulatorConfig(record=False, latency_ms=5, error_rates={429: 0.3}, retry_after_s=0.01)) as server:
+    with run_in_thread(
+        SimulatorConfig(record=False, latency_ms=5, error_rates={429: 0.3}, retry_after_s=0.01)
+    ) as server:
         upstream = Upstream(server.base_url, "m", "", 64)
         results = run(upstream, [chat(f"q{i}") for i in range(300)], callers=64, retries=50)
     assert all(result.ok for result in results)
@@ -130,8 +132,12 @@ def test_two_organizations_share_an_adapting_model_evenly(alice, model, adaptive
         with Engines(2) as engines:
             wait_for(lambda: status_of(b) == "completed", 60, "bob's batch")
             alice_done = done(a)
-            limit = sum(upstream.share for engine in engines.engines for lane in list(engine.lanes.values())
-                        for upstream in list(lane.upstreams.values()))
+            limit = sum(
+                upstream.share
+                for engine in engines.engines
+                for lane in list(engine.lanes.values())
+                for upstream in list(lane.upstreams.values())
+            )
             stats = server.stats()
     # Bob's 300 finished while Alice's backlog ran beside: well before hers, not after it.
     assert alice_done <= 1200, alice_done

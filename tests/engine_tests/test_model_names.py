@@ -59,15 +59,29 @@ def quoting_server():
         own = f"http://{request.host}/v1"
         if "fail" in orjson.dumps(body).decode():
             text = f"Upstream {body['model']} at {own}/chat/completions ({request.host}) refused the request."
-            return web.json_response({"error": {"message": text, "type": "invalid_request_error",
-                                                "param": None, "code": None, "detail": [own, body["model"]]}},
-                                     status=400)
+            return web.json_response(
+                {
+                    "error": {
+                        "message": text,
+                        "type": "invalid_request_error",
+                        "param": None,
+                        "code": None,
+                        "detail": [own, body["model"]],
+                    }
+                },
+                status=400,
+            )
         if "html" in orjson.dumps(body).decode():
             return web.Response(text=f"<h1>422</h1><p>{request.host} cannot serve {body['model']}</p>", status=422)
-        return web.json_response({"id": "x", "object": "chat.completion", "model": f"/models/{body['model']}.gguf",
-                                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
-                                               "finish_reason": "stop"}],
-                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "model": f"/models/{body['model']}.gguf",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", answer)
@@ -92,8 +106,9 @@ def test_deployment_urls_and_upstream_names_never_reach_the_result_files_or_the_
     assert MODEL in errors["req-3"]["message"]
 
 
-def test_a_members_dashboard_never_shows_the_upstream_name_or_the_deployment(alice, model, sim, client,
-                                                                            django_user_model):
+def test_a_members_dashboard_never_shows_the_upstream_name_or_the_deployment(
+    alice, model, sim, client, django_user_model
+):
     from openrelay.core.models import Membership
 
     user = django_user_model.objects.create_user("alice", password="pw-for-tests")
@@ -102,11 +117,15 @@ def test_a_members_dashboard_never_shows_the_upstream_name_or_the_deployment(ali
     batch = make_batch(alice.org, [chat("fine"), chat("gone [[status:404]]")])
     run_batch(batch.pk)
 
-    pages = [client.get(f"/batches/{batch.public_id}"), client.get("/"),
-             client.get(f"/batches/{batch.public_id}/so_far.jsonl"),
-             client.get(f"/batches/{batch.public_id}/so_far.jsonl?kind=error")]
-    text = "".join(b"".join(page.streaming_content).decode() if page.streaming else page.content.decode()
-                   for page in pages)
+    pages = [
+        client.get(f"/batches/{batch.public_id}"),
+        client.get("/"),
+        client.get(f"/batches/{batch.public_id}/so_far.jsonl"),
+        client.get(f"/batches/{batch.public_id}/so_far.jsonl?kind=error"),
+    ]
+    text = "".join(
+        b"".join(page.streaming_content).decode() if page.streaming else page.content.decode() for page in pages
+    )
     assert all(page.status_code == 200 for page in pages)
     assert MODEL in text and "sim-upstream" not in text and sim.base_url.removeprefix("http://") not in text
 

@@ -14,8 +14,10 @@ SYSTEM = [f"You are assistant number {i}. " + "Follow the house rules closely. "
 
 
 def line(i, system, question=None):
-    body = {"model": "m", "messages": [{"role": "system", "content": system},
-                                       {"role": "user", "content": question or f"question {i}"}]}
+    body = {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question or f"question {i}"}],
+    }
     return orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": body})
 
 
@@ -67,7 +69,7 @@ class Deployment:
 
 def test_a_key_has_one_home_on_every_engine_and_a_deployment_leaving_moves_only_its_keys():
     one, two, three = Deployment(1, 8), Deployment(2, 8), Deployment(3, 8)
-    keys = range(0, 2 ** 32, 2 ** 24)
+    keys = range(0, 2**32, 2**24)
     homes = {key: home_of(key, [one, two, three]) for key in keys}
     assert {home for home in homes.values()} == {one, two, three}
     assert all(home_of(key, [three, one, two]) is homes[key] for key in keys)  # order does not matter

@@ -39,8 +39,9 @@ class Proxy:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
             line, *headers = head.decode("latin-1").split("\r\n")
-            auth = next((h.split(":", 1)[1].strip() for h in headers if h.lower().startswith("proxy-authorization")),
-                        None)
+            auth = next(
+                (h.split(":", 1)[1].strip() for h in headers if h.lower().startswith("proxy-authorization")), None
+            )
             self.seen.append((line, auth))
             method, target, _ = line.split(" ")
             if self.refuse:
@@ -73,8 +74,16 @@ async def _pipe(reader, writer):
 
 @pytest.fixture
 def no_proxies(monkeypatch):
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy", "ALL_PROXY",
-                 "all_proxy"):
+    for name in (
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -98,17 +107,41 @@ def test_http_servers_are_called_through_http_proxy_with_its_credentials(no_prox
 
 def test_https_servers_are_called_through_a_connect_tunnel(no_proxies, tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_side.load_cert_chain(cert, key)
 
     async def go():
         async with Proxy() as proxy, Script([_ok(), _ok()], ssl_context=server_side) as server:
             no_proxies.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
-            origin = Origin(f"https://127.0.0.1:{server.port}/v1", connect_timeout_s=5,
-                            ssl_context=ssl.create_default_context(cafile=str(cert)))
+            origin = Origin(
+                f"https://127.0.0.1:{server.port}/v1",
+                connect_timeout_s=5,
+                ssl_context=ssl.create_default_context(cafile=str(cert)),
+            )
             answers = [await _post(origin), await _post(origin)]
             return answers, proxy.seen, server.requests, server.port
 

@@ -64,8 +64,10 @@ def test_a_worker_cluster_reaches_a_deployment_only_its_proxy_can_reach(alice, m
     # One line a connection (the rest of it is piped): absolute-form requests to the hidden host, the model
     # calls and the adaptive limit's reads of the server's /metrics (batches.engine.calls.flow) alike.
     assert any(line.startswith(f"POST http://{HIDDEN_HOST}:{port}/v1/") for line in seen)
-    assert all(line.startswith((f"POST http://{HIDDEN_HOST}:{port}/v1/", f"GET http://{HIDDEN_HOST}:{port}/metrics "))
-               for line in seen), seen
+    assert all(
+        line.startswith((f"POST http://{HIDDEN_HOST}:{port}/v1/", f"GET http://{HIDDEN_HOST}:{port}/metrics "))
+        for line in seen
+    ), seen
     assert len(sim.bodies("/v1/chat/completions")) == RECORDS
 
 

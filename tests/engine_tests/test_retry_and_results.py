@@ -127,8 +127,9 @@ def test_results_so_far_refusals(alice, bob, model):
 
 
 def test_results_so_far_of_one_failure_code(alice, model):
-    batch = make_batch(alice.org, [chat("no [[status:400]]"), chat("fine"), chat("gone [[status:404]]"),
-                                   chat("no [[status:400]]")])
+    batch = make_batch(
+        alice.org, [chat("no [[status:400]]"), chat("fine"), chat("gone [[status:404]]"), chat("no [[status:400]]")]
+    )
     run_batch(batch.pk)
     _, http_400 = _so_far(alice, batch, "error&code=http_400")
     assert [orjson.loads(line)["custom_id"] for line in http_400.splitlines()] == ["req-1", "req-4"]

@@ -219,10 +219,13 @@ def test_hanging_tools_of_one_organization_do_not_slow_another(alice, model, han
     with run_in_thread(SimulatorConfig(latency_ms=20, record=False)) as sim:
         model.deployments.update(base_url=sim.base_url, max_concurrency=8)
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-        hanging = make_batch(alice.org, [
-            {**chat(f"t{i}"), "tools": [tool], "openrelay": {"tool_config": {"url": hanging_executor.url}}}
-            for i in range(200)
-        ])
+        hanging = make_batch(
+            alice.org,
+            [
+                {**chat(f"t{i}"), "tools": [tool], "openrelay": {"tool_config": {"url": hanging_executor.url}}}
+                for i in range(200)
+            ],
+        )
         with Engines(1):
             wait_for(lambda: len(hanging_executor.received) >= 16, 20, "alice's records to wait on her tools")
             plain = make_batch(bob.org, [chat(f"b{i}") for i in range(40)])

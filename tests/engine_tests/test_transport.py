@@ -23,7 +23,10 @@ JSON = b'{"ok":true}'
 
 def _ok(body=JSON, headers=b""):
     return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s" % (
-        len(body), headers, body)
+        len(body),
+        headers,
+        body,
+    )
 
 
 class Script:
@@ -54,8 +57,13 @@ class Script:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
+                length = int(
+                    next(
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
+                )
                 body = await reader.readexactly(length)
                 self.requests.append((number, head, body))
                 answer = self.answers[len(self.requests) - 1]
@@ -109,8 +117,7 @@ def test_a_request_goes_out_as_prepared_and_the_connection_is_kept_alive():
 
 
 def test_a_chunked_answer_is_reassembled():
-    chunked = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
-               b"4\r\n{\"ok\r\n7\r\n\":true}\r\n0\r\n\r\n")
+    chunked = b'HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{"ok\r\n7\r\n":true}\r\n0\r\n\r\n'
 
     async def go():
         async with Script([chunked, _ok()]) as server:
@@ -180,11 +187,14 @@ def test_a_connection_idle_past_the_keepalive_is_replaced(monkeypatch):
     assert _run(go()) == 2
 
 
-@pytest.mark.parametrize("encoding, compress", [
-    (b"gzip", gzip.compress),
-    (b"deflate", zlib.compress),
-    (b"deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, as some servers send it
-])
+@pytest.mark.parametrize(
+    "encoding, compress",
+    [
+        (b"gzip", gzip.compress),
+        (b"deflate", zlib.compress),
+        (b"deflate", lambda data: zlib.compress(data)[2:-4]),  # raw deflate, as some servers send it
+    ],
+)
 def test_compressed_bodies_are_decoded(encoding, compress):
     body = compress(JSON)
 
@@ -204,12 +214,15 @@ def test_an_interim_answer_is_skipped():
     assert (answer.status, answer.body) == (200, JSON)
 
 
-@pytest.mark.parametrize("answer, error", [
-    (b"this is not http\r\n\r\n", BadResponse),
-    (b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{\"cut", ServerDisconnected),
-    (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\n{}", BadResponse),
-    (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", BadResponse),
-])
+@pytest.mark.parametrize(
+    "answer, error",
+    [
+        (b"this is not http\r\n\r\n", BadResponse),
+        (b'HTTP/1.1 200 OK\r\nContent-Length: 50\r\n\r\n{"cut', ServerDisconnected),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: br\r\nContent-Length: 2\r\n\r\n{}", BadResponse),
+        (b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: 2\r\n\r\n{}", BadResponse),
+    ],
+)
 def test_broken_answers_raise_and_the_connection_is_dropped(answer, error):
     async def cut_short(writer):
         writer.write(answer)
@@ -251,9 +264,30 @@ def test_a_cancelled_exchange_leaves_no_connection_behind():
 
 def test_tls(tmp_path):
     cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
-                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     server_side = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_side.load_cert_chain(cert, key)
 
@@ -269,8 +303,11 @@ def test_tls(tmp_path):
 
 
 def test_the_host_header_and_request_target():
-    assert Origin("https://api.example.com/v1/", connect_timeout_s=1).prepare("/embeddings", {}).startswith(
-        b"POST /v1/embeddings HTTP/1.1\r\nHost: api.example.com\r\n")
+    assert (
+        Origin("https://api.example.com/v1/", connect_timeout_s=1)
+        .prepare("/embeddings", {})
+        .startswith(b"POST /v1/embeddings HTTP/1.1\r\nHost: api.example.com\r\n")
+    )
     assert b"Host: [::1]:8000\r\n" in Origin("http://[::1]:8000", connect_timeout_s=1).prepare("/x", {})
 
 
@@ -284,6 +321,7 @@ def test_header_injection_is_refused(headers):
 def test_an_unusable_deployment_sends_nothing_and_stays_out_of_the_rotation(base_url, api_key):
     """The operator's mistake, never the record's: its calls wait (for a fixed deployment or the
     batch's end) instead of failing, and the reason is on the deployment."""
+
     async def go():
         upstream = Upstream(base_url, "m", api_key, 4)
         async with ModelCaller([upstream], time_limit_s=5, retries=0) as caller:
@@ -326,8 +364,13 @@ async def _asgi_echo(scope, receive, send):
         if not message.get("more_body"):
             break
     answer = orjson.dumps({"echo": orjson.loads(body), "path": scope["path"]})
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"x-request-id", b"req_uv")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"x-request-id", b"req_uv")],
+        }
+    )
     await send({"type": "http.response.body", "body": answer})
 
 
@@ -338,8 +381,17 @@ def uvicorn_server(request):
 
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(_asgi_echo, host="127.0.0.1", port=0, http=request.param,
-                                           log_level="warning", lifespan="off", timeout_keep_alive=1))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            _asgi_echo,
+            host="127.0.0.1",
+            port=0,
+            http=request.param,
+            log_level="warning",
+            lifespan="off",
+            timeout_keep_alive=1,
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -360,7 +412,8 @@ def test_concurrent_calls_to_uvicorn_reuse_their_connections(uvicorn_server):
     answers, idle = _run(go())
     assert [orjson.loads(a.body)["echo"]["n"] for a in answers] == list(range(200))
     assert {(a.status, a.headers["x-request-id"], orjson.loads(a.body)["path"]) for a in answers} == {
-        (200, "req_uv", "/v1/chat/completions")}
+        (200, "req_uv", "/v1/chat/completions")
+    }
     assert 1 <= idle <= 200
 
 

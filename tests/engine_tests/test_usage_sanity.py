@@ -15,8 +15,12 @@ USAGES = {
     "fine": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9},
     "two choices, one token": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
     "no usage": None,
-    "more cached than sent": {"prompt_tokens": 5, "completion_tokens": 4, "total_tokens": 9,
-                              "prompt_tokens_details": {"cached_tokens": 9}},
+    "more cached than sent": {
+        "prompt_tokens": 5,
+        "completion_tokens": 4,
+        "total_tokens": 9,
+        "prompt_tokens_details": {"cached_tokens": 9},
+    },
     "no input": {"prompt_tokens": 0, "completion_tokens": 4, "total_tokens": 4},
 }
 
@@ -26,8 +30,9 @@ def careless_server():
         body = await request.json()
         case = body["messages"][0]["content"]
         n = body.get("n", 1)
-        choices = [{"index": i, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
-                    for i in range(n)]
+        choices = [
+            {"index": i, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"} for i in range(n)
+        ]
         answer = {"id": "x", "object": "chat.completion", "model": body["model"], "choices": choices}
         if USAGES[case] is not None:
             answer["usage"] = USAGES[case]
@@ -58,14 +63,15 @@ def test_records_with_impossible_usage_are_kept_billed_as_reported_and_counted(a
 
 
 def test_the_rules_read_every_shape():
-    chat_two = {"object": "chat.completion", "choices": [{}, {}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
+    chat_two = {"object": "chat.completion", "choices": [{}, {}], "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
     assert Usage.from_body(chat_two).implausible == 0
-    response = {"object": "response", "output": [{"type": "message"}],
-                "usage": {"input_tokens": 3, "output_tokens": 0}}
+    response = {"object": "response", "output": [{"type": "message"}], "usage": {"input_tokens": 3, "output_tokens": 0}}
     assert Usage.from_body(response).implausible == 1
-    reasoning = {"object": "response", "output": [{}, {}], "usage": {
-        "input_tokens": 3, "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 11}}}
+    reasoning = {
+        "object": "response",
+        "output": [{}, {}],
+        "usage": {"input_tokens": 3, "output_tokens": 10, "output_tokens_details": {"reasoning_tokens": 11}},
+    }
     assert Usage.from_body(reasoning).implausible == 1
     embeddings = {"object": "list", "data": [{}], "usage": {"prompt_tokens": 3, "total_tokens": 3}}
     assert Usage.from_body(embeddings) == Usage(prompt_tokens=3)

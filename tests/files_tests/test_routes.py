@@ -41,12 +41,24 @@ class TestList:
         assert [f["id"] for f in body["data"]] == ids[::-1]
         assert (body["first_id"], body["last_id"], body["has_more"]) == (ids[2], ids[0], False)
         assert set(body["data"][0]) == {
-            "id", "object", "bytes", "created_at", "expires_at", "filename", "purpose", "status", "status_details",
+            "id",
+            "object",
+            "bytes",
+            "created_at",
+            "expires_at",
+            "filename",
+            "purpose",
+            "status",
+            "status_details",
         }
 
     def test_it_answers_an_empty_list(self, alice):
         assert alice.client.get("/v1/files").json() == {
-            "object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False,
+            "object": "list",
+            "data": [],
+            "first_id": None,
+            "last_id": None,
+            "has_more": False,
         }
 
     def test_it_pages_with_after_in_both_orders(self, alice):
@@ -116,7 +128,12 @@ class TestRetrieveContentDelete:
     def test_it_retrieves(self, alice):
         (file_id,) = _make(alice)
         body = alice.client.get(f"/v1/files/{file_id}").json()
-        assert (body["id"], body["object"], body["bytes"], body["filename"]) == (file_id, "file", len(CHAT_LINE), "f0.jsonl")
+        assert (body["id"], body["object"], body["bytes"], body["filename"]) == (
+            file_id,
+            "file",
+            len(CHAT_LINE),
+            "f0.jsonl",
+        )
 
     def test_it_streams_content_whatever_the_accept_header(self, alice):
         (file_id,) = _make(alice)
@@ -196,7 +213,11 @@ class TestIsolation:
             alice.client.delete(f"/v1/files/{bobs}"),
         ):
             error = assert_envelope(response, 404)
-            assert (error["message"], error["param"], error["type"]) == (f"No such File object: {bobs}", "id", "not_found_error")
+            assert (error["message"], error["param"], error["type"]) == (
+                f"No such File object: {bobs}",
+                "id",
+                "not_found_error",
+            )
         assert _ids(alice.client.get("/v1/files")) == []
         assert assert_envelope(alice.client.get("/v1/files", {"after": bobs}), 400)["param"] == "after"
         assert File.objects.filter(public_id=bobs).exists()
@@ -215,7 +236,9 @@ class TestAsgi:
         file_id = created.json()["id"]
 
         async def download():
-            response = await client.get(f"/v1/files/{file_id}/content", headers={**auth, "Accept": "application/binary"})
+            response = await client.get(
+                f"/v1/files/{file_id}/content", headers={**auth, "Accept": "application/binary"}
+            )
             return response, b"".join([chunk async for chunk in response.streaming_content])
 
         response, content = async_to_sync(download)()

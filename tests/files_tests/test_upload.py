@@ -63,10 +63,26 @@ def test_it_accepts_curl_style_expires_after_over_http(alice, live_server):
 @pytest.mark.parametrize(
     "fields, param, fragment",
     [
-        ({"expires_after[anchor]": "last_active_at", "expires_after[seconds]": "3600"}, "expires_after[anchor]", "'created_at'"),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "3599"}, "expires_after[seconds]", "between 3600"),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"}, "expires_after[seconds]", "2592000"),
-        ({"expires_after[anchor]": "created_at", "expires_after[seconds]": "soon"}, "expires_after[seconds]", "integer"),
+        (
+            {"expires_after[anchor]": "last_active_at", "expires_after[seconds]": "3600"},
+            "expires_after[anchor]",
+            "'created_at'",
+        ),
+        (
+            {"expires_after[anchor]": "created_at", "expires_after[seconds]": "3599"},
+            "expires_after[seconds]",
+            "between 3600",
+        ),
+        (
+            {"expires_after[anchor]": "created_at", "expires_after[seconds]": "2592001"},
+            "expires_after[seconds]",
+            "2592000",
+        ),
+        (
+            {"expires_after[anchor]": "created_at", "expires_after[seconds]": "soon"},
+            "expires_after[seconds]",
+            "integer",
+        ),
         ({"expires_after[seconds]": "3600"}, "expires_after[anchor]", "Missing required parameter"),
         ({"expires_after[anchor]": "created_at"}, "expires_after[seconds]", "Missing required parameter"),
     ],
@@ -88,9 +104,7 @@ def test_it_accepts_only_the_batch_purpose(alice, file_storage, purpose):
 
 
 def test_it_requires_purpose(alice, file_storage):
-    response = alice.client.post(
-        "/v1/files", {"file": SimpleUploadedFile("x.jsonl", CHAT_LINE)}, format="multipart"
-    )
+    response = alice.client.post("/v1/files", {"file": SimpleUploadedFile("x.jsonl", CHAT_LINE)}, format="multipart")
     error = assert_envelope(response, 400)
     assert (error["param"], error["code"]) == ("purpose", "missing_required_parameter")
     assert_nothing_left(file_storage)
@@ -103,7 +117,9 @@ def test_it_requires_the_file(alice):
 
 def test_it_requires_the_file_as_a_file_part(alice):
     # curl -F file=<x.jsonl sends the content as a text field.
-    error = assert_envelope(alice.client.post("/v1/files", {"purpose": "batch", "file": "text"}, format="multipart"), 400)
+    error = assert_envelope(
+        alice.client.post("/v1/files", {"purpose": "batch", "file": "text"}, format="multipart"), 400
+    )
     assert error["param"] == "file"
     assert "-F file=@" in error["message"]
 
@@ -129,7 +145,9 @@ def test_it_asks_for_the_fields_of_an_empty_body(alice, file_storage):
 
 
 def test_it_refuses_malformed_multipart(alice, file_storage):
-    response = alice.client.generic("POST", "/v1/files", b"--x--\r\n", content_type="multipart/form-data; boundary=\x01")
+    response = alice.client.generic(
+        "POST", "/v1/files", b"--x--\r\n", content_type="multipart/form-data; boundary=\x01"
+    )
     error = assert_envelope(response, 400)
     assert error["code"] == "invalid_multipart"
     assert_nothing_left(file_storage)

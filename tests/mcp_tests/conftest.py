@@ -42,13 +42,16 @@ async def scripted_server(handler: Handler, delete_status: int = 200):
     deleted: list[Seen] = []
 
     async def end_session(request):
-        deleted.append(Seen(request.method, {k.lower(): v for k, v in request.headers.items()}, None,
-                            status=delete_status))
+        deleted.append(
+            Seen(request.method, {k.lower(): v for k, v in request.headers.items()}, None, status=delete_status)
+        )
         return web.Response(status=delete_status)
 
     async def route(request):
         body = await request.read()
-        entry = Seen(request.method, {k.lower(): v for k, v in request.headers.items()}, json.loads(body) if body else None)
+        entry = Seen(
+            request.method, {k.lower(): v for k, v in request.headers.items()}, json.loads(body) if body else None
+        )
         seen.append(entry)
         response = await handler(entry)
         entry.status = response.status
@@ -77,7 +80,9 @@ def rpc_response(seen, *, result=None, error=None, status=200, headers=None):
 
 
 def sse_response(body, status=200):
-    return web.Response(body=body.encode() if isinstance(body, str) else body, status=status, content_type="text/event-stream")
+    return web.Response(
+        body=body.encode() if isinstance(body, str) else body, status=status, content_type="text/event-stream"
+    )
 
 
 def accepted():
@@ -88,7 +93,11 @@ SESSION = "session-abc-123"
 
 
 def init_result(version="2025-06-18"):
-    return {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": {"name": "scripted", "version": "1"}}
+    return {
+        "protocolVersion": version,
+        "capabilities": {"tools": {}},
+        "serverInfo": {"name": "scripted", "version": "1"},
+    }
 
 
 async def handshake_ok(seen):

@@ -294,7 +294,7 @@ def test_it_reads_a_hand_framed_stream():
             'event: message\r\ndata: {"jsonrpc":"2.0","method":"notifications/progress",'
             '"params":{"progressToken":1,"progress":0.5}}\r\n\r\n'
             # another request's response and a server request: not ours
-            f'event: message\r\nid: e1\r\nretry: 3000\r\n'
+            f"event: message\r\nid: e1\r\nretry: 3000\r\n"
             f'data: {{"jsonrpc":"2.0","id":{rid + 100},"result":{{"content":[]}}}}\r\n\r\n'
             f'event: message\r\ndata: {{"jsonrpc":"2.0","id":{rid + 100},"method":"sampling/createMessage"}}\r\n\r\n'
             f"event: message\r\n{data}\r\n"
@@ -363,7 +363,9 @@ def test_it_scrubs_secrets_a_server_echoes():
 
     message, _ = failure_of(call_answered_with(answer))
 
-    assert message == "MCP tools/call 'lookup' failed: JSON-RPC error -32000: bad header [redacted] in session [redacted]"
+    assert (
+        message == "MCP tools/call 'lookup' failed: JSON-RPC error -32000: bad header [redacted] in session [redacted]"
+    )
 
 
 def test_it_cuts_long_server_messages_short():
@@ -401,20 +403,35 @@ def test_it_fails_on_a_non_2xx_answer(response, problem):
     "response, problem",
     [
         (lambda seen: web.Response(text="{not json", content_type="application/json"), "the body is not valid JSON"),
-        (lambda seen: web.Response(text="hello", content_type="text/plain"),
-         "the Content-Type is neither application/json nor text/event-stream"),
+        (
+            lambda seen: web.Response(text="hello", content_type="text/plain"),
+            "the Content-Type is neither application/json nor text/event-stream",
+        ),
         (lambda seen: sse_response("data: {broken\n\n"), "an event's data is not valid JSON"),
-        (lambda seen: sse_response(": nothing but a ping\n\n"),
-         "the event stream ended without a response to the request"),
-        (lambda seen: web.json_response({"jsonrpc": "2.0", "id": 999, "result": {}}),
-         "the body is not a JSON-RPC response to the request"),
+        (
+            lambda seen: sse_response(": nothing but a ping\n\n"),
+            "the event stream ended without a response to the request",
+        ),
+        (
+            lambda seen: web.json_response({"jsonrpc": "2.0", "id": 999, "result": {}}),
+            "the body is not a JSON-RPC response to the request",
+        ),
         (lambda seen: web.json_response([1, 2]), "the body is not a JSON-RPC response to the request"),
         (lambda seen: rpc_response(seen, result={"text": "no content list"}), "the result has no content list"),
         (lambda seen: rpc_response(seen, result="a string"), "the result is not an object"),
         (lambda seen: web.Response(status=202), "the Content-Type is neither application/json nor text/event-stream"),
     ],
-    ids=["bad json", "content type", "bad event data", "no response in stream", "other id", "array",
-         "no content", "result not an object", "202 to a request"],
+    ids=[
+        "bad json",
+        "content type",
+        "bad event data",
+        "no response in stream",
+        "other id",
+        "array",
+        "no content",
+        "result not an object",
+        "202 to a request",
+    ],
 )
 def test_it_fails_on_a_malformed_answer(response, problem):
     async def answer(seen):
@@ -443,7 +460,9 @@ def test_it_fails_when_the_server_is_gone():
 
     async def scenario():
         async with OutboundClient(allow_private=True) as outbound:
-            executor = McpExecutor(outbound, "req-1", config(f"http://127.0.0.1:{port}/mcp", authorization=AUTHORIZATION))
+            executor = McpExecutor(
+                outbound, "req-1", config(f"http://127.0.0.1:{port}/mcp", authorization=AUTHORIZATION)
+            )
             with pytest.raises(ToolExecutionFailed) as failed:
                 await executor.execute([tool_call()])
             return str(failed.value)

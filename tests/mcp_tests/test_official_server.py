@@ -156,6 +156,9 @@ def test_every_tools_call_carries_an_idempotency_key_stable_for_its_round_and_pl
     assert {k for _, k in first} == {idempotency_key("round-key-1:call:0"), idempotency_key("round-key-1:call:1")}
     assert not {k for _, k in first} & {k for _, k in other}
     # The handshake's keys are fresh each time: it is not a step to deduplicate.
-    inits = [s.headers.get("idempotency-key") for s in official_server.seen
-             if s.message and s.message.get("method") == "initialize"]
+    inits = [
+        s.headers.get("idempotency-key")
+        for s in official_server.seen
+        if s.message and s.message.get("method") == "initialize"
+    ]
     assert len(set(inits)) == len(inits) == 3

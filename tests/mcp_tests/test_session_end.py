@@ -36,8 +36,11 @@ def test_the_session_is_deleted_and_the_server_forgets_it(official_server):
     assert delete.headers["mcp-session-id"] == session and delete.status == 200
     assert delete.headers["mcp-protocol-version"] == "2025-06-18"
     # The server really let it go: the old id is now unknown.
-    stale = httpx.post(official_server.url, json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
-                       headers={"Mcp-Session-Id": session, "Accept": ACCEPT, "MCP-Protocol-Version": "2025-06-18"})
+    stale = httpx.post(
+        official_server.url,
+        json={"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
+        headers={"Mcp-Session-Id": session, "Accept": ACCEPT, "MCP-Protocol-Version": "2025-06-18"},
+    )
     assert stale.status_code == 404
 
 

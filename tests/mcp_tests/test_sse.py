@@ -12,14 +12,18 @@ CASES = [
     ("crlf", "data: a\r\n\r\n", [E(data="a")]),
     ("cr", "data: a\r\r", [E(data="a")]),
     ("mixed endings", "data: a\r\ndata: b\rdata: c\n\r\n", [E(data="a\nb\nc")]),
-    ("official server framing", "event: message\r\ndata: {\"id\":1}\r\n\r\n", [E(data='{"id":1}')]),
-    ("multi-line data joined with LF", "data: {\"a\":\ndata: 1}\n\n", [E(data='{"a":\n1}')]),
+    ("official server framing", 'event: message\r\ndata: {"id":1}\r\n\r\n', [E(data='{"id":1}')]),
+    ("multi-line data joined with LF", 'data: {"a":\ndata: 1}\n\n', [E(data='{"a":\n1}')]),
     ("only one space stripped", "data:  two\n\n", [E(data=" two")]),
     ("no space after the colon", "data:x\n\n", [E(data="x")]),
     ("comments ignored", ": ping - 2026-12-02\ndata: a\n: another\n\n", [E(data="a")]),
     ("comment alone dispatches nothing", ": ping\n\n", []),
     ("event type", "event: custom\ndata: a\n\n", [E(event="custom", data="a")]),
-    ("event type resets per event", "event: custom\ndata: a\n\ndata: b\n\n", [E(event="custom", data="a"), E(data="b")]),
+    (
+        "event type resets per event",
+        "event: custom\ndata: a\n\ndata: b\n\n",
+        [E(event="custom", data="a"), E(data="b")],
+    ),
     ("empty event type means message", "event:\ndata: a\n\n", [E(data="a")]),
     ("id kept across events", "id: 7\ndata: a\n\ndata: b\n\n", [E(data="a", id="7"), E(data="b", id="7")]),
     ("id with NUL ignored", "id: 1\ndata: a\n\nid: x\0y\ndata: b\n\n", [E(data="a", id="1"), E(data="b", id="1")]),
@@ -31,15 +35,19 @@ CASES = [
     ("no data: not dispatched", "event: x\nid: 3\n\n", []),
     ("several blank lines", "\n\n\ndata: a\n\n\n\n", [E(data="a")]),
     ("leading BOM dropped", "\ufeffdata: a\n\n", [E(data="a")]),
-    ("colon in value kept", "data: {\"k\": \"v:w\"}\n\n", [E(data='{"k": "v:w"}')]),
+    ("colon in value kept", 'data: {"k": "v:w"}\n\n', [E(data='{"k": "v:w"}')]),
     ("unterminated last event still dispatched", "data: a\n\ndata: b", [E(data="a"), E(data="b")]),
     ("unterminated trailing CR", "data: a\r", [E(data="a")]),
     ("utf-8", "data: caf\u00e9 \u2603\n\n", [E(data="caf\u00e9 \u2603")]),
-    ("progress then result", (
-        "event: message\r\ndata: {\"method\":\"notifications/progress\"}\r\n\r\n"
-        ": ping\r\n"
-        "event: message\r\ndata: {\"id\":2,\r\ndata: \"result\":{}}\r\n\r\n"
-    ), [E(data='{"method":"notifications/progress"}'), E(data='{"id":2,\n"result":{}}')]),
+    (
+        "progress then result",
+        (
+            'event: message\r\ndata: {"method":"notifications/progress"}\r\n\r\n'
+            ": ping\r\n"
+            'event: message\r\ndata: {"id":2,\r\ndata: "result":{}}\r\n\r\n'
+        ),
+        [E(data='{"method":"notifications/progress"}'), E(data='{"id":2,\n"result":{}}')],
+    ),
 ]
 
 

@@ -41,8 +41,13 @@ def run_record(sim, body):
         caller = ModelCaller([Upstream(sim.base_url, SIM_MODEL, "", 4)], time_limit_s=10.0, retries=0)
         async with caller, OutboundClient(allow_private=True) as outbound:
             ctx = RecordContext(
-                batch_pk=1, batch_public_id="batch_test", organization_id=1, endpoint=CHAT,
-                model_name=SIM_MODEL, caller=caller, outbound=outbound,
+                batch_pk=1,
+                batch_public_id="batch_test",
+                organization_id=1,
+                endpoint=CHAT,
+                model_name=SIM_MODEL,
+                caller=caller,
+                outbound=outbound,
             )
             return await toolloop.run(ctx, ClaimedRecord(1, 1, "req-1", 0, 0), body)
 

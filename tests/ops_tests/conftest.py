@@ -28,9 +28,23 @@ class WebProcess:
         env = {**os.environ, "OPENRELAY_DATA_DIR": str(data_dir), **{k: str(v) for k, v in env.items()}}
         self.log = open(Path(data_dir) / f"web-{self.port}.log", "wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "openrelay.asgi:application", "--host", "127.0.0.1",
-             "--port", str(self.port), "--no-access-log"],
-            cwd=ROOT, env=env, start_new_session=True, stdout=self.log, stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "openrelay.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-access-log",
+            ],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+        )
         self.url = f"http://127.0.0.1:{self.port}"
         self._wait_listening()
 

@@ -17,8 +17,9 @@ KEY = "sk-upstream-Secret-0123456789abcdef"
 
 
 def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, admin_user):
-    dead = Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1",
-                                     upstream_model="m", api_key=KEY, max_concurrency=8)
+    dead = Deployment.objects.create(
+        model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1", upstream_model="m", api_key=KEY, max_concurrency=8
+    )
     alice = make_persona("alice-org")
     batch = make_batch(alice.org, [chat(f"q {i}") for i in range(30)])
     clusters()
@@ -27,8 +28,9 @@ def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, ad
     live = model.deployments.exclude(pk=dead.pk).get()
 
     def calls_a_minute(deployment):
-        return sum((calls.get(str(deployment.pk)) or [0, 0])[1] for calls in Engine.objects.values_list("calls",
-                                                                                                        flat=True))
+        return sum(
+            (calls.get(str(deployment.pk)) or [0, 0])[1] for calls in Engine.objects.values_list("calls", flat=True)
+        )
 
     # Each engine publishes its last minute with its heartbeat (every 0.5 s): a beat after the batch ends.
     wait_for(lambda: calls_a_minute(dead) > 0 and calls_a_minute(live) == 30, 10, "published calls")
@@ -45,7 +47,7 @@ def test_it_shows_a_failing_deployment_and_the_engines_calls(model, clusters, ad
     assert re.search(r"/ (16|\d+ \(max 16\))</td>", page) and re.search(r"/ (8|\d+ \(max 8\))</td>", page)
     # Since when, and the error rate of each: the dead one only failed, the live one only answered 2xx.
     rows = {pk: re.search(rf'value="{pk}".*?</tr>', page, re.S).group(0) for pk in (dead.pk, live.pk)}
-    assert re.search(r'field-health_changed_at[^>]*>(?!-<)[^<]+<', rows[dead.pk])
+    assert re.search(r"field-health_changed_at[^>]*>(?!-<)[^<]+<", rows[dead.pk])
     assert 'field-error_rate">100.0%<' in rows[dead.pk] and 'field-error_rate">0.0%<' in rows[live.pk]
     # up, failing (in the rotation, calls failed in the last minute), down (out, probed) or disabled.
     assert 'field-state">down<' in rows[dead.pk] and 'field-state">up<' in rows[live.pk]

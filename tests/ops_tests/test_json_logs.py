@@ -24,8 +24,9 @@ def json_lines(path):
 
 
 def test_a_clusters_lines_parse_carry_batch_and_record_ids_and_no_secret(model, clusters, tmp_path):
-    Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1", upstream_model="m",
-                              api_key=KEY, max_concurrency=8)
+    Deployment.objects.create(
+        model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1", upstream_model="m", api_key=KEY, max_concurrency=8
+    )
     batch = make_batch(make_persona("alice-org").org, [chat(f"q {i}") for i in range(20)])
     cluster = clusters(OPENRELAY_LOG_FORMAT="json", SECRET_KEY=SECRET_KEY, OPENRELAY_METRICS_TOKEN="metrics-token-99")
     wait_for(lambda: status_of(batch) == "completed", 60, "the batch to complete")
@@ -44,8 +45,12 @@ def test_a_clusters_lines_parse_carry_batch_and_record_ids_and_no_secret(model, 
 
 def test_a_web_processs_lines_are_json_uvicorns_own_too(web):
     # PostgreSQL unreachable: /readyz logs why, and an API call logs the failed request with a traceback.
-    process = web(DATABASE_URL=f"postgres://openrelay:hunter2-secret@127.0.0.1:{closed_port()}/openrelay",
-                  REDIS_URL="", SECRET_KEY=SECRET_KEY, OPENRELAY_LOG_FORMAT="json")
+    process = web(
+        DATABASE_URL=f"postgres://openrelay:hunter2-secret@127.0.0.1:{closed_port()}/openrelay",
+        REDIS_URL="",
+        SECRET_KEY=SECRET_KEY,
+        OPENRELAY_LOG_FORMAT="json",
+    )
     assert process.get("/readyz").status_code == 503
     process.get("/v1/batches", headers={"Authorization": f"Bearer or_{'b' * 43}"})
     process.stop()
@@ -60,8 +65,10 @@ def test_a_web_processs_lines_are_json_uvicorns_own_too(web):
 def test_the_formatter_masks_credentials_whatever_they_belong_to(settings):
     settings.SECRET_KEY = SECRET_KEY
     formatter = logs.JsonFormatter()
-    message = (f"sent Authorization: Bearer tok-abcdef123456 to postgres://app:pw-9f8e7d6c@db:5432/x with "
-               f"or_{'a' * 43} and {KEY} near {SECRET_KEY.upper()}")
+    message = (
+        f"sent Authorization: Bearer tok-abcdef123456 to postgres://app:pw-9f8e7d6c@db:5432/x with "
+        f"or_{'a' * 43} and {KEY} near {SECRET_KEY.upper()}"
+    )
     record = logging.LogRecord("openrelay.engine", logging.WARNING, __file__, 1, "%s", (message,), None)
     token = logs.working_on("batch_abc", 7, 3)
     try:

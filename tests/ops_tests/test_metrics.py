@@ -23,8 +23,11 @@ def scrape(client=None):
 
 def samples(text):
     """{(name, frozenset(labels)): value} of every sample."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(figures, name, **labels):
@@ -56,10 +59,17 @@ def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_
     clusters()
     wait_for(lambda: status_of(batch) == "completed", 60, "the batch to complete")
     # Calls are saved with the engines' heartbeats (every 0.5 s): poll for them.
-    wait_for(lambda: value(samples(scrape()), "openrelay_model_calls_total", model=MODEL, deployment=deployment,
-                           status_class="2xx") - value(before, "openrelay_model_calls_total", model=MODEL,
-                                                       deployment=deployment, status_class="2xx") >= 12,
-             30, "the calls to be counted")
+    wait_for(
+        lambda: (
+            value(
+                samples(scrape()), "openrelay_model_calls_total", model=MODEL, deployment=deployment, status_class="2xx"
+            )
+            - value(before, "openrelay_model_calls_total", model=MODEL, deployment=deployment, status_class="2xx")
+            >= 12
+        ),
+        30,
+        "the calls to be counted",
+    )
     text = scrape()
     after = samples(text)
 
@@ -69,8 +79,12 @@ def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_
     batch.refresh_from_db()
     out = read_lines(batch.output_file)
     assert rise("openrelay_records_finished_total", model=MODEL, outcome="succeeded") == 12
-    assert rise("openrelay_tokens_total", model=MODEL, kind="input") == batch.input_tokens == sum(
-        line["response"]["body"]["usage"]["prompt_tokens"] for line in out) > 0
+    assert (
+        rise("openrelay_tokens_total", model=MODEL, kind="input")
+        == batch.input_tokens
+        == sum(line["response"]["body"]["usage"]["prompt_tokens"] for line in out)
+        > 0
+    )
     assert rise("openrelay_tokens_total", model=MODEL, kind="output") == batch.output_tokens > 0
     assert rise("openrelay_tokens_total", model=MODEL, kind="cached") == batch.cached_tokens
     assert rise("openrelay_model_calls_total", model=MODEL, deployment=deployment, status_class="2xx") == 12
@@ -98,7 +112,9 @@ def test_it_counts_failures_by_outcome_code_and_deliveries_and_queues(db, token,
     batch = make_batch(alice.org, [chat(f"q {i}") for i in range(5)])
     Record.objects.filter(batch=batch, line=1).update(status="failed", status_code=400)
     Record.objects.filter(batch=batch, line=2).update(status="failed", error_code="request_time_limit")
-    Record.objects.filter(batch=batch, line=3).update(status="running", lease_owner="e", lease_expires_at=timezone.now())
+    Record.objects.filter(batch=batch, line=3).update(
+        status="running", lease_owner="e", lease_expires_at=timezone.now()
+    )
     Batch.objects.filter(pk=batch.pk).update(status="in_progress", failed_count=2)
     figures = samples(scrape())
     assert value(figures, "openrelay_records_finished_total", model=MODEL, outcome="http_400") == 1
@@ -123,8 +139,9 @@ def test_calls_in_flight_rise_while_real_workers_call_and_a_dead_deployment_read
     from tests.ops_tests.conftest import closed_port
 
     alive = model.deployments.get()
-    dead = Deployment.objects.create(model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1",
-                                     upstream_model="m", max_concurrency=8)
+    dead = Deployment.objects.create(
+        model=model, base_url=f"http://127.0.0.1:{closed_port()}/v1", upstream_model="m", max_concurrency=8
+    )
     pair = {"model": MODEL, "deployment": str(alive.pk)}
     gone = {"model": MODEL, "deployment": str(dead.pk)}
     alice = make_persona("alice-org")
@@ -135,9 +152,14 @@ def test_calls_in_flight_rise_while_real_workers_call_and_a_dead_deployment_read
     wait_for(lambda: value(samples(scrape()), "openrelay_calls_in_flight", **pair) > 0, 30, "calls in flight")
     figures = samples(scrape())
     assert value(figures, "openrelay_calls_in_flight", **pair) <= 16  # never past the deployment's limit
-    wait_for(lambda: value(samples(scrape()), "openrelay_deployment_up", **gone) == 0
-             and value(samples(scrape()), "openrelay_model_calls_total", status_class="failed", **gone) > 0,
-             30, "the dead deployment read down, its failed calls counted")
+    wait_for(
+        lambda: (
+            value(samples(scrape()), "openrelay_deployment_up", **gone) == 0
+            and value(samples(scrape()), "openrelay_model_calls_total", status_class="failed", **gone) > 0
+        ),
+        30,
+        "the dead deployment read down, its failed calls counted",
+    )
     assert value(samples(scrape()), "openrelay_deployment_up", **pair) == 1
     wait_for(lambda: status_of(batch) == "completed", 60, "the batch to complete")
     wait_for(lambda: value(samples(scrape()), "openrelay_calls_in_flight", **pair) == 0, 10, "no call in flight")
@@ -147,12 +169,22 @@ def test_webhook_deliveries_are_counted_by_result(db, token):
     from webhooks.models import WebhookDelivery, WebhookEndpoint
 
     alice = make_persona("alice-org")
-    endpoint = WebhookEndpoint.objects.create(organization=alice.org, name="hook", url="https://hooks.example/x",
-                                              event_types=["batch.completed"], signing_secret="whsec_test")
+    endpoint = WebhookEndpoint.objects.create(
+        organization=alice.org,
+        name="hook",
+        url="https://hooks.example/x",
+        event_types=["batch.completed"],
+        signing_secret="whsec_test",
+    )
     for status, n in (("pending", 1), ("delivered", 3), ("failed", 2)):
-        WebhookDelivery.objects.bulk_create([WebhookDelivery(endpoint=endpoint, event_type="batch.completed",
-                                                             payload="{}", status=status) for _ in range(n)])
+        WebhookDelivery.objects.bulk_create(
+            [
+                WebhookDelivery(endpoint=endpoint, event_type="batch.completed", payload="{}", status=status)
+                for _ in range(n)
+            ]
+        )
     figures = samples(scrape())
-    assert [value(figures, "openrelay_webhook_deliveries", result=result)
-            for result in ("pending", "delivered", "failed")] == [1, 3, 2]
+    assert [
+        value(figures, "openrelay_webhook_deliveries", result=result) for result in ("pending", "delivered", "failed")
+    ] == [1, 3, 2]
     assert "whsec_test" not in scrape() and "hooks.example" not in scrape()

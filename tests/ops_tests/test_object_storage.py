@@ -23,8 +23,11 @@ from tests.helpers import MODEL, free_port, make_persona, status_of, wait_for
 # sees it first (40 instant calls could all go to one engine on a loaded machine).
 RECORDS = 200
 BUCKET = "openrelay-files"
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing-secret", "AWS_DEFAULT_REGION":
-               "us-east-1"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @pytest.fixture
@@ -32,8 +35,12 @@ def s3(tmp_path, monkeypatch):
     """moto_server on a free port with an empty bucket; yields the storage URL."""
     port = free_port()
     log = open(tmp_path / "moto.log", "wb")
-    process = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -95,8 +102,7 @@ def test_ranged_reads_give_every_line_across_range_edges(on_s3):
     reader.close()
 
 
-def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separate_data_folders(
-        on_s3, model, tmp_path):
+def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separate_data_folders(on_s3, model, tmp_path):
     import psutil
 
     from batches.models import Batch, Engine
@@ -105,20 +111,32 @@ def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separa
     machines = [tmp_path / "machine-a", tmp_path / "machine-b"]
     env = {"OPENRELAY_STORAGE_URL": on_s3, **CREDENTIALS}
     clusters = []
-    body = b"".join(orjson.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                  "body": {"model": MODEL, "messages": [
-                                      {"role": "user", "content": f"q {i} [[latency:20]]"}]}})
-                    + b"\n" for i in range(RECORDS))
+    body = b"".join(
+        orjson.dumps(
+            {
+                "custom_id": f"req-{i}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "messages": [{"role": "user", "content": f"q {i} [[latency:20]]"}]},
+            }
+        )
+        + b"\n"
+        for i in range(RECORDS)
+    )
     for folder in machines:
         folder.mkdir()
         clusters.append(Cluster(folder, **env))
     # Both machines' engines live before the batch exists, so both take part.
     wait_for(lambda: Engine.objects.count() == 4, 60, "four live engines")
-    upload = alice.client.post("/v1/files", {"purpose": "batch", "file": SimpleUploadedFile("in.jsonl", body)},
-                               format="multipart")
+    upload = alice.client.post(
+        "/v1/files", {"purpose": "batch", "file": SimpleUploadedFile("in.jsonl", body)}, format="multipart"
+    )
     assert upload.status_code == 200, upload.content
-    created = alice.client.post("/v1/batches", {"input_file_id": upload.json()["id"], "endpoint":
-                                                "/v1/chat/completions", "completion_window": "24h"}, format="json")
+    created = alice.client.post(
+        "/v1/batches",
+        {"input_file_id": upload.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        format="json",
+    )
     assert created.status_code == 200, created.content
     try:
         batch = Batch.objects.get(public_id=created.json()["id"])
@@ -126,8 +144,11 @@ def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separa
         workers = [{child.pid for child in psutil.Process(c.process.pid).children(recursive=True)} for c in clusters]
 
         def called_from_both():
-            calling = {pid for pid, calls in Engine.objects.values_list("pid", "calls")
-                       if any(figures[1] for figures in calls.values())}
+            calling = {
+                pid
+                for pid, calls in Engine.objects.values_list("pid", "calls")
+                if any(figures[1] for figures in calls.values())
+            }
             return all(calling & machine for machine in workers)
 
         # Each engine publishes its calls of the last minute with its heartbeat (Engine.calls).

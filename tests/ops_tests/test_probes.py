@@ -23,8 +23,11 @@ def test_it_refuses_other_methods(client, db):
 @pytest.mark.parametrize("unreachable", ["postgres", "sqlite"])
 def test_it_turns_503_naming_the_database_when_it_is_unreachable(web, tmp_path, unreachable):
     port = closed_port()
-    url = (f"postgres://openrelay:hunter2-secret@127.0.0.1:{port}/openrelay" if unreachable == "postgres"
-           else f"sqlite:///{tmp_path}/no-such-folder/openrelay.sqlite3")
+    url = (
+        f"postgres://openrelay:hunter2-secret@127.0.0.1:{port}/openrelay"
+        if unreachable == "postgres"
+        else f"sqlite:///{tmp_path}/no-such-folder/openrelay.sqlite3"
+    )
     process = web(DATABASE_URL=url, REDIS_URL="")
     assert process.get("/healthz").status_code == 200  # the process answers: no restart for a database outage
     ready = process.get("/readyz")
@@ -38,8 +41,10 @@ def test_it_turns_503_naming_the_database_when_it_is_unreachable(web, tmp_path, 
 @pytest.mark.skipif(not django_settings.REDIS_URL, reason="the production configuration: needs Redis")
 def test_it_turns_503_naming_only_the_database_when_redis_still_answers(web, transactional_db):
     # The production configuration: PostgreSQL gone, the Redis broker up.
-    process = web(DATABASE_URL=f"postgres://openrelay:hunter2-secret@127.0.0.1:{closed_port()}/openrelay",
-                  REDIS_URL=django_settings.REDIS_URL)
+    process = web(
+        DATABASE_URL=f"postgres://openrelay:hunter2-secret@127.0.0.1:{closed_port()}/openrelay",
+        REDIS_URL=django_settings.REDIS_URL,
+    )
     ready = process.get("/readyz")
     assert ready.status_code == 503
     assert ready.json() == {"status": "unavailable", "unavailable": ["database"]}

@@ -47,10 +47,13 @@ def test_the_tool_executor_says_the_same_for_each():
         async with OutboundClient(allow_private=False) as outbound:
             with pytest.raises(ToolExecutionFailed) as caught:
                 await HttpExecutor(outbound, "r", {"url": url, "timeout_ms": 5000}).execute(
-                    [{"id": "c", "function": {"name": "f", "arguments": "{}"}}])
+                    [{"id": "c", "function": {"name": "f", "arguments": "{}"}}]
+                )
             return str(caught.value)
 
-    messages = {_reason(asyncio.run(message(url)).removeprefix("The tool executor URL is blocked: ")) for url in REFUSED}
+    messages = {
+        _reason(asyncio.run(message(url)).removeprefix("The tool executor URL is blocked: ")) for url in REFUSED
+    }
     assert messages == {f"{HOST_REFUSED}."}
 
 

@@ -350,8 +350,7 @@ class FakeResolver:
 
     async def resolve(self, host, port=0, family=socket.AF_INET):
         return [
-            {"hostname": host, "host": a, "port": port, "family": 0, "proto": 0, "flags": 0}
-            for a in self.answers[host]
+            {"hostname": host, "host": a, "port": port, "family": 0, "proto": 0, "flags": 0} for a in self.answers[host]
         ]
 
     async def close(self):
@@ -483,9 +482,7 @@ def test_it_imports_and_defaults_to_blocking_without_django_settings():
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     code = "from openrelay.lib.outbound import OutboundClient; print(OutboundClient().allow_private)"
     root = Path(__file__).resolve().parents[2]
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=30
-    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False"
 

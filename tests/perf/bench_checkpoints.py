@@ -48,8 +48,10 @@ TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"
 def tool_lines(executor, n, rounds):
     from tests.helpers import chat
 
-    return [chat(f"q{i} [[tool_rounds:{rounds}]]", tools=[TOOL], openrelay={"tool_config": {"url": executor.url}})
-            for i in range(n)]
+    return [
+        chat(f"q{i} [[tool_rounds:{rounds}]]", tools=[TOOL], openrelay={"tool_config": {"url": executor.url}})
+        for i in range(n)
+    ]
 
 
 def bench_turn(org, executor):
@@ -63,8 +65,10 @@ def bench_turn(org, executor):
     added, rows = [], []
     for r in range(6):
         call = {"id": f"call_{r}_0", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
-        added += [{"role": "assistant", "content": None, "tool_calls": [call]},
-                  {"role": "tool", "tool_call_id": call["id"], "content": f"get_weather result for call_{r}_0"}]
+        added += [
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": f"get_weather result for call_{r}_0"},
+        ]
         state = {"kind": "tools", "rounds": r + 1, "usage": [40 * r, 0, 12 * r, 0], "added": added, "pending": None}
         started = time.perf_counter()
         for _ in range(1000):
@@ -78,7 +82,7 @@ def bench_turn(org, executor):
         group = claimed[64:]
         started = time.perf_counter()
         for i in range(0, len(group), 64):
-            store.save_checkpoints("bench", {record.pk: data for record in group[i:i + 64]})
+            store.save_checkpoints("bench", {record.pk: data for record in group[i : i + 64]})
         grouped = (time.perf_counter() - started) * 1e6 / len(group)
         rows.append((r + 1, len(data), encode_us, statistics.median(alone), grouped))
     print("round  bytes  encode_us  write_alone_us  write_grouped_us")
@@ -103,8 +107,11 @@ def bench_batch(org, executor, records):
 
         while not stop.wait(0.2):
             with connections["default"].cursor() as cursor:
-                cursor.execute("SELECT COUNT(checkpoint), COALESCE(SUM(LENGTH(checkpoint)), 0) FROM batches_record "
-                               "WHERE batch_id = %s AND checkpoint IS NOT NULL", [batch.pk])
+                cursor.execute(
+                    "SELECT COUNT(checkpoint), COALESCE(SUM(LENGTH(checkpoint)), 0) FROM batches_record "
+                    "WHERE batch_id = %s AND checkpoint IS NOT NULL",
+                    [batch.pk],
+                )
                 count, total = cursor.fetchone()
             if total > peak["bytes"]:
                 peak.update(bytes=total, records=count)
@@ -120,11 +127,13 @@ def bench_batch(org, executor, records):
     writer = engine.checkpoints
     left = Record.objects.filter(batch=batch, checkpoint__isnull=False).count()
     done = Record.objects.filter(batch=batch, status="succeeded").count()
-    print(f"{records} tool records ({done} succeeded) in {took:.1f} s on {connection.vendor}: "
-          f"{writer.written} checkpoints, {writer.bytes / max(1, writer.written):.0f} bytes each, "
-          f"{writer.bytes / records:.0f} bytes written per record; peak held {peak['bytes']} bytes in "
-          f"{peak['records']} records ({peak['bytes'] / max(1, peak['records']):.0f} per record in flight); "
-          f"left after the batch: {left} checkpoints")
+    print(
+        f"{records} tool records ({done} succeeded) in {took:.1f} s on {connection.vendor}: "
+        f"{writer.written} checkpoints, {writer.bytes / max(1, writer.written):.0f} bytes each, "
+        f"{writer.bytes / records:.0f} bytes written per record; peak held {peak['bytes']} bytes in "
+        f"{peak['records']} records ({peak['bytes'] / max(1, peak['records']):.0f} per record in flight); "
+        f"left after the batch: {left} checkpoints"
+    )
 
 
 def bench_resume(org, executor):
@@ -157,9 +166,11 @@ def bench_resume(org, executor):
         second.stop()
         first.stop()
     rounds = len(executor.received)
-    print(f"kill -9 after {seen} rounds of 120: first resumed round {resumed:.2f} s after the kill "
-          f"(lease {os.environ.get('OPENRELAY_LEASE_S', '10')} s), batch completed {completed:.2f} s after; "
-          f"{rounds - 120} rounds sent twice")
+    print(
+        f"kill -9 after {seen} rounds of 120: first resumed round {resumed:.2f} s after the kill "
+        f"(lease {os.environ.get('OPENRELAY_LEASE_S', '10')} s), batch completed {completed:.2f} s after; "
+        f"{rounds - 120} rounds sent twice"
+    )
 
 
 def main():

@@ -38,8 +38,15 @@ async def send_all(url, lines, output, concurrency, model):
                 async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
                     raw = await response.read()
                     status = response.status
-                output.write(b'{"custom_id":' + orjson.dumps(request["custom_id"]) + b',"status_code":'
-                             + str(status).encode() + b',"body":' + raw + b"}\n")
+                output.write(
+                    b'{"custom_id":'
+                    + orjson.dumps(request["custom_id"])
+                    + b',"status_code":'
+                    + str(status).encode()
+                    + b',"body":'
+                    + raw
+                    + b"}\n"
+                )
                 sent += 1
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))

@@ -42,10 +42,12 @@ def write_input(path, records=RECORDS, line_bytes=LINE_BYTES):
     filler = ("lorem ipsum dolor sit amet " * (line_bytes // 27 + 1))[: line_bytes - 200]
     with open(path, "wb") as out:
         for i in range(records):
-            line = {"custom_id": f"doc-{i // 90:04d}-page-{i % 90:03d}", "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {"model": MODEL, "max_tokens": 256,
-                             "messages": [{"role": "user", "content": f"{i} {filler}"}]}}
+            line = {
+                "custom_id": f"doc-{i // 90:04d}-page-{i % 90:03d}",
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": MODEL, "max_tokens": 256, "messages": [{"role": "user", "content": f"{i} {filler}"}]},
+            }
             out.write(orjson.dumps(line) + b"\n")
     return path.stat().st_size
 
@@ -61,14 +63,18 @@ def bare_parse(path):
     return time.perf_counter() - started, count
 
 
-
-
 def _store(organization, path, size):
     from files import services as files
 
     with open(path, "rb") as stream:
-        return files.create_file_from_stream(organization=organization, filename="bench.jsonl", purpose="batch",
-                                             stream=stream, size=size, expires_at=files.default_expiry("batch"))
+        return files.create_file_from_stream(
+            organization=organization,
+            filename="bench.jsonl",
+            purpose="batch",
+            stream=stream,
+            size=size,
+            expires_at=files.default_expiry("batch"),
+        )
 
 
 def _time_inserts(organization, file, batch):
@@ -87,8 +93,13 @@ def _time_inserts(organization, file, batch):
     timings = {}
     for name, insert in methods.items():
         with transaction.atomic():
-            target = Batch.objects.create(organization=organization, endpoint=batch.endpoint, input_file=file,
-                                          input_file_public_id=file.public_id, expires_at=batch.expires_at)
+            target = Batch.objects.create(
+                organization=organization,
+                endpoint=batch.endpoint,
+                input_file=file,
+                input_file_public_id=file.public_id,
+                expires_at=batch.expires_at,
+            )
             started = time.perf_counter()
             insert(target, iter(rows))
             timings[name] = round(time.perf_counter() - started, 3)
@@ -112,8 +123,9 @@ def _bench(path, size):
     for attempt in range(REPEAT):
         with PeakRss() as rss:
             started = time.perf_counter()
-            batch = create_batch(organization=organization, endpoint="/v1/chat/completions",
-                                 input_file_id=file.public_id)
+            batch = create_batch(
+                organization=organization, endpoint="/v1/chat/completions", input_file_id=file.public_id
+            )
             create_times.append(time.perf_counter() - started)
         if attempt == 0:
             first_rss = rss  # later runs reuse memory the first one grew

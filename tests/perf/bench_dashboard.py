@@ -22,7 +22,6 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
-
 def setup(database_url):
     import os
     import tempfile
@@ -61,8 +60,10 @@ def world(batches=100, organizations=10):
     from openrelay.core.models import Deployment, Model, Organization
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
-    deployments = [Deployment.objects.create(model=model, base_url=f"http://10.0.0.{i}:8000/v1", max_concurrency=64)
-                   for i in range(6)]
+    deployments = [
+        Deployment.objects.create(model=model, base_url=f"http://10.0.0.{i}:8000/v1", max_concurrency=64)
+        for i in range(6)
+    ]
     for i in range(4):
         Engine.objects.create(owner=f"bench:{i}", calls={str(d.pk): [16, 900, 3] for d in deployments})
     orgs = [Organization.objects.create(name=f"org-{i}") for i in range(organizations)]
@@ -73,16 +74,36 @@ def world(batches=100, organizations=10):
     rows = []
     for i in range(batches):
         org = orgs[i % organizations]
-        file = file_services.create_file_from_chunks(organization=org, filename="in.jsonl", purpose="batch",
-                                                     chunks=[b"{}\n"])
-        rows.append(Batch(organization=org, endpoint="/v1/chat/completions", model=model, model_name=model.name,
-                          input_file=file, input_file_public_id=file.public_id, status="in_progress",
-                          created_at=now, in_progress_at=now, expires_at=now + timezone.timedelta(hours=24),
-                          total_count=50_000, completed_count=12_000, failed_count=40, progress=full))
+        file = file_services.create_file_from_chunks(
+            organization=org, filename="in.jsonl", purpose="batch", chunks=[b"{}\n"]
+        )
+        rows.append(
+            Batch(
+                organization=org,
+                endpoint="/v1/chat/completions",
+                model=model,
+                model_name=model.name,
+                input_file=file,
+                input_file_public_id=file.public_id,
+                status="in_progress",
+                created_at=now,
+                in_progress_at=now,
+                expires_at=now + timezone.timedelta(hours=24),
+                total_count=50_000,
+                completed_count=12_000,
+                failed_count=40,
+                progress=full,
+            )
+        )
     created = Batch.objects.bulk_create(rows)
-    Record.objects.bulk_create([Record(batch=batch, line=j, custom_id=str(j), offset=0, length=1,
-                                       status=RecordStatus.RUNNING) for batch in created for j in range(10)],
-                               batch_size=2000)
+    Record.objects.bulk_create(
+        [
+            Record(batch=batch, line=j, custom_id=str(j), offset=0, length=1, status=RecordStatus.RUNNING)
+            for batch in created
+            for j in range(10)
+        ],
+        batch_size=2000,
+    )
     return created, full
 
 
@@ -106,8 +127,10 @@ def bench_operator():
     from batches import operator
     from batches.dashboard.views import operator_fragment
 
-    print(f"operator figures (overview): {timed(operator.overview):.1f} ms; rendered page: "
-          f"{timed(operator_fragment):.1f} ms")
+    print(
+        f"operator figures (overview): {timed(operator.overview):.1f} ms; rendered page: "
+        f"{timed(operator_fragment):.1f} ms"
+    )
 
 
 def bench_failures(org):
@@ -117,10 +140,25 @@ def bench_failures(org):
 
     for n in (2808, 50_000):
         batch = make_batch(org, status="completed", total=n, failed=n)
-        Record.objects.bulk_create([
-            Record(batch=batch, line=j, custom_id=str(j), offset=0, length=1, status=RecordStatus.FAILED,
-                   error_code="", status_code=(400, 404, 500)[j % 3]) for j in range(n)], batch_size=5000)
-        print(f"failures by code of {n:,} failed records: {timed(lambda pk=batch.pk: selectors.failures(pk), 5):.1f} ms")
+        Record.objects.bulk_create(
+            [
+                Record(
+                    batch=batch,
+                    line=j,
+                    custom_id=str(j),
+                    offset=0,
+                    length=1,
+                    status=RecordStatus.FAILED,
+                    error_code="",
+                    status_code=(400, 404, 500)[j % 3],
+                )
+                for j in range(n)
+            ],
+            batch_size=5000,
+        )
+        print(
+            f"failures by code of {n:,} failed records: {timed(lambda pk=batch.pk: selectors.failures(pk), 5):.1f} ms"
+        )
         Batch.objects.filter(pk=batch.pk).delete()
 
 

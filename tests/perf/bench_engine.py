@@ -162,9 +162,21 @@ class Scale:
     @classmethod
     def make(cls, quick=False, records=None):
         if quick:
-            scale = cls(big=500, line_bytes=1_000, plain=500, small=100, probes=3, probe_records=5,
-                        latency_records=256, scale_records=320, fair_backlog=200, recovery_records=1_500,
-                        many_batches=20, many_records=20, quick=True)
+            scale = cls(
+                big=500,
+                line_bytes=1_000,
+                plain=500,
+                small=100,
+                probes=3,
+                probe_records=5,
+                latency_records=256,
+                scale_records=320,
+                fair_backlog=200,
+                recovery_records=1_500,
+                many_batches=20,
+                many_records=20,
+                quick=True,
+            )
         else:
             scale = cls()
         if records:
@@ -205,8 +217,12 @@ def write_input(path, records, line_bytes, model, *, fail_every=0, start=0):
             content = f"{i} {filler}"
             if fail_every and i % fail_every == fail_every - 1:
                 content = f"[[status:400]] {content}"
-            line = {"custom_id": f"req-{i:06d}", "method": "POST", "url": ENDPOINT,
-                    "body": {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": content}]}}
+            line = {
+                "custom_id": f"req-{i:06d}",
+                "method": "POST",
+                "url": ENDPOINT,
+                "body": {"model": model, "max_tokens": 64, "messages": [{"role": "user", "content": content}]},
+            }
             out.write(orjson.dumps(line) + b"\n")
     return path.stat().st_size
 
@@ -292,7 +308,9 @@ class Database:
     def batch(self, public_id):
         row = self.query(
             "SELECT id, status, completed_count, failed_count, total_count, in_progress_at, finalizing_at, "
-            "completed_at FROM batches_batch WHERE public_id = %s", (public_id,))[0]
+            "completed_at FROM batches_batch WHERE public_id = %s",
+            (public_id,),
+        )[0]
         keys = ("pk", "status", "completed", "failed", "total", "in_progress_at", "finalizing_at", "completed_at")
         values = dict(zip(keys, row))
         for key in ("in_progress_at", "finalizing_at", "completed_at"):
@@ -305,7 +323,9 @@ class Database:
         marks = ", ".join(["%s"] * len(public_ids))
         rows = self.query(
             "SELECT b.public_id, MIN(r.finished_at) FROM batches_record r JOIN batches_batch b ON r.batch_id = b.id "
-            f"WHERE b.public_id IN ({marks}) AND r.finished_at IS NOT NULL GROUP BY b.public_id", tuple(public_ids))
+            f"WHERE b.public_id IN ({marks}) AND r.finished_at IS NOT NULL GROUP BY b.public_id",
+            tuple(public_ids),
+        )
         return {public_id: _epoch(first) for public_id, first in rows}
 
     def engines(self, seen_since=0.0):
@@ -473,11 +493,17 @@ class Stack:
         except BaseException:
             self.db.close()
             raise
-        self.base_env = {k: v for k, v in os.environ.items()
-                         if not k.startswith("OPENRELAY_") and k not in ("DATABASE_URL", "REDIS_URL")}
+        self.base_env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("OPENRELAY_") and k not in ("DATABASE_URL", "REDIS_URL")
+        }
         self.base_env.update(
-            DJANGO_SETTINGS_MODULE="openrelay.settings", OPENRELAY_DATA_DIR=str(tmp / "data"),
-            DATABASE_URL=self.db.url, SECRET_KEY="bench-" + secrets.token_hex(16), OPENRELAY_LOG_LEVEL="WARNING",
+            DJANGO_SETTINGS_MODULE="openrelay.settings",
+            OPENRELAY_DATA_DIR=str(tmp / "data"),
+            DATABASE_URL=self.db.url,
+            SECRET_KEY="bench-" + secrets.token_hex(16),
+            OPENRELAY_LOG_LEVEL="WARNING",
             PYTHONUNBUFFERED="1",
         )
         if self.redis:
@@ -487,16 +513,18 @@ class Stack:
         return {**self.base_env, **{k: str(v) for k, v in overrides.items()}}
 
     def manage(self, *args, **env):
-        result = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=self.env(**env), capture_output=True,
-                                text=True, timeout=300)
+        result = subprocess.run(
+            [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=300
+        )
         if result.returncode:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
         return result.stdout.strip().splitlines()
 
     def spawn(self, name, argv, **env):
         log = open(self.logs / f"{name}-{len(self.processes)}.log", "wb")
-        process = subprocess.Popen(argv, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         process.bench_name = name
         self.processes.append(process)
@@ -541,9 +569,22 @@ class Stack:
     def start_web(self, **env):
         port = _free_port()
         if self.web_server == "uvicorn":
-            argv = [PYTHON, "-m", "uvicorn", "openrelay.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                    "--log-level", "warning", "--lifespan", "off",
-                    "--http", "openrelay.web.webserver:HttpToolsProtocol"]  # the protocol `up` and production run
+            argv = [
+                PYTHON,
+                "-m",
+                "uvicorn",
+                "openrelay.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--lifespan",
+                "off",
+                "--http",
+                "openrelay.web.webserver:HttpToolsProtocol",
+            ]  # the protocol `up` and production run
         else:
             argv = [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"]
         process = self.spawn("web", argv, **env)
@@ -555,8 +596,9 @@ class Stack:
     def start_cluster(self, workers, **env):
         """`manage.py qcluster` with `workers` worker processes; ready when every one's engine heartbeats."""
         spawned = time.time()
-        process = self.spawn(f"qcluster{workers}", [PYTHON, "manage.py", "qcluster"], OPENRELAY_Q_WORKERS=workers,
-                             **env)
+        process = self.spawn(
+            f"qcluster{workers}", [PYTHON, "manage.py", "qcluster"], OPENRELAY_Q_WORKERS=workers, **env
+        )
         deadline = time.monotonic() + 60
         while len(self.db.engines(seen_since=spawned)) < workers:
             if process.poll() is not None or time.monotonic() > deadline:
@@ -602,16 +644,18 @@ class Api:
     def upload(self, path):
         with open(path, "rb") as stream:
             started = time.perf_counter()
-            response = self.client.post("/files", files={"file": (path.name, stream, "application/jsonl")},
-                                        data={"purpose": "batch"})
+            response = self.client.post(
+                "/files", files={"file": (path.name, stream, "application/jsonl")}, data={"purpose": "batch"}
+            )
             elapsed = time.perf_counter() - started
         response.raise_for_status()
         return response.json()["id"], elapsed
 
     def create(self, file_id):
         sent = time.time()
-        response = self.client.post("/batches", json={"input_file_id": file_id, "endpoint": ENDPOINT,
-                                                      "completion_window": "24h"})
+        response = self.client.post(
+            "/batches", json={"input_file_id": file_id, "endpoint": ENDPOINT, "completion_window": "24h"}
+        )
         answered = time.time()
         response.raise_for_status()
         return response.json(), sent, answered
@@ -636,28 +680,44 @@ class Bench:
         s = self.stack
         t = time.perf_counter()
         s.manage("migrate", "--noinput", "-v", "0")
-        sims = {MODEL_ZERO: s.start_simulator(0), MODEL_500: s.start_simulator(500),
-                MODEL_200: s.start_simulator(200), MODEL_PROBE: s.start_simulator(0, probe=True),
-                MODEL_20: s.start_simulator(RECOVERY_LATENCY_MS), MODEL_150: s.start_simulator(MANY_LATENCY_MS)}
+        sims = {
+            MODEL_ZERO: s.start_simulator(0),
+            MODEL_500: s.start_simulator(500),
+            MODEL_200: s.start_simulator(200),
+            MODEL_PROBE: s.start_simulator(0, probe=True),
+            MODEL_20: s.start_simulator(RECOVERY_LATENCY_MS),
+            MODEL_150: s.start_simulator(MANY_LATENCY_MS),
+        }
         self.sim = sims
-        concurrency = {MODEL_ZERO: self.scale.concurrency, MODEL_500: LATENCY_CONCURRENCY,
-                       MODEL_200: SCALE_SHARE * max(SCALE_WORKERS), MODEL_PROBE: 64, MODEL_20: RECOVERY_CONCURRENCY,
-                       MODEL_150: MANY_CONCURRENCY}
+        concurrency = {
+            MODEL_ZERO: self.scale.concurrency,
+            MODEL_500: LATENCY_CONCURRENCY,
+            MODEL_200: SCALE_SHARE * max(SCALE_WORKERS),
+            MODEL_PROBE: 64,
+            MODEL_20: RECOVERY_CONCURRENCY,
+            MODEL_150: MANY_CONCURRENCY,
+        }
         # Two organizations: the bench's own (A) and, for the fairness run, B.
-        script = ["from django.core.management import call_command",
-                  "from openrelay.core.models import ApiKey, Organization",
-                  "org = Organization.objects.create(name='bench')",
-                  "org_b = Organization.objects.create(name='bench-b')"]
+        script = [
+            "from django.core.management import call_command",
+            "from openrelay.core.models import ApiKey, Organization",
+            "org = Organization.objects.create(name='bench')",
+            "org_b = Organization.objects.create(name='bench-b')",
+        ]
         for name, url in sims.items():
-            script.append(f"call_command('set_model', {name!r}, base_url={url + '/v1'!r}, upstream_model={UPSTREAM!r}, "
-                          f"concurrency={concurrency[name]}, input_price='0.20', cached_input_price='0.05', "
-                          f"output_price='0.80', stdout=open('/dev/null', 'w'))")
+            script.append(
+                f"call_command('set_model', {name!r}, base_url={url + '/v1'!r}, upstream_model={UPSTREAM!r}, "
+                f"concurrency={concurrency[name]}, input_price='0.20', cached_input_price='0.05', "
+                f"output_price='0.80', stdout=open('/dev/null', 'w'))"
+            )
         script.append("print(ApiKey.issue(org, name='bench')[1])")
         script.append("print(ApiKey.issue(org_b, name='bench-b')[1])")
         self.key, self.key_b = s.manage("shell", "-c", "\n".join(script))[-2:]
         self.connect(s.start_web())
-        self.report(f"setup: {self.stack.db.vendor}{' + Redis' if s.redis else ''}, "
-                    f"simulators, web, in {time.perf_counter() - t:.1f} s")
+        self.report(
+            f"setup: {self.stack.db.vendor}{' + Redis' if s.redis else ''}, "
+            f"simulators, web, in {time.perf_counter() - t:.1f} s"
+        )
 
     def connect(self, base):
         """API clients of both organizations on a (new) web process, warmed up."""
@@ -671,19 +731,27 @@ class Bench:
             if row["status"] in ("completed", "failed", "expired", "cancelled"):
                 return row
             if time.monotonic() > deadline:
-                raise RuntimeError(f"batch {public_id} still {row['status']} after {timeout_s} s "
-                                   f"({row['completed']}+{row['failed']}/{row['total']} done)")
+                raise RuntimeError(
+                    f"batch {public_id} still {row['status']} after {timeout_s} s "
+                    f"({row['completed']}+{row['failed']}/{row['total']} done)"
+                )
             time.sleep(0.05)
 
     def _phases(self, public_id, answered):
         """Where a run's time went, from create's answer: an engine moved it to in_progress, the
         first and last record finished, finalize."""
         row = self.stack.db.batch(public_id)
-        first, last = (_epoch(v) for v in self.stack.db.query(
-            "SELECT MIN(finished_at), MAX(finished_at) FROM batches_record WHERE batch_id = %s", (row["pk"],))[0])
-        return (f"in progress {row['in_progress_at'] - answered:+.2f} s, "
-                f"first record {first - answered:+.2f} s, last {last - answered:+.2f} s, "
-                f"finalized in {row['completed_at'] - row['finalizing_at']:.2f} s")
+        first, last = (
+            _epoch(v)
+            for v in self.stack.db.query(
+                "SELECT MIN(finished_at), MAX(finished_at) FROM batches_record WHERE batch_id = %s", (row["pk"],)
+            )[0]
+        )
+        return (
+            f"in progress {row['in_progress_at'] - answered:+.2f} s, "
+            f"first record {first - answered:+.2f} s, last {last - answered:+.2f} s, "
+            f"finalized in {row['completed_at'] - row['finalizing_at']:.2f} s"
+        )
 
     def warm(self):
         """Run a tiny batch through a fresh cluster before a timed run.
@@ -706,8 +774,10 @@ class Bench:
 
     def set_concurrency(self, model, concurrency):
         """The model's one deployment's max_concurrency (read by engines as they open the model's lane)."""
-        self.stack.db.query("UPDATE openrelay_deployment SET max_concurrency = %s WHERE base_url = %s",
-                            (concurrency, self.sim[model] + "/v1"))
+        self.stack.db.query(
+            "UPDATE openrelay_deployment SET max_concurrency = %s WHERE base_url = %s",
+            (concurrency, self.sim[model] + "/v1"),
+        )
 
     def _deadline(self, records, rate):
         return 120 + records / rate
@@ -732,15 +802,26 @@ class Bench:
         ratio = create_s / parse_s
         growth = create_rss.growth_mb
         self.rows["create"] = Row(
-            "create", 1, f"create, {sc.big:,} records / {size / MB:.0f} MB file",
-            f"{ratio:.2f}x parse, +{growth:.0f} MB", TARGETS["create"], ratio <= 6 and growth < 100,
+            "create",
+            1,
+            f"create, {sc.big:,} records / {size / MB:.0f} MB file",
+            f"{ratio:.2f}x parse, +{growth:.0f} MB",
+            TARGETS["create"],
+            ratio <= 6 and growth < 100,
             f"create {create_s:.2f} s over HTTP, bare orjson parse {parse_s:.3f} s; web RSS growth",
-            {"create_s": create_s, "parse_s": parse_s, "ratio": ratio, "web_rss_growth_mb": growth})
+            {"create_s": create_s, "parse_s": parse_s, "ratio": ratio, "web_rss_growth_mb": growth},
+        )
         mb_s = size / MB / upload_s
         self.rows["upload"] = Row(
-            "upload", 2, f"upload, {size / MB:.0f} MB", f"{mb_s:.0f} MB/s", TARGETS["upload"], mb_s >= 150,
+            "upload",
+            2,
+            f"upload, {size / MB:.0f} MB",
+            f"{mb_s:.0f} MB/s",
+            TARGETS["upload"],
+            mb_s >= 150,
             f"{upload_s:.2f} s through {self.stack.web_server}; web RSS +{upload_rss.growth_mb:.0f} MB during the upload",
-            {"upload_s": upload_s, "mb_s": mb_s, "web_rss_growth_mb": upload_rss.growth_mb})
+            {"upload_s": upload_s, "mb_s": mb_s, "web_rss_growth_mb": upload_rss.growth_mb},
+        )
         self.report(f"1+2: upload {mb_s:.0f} MB/s; create {create_s:.2f} s = {ratio:.2f}x parse, web +{growth:.0f} MB")
         self.big_batch = batch["id"]
 
@@ -758,11 +839,19 @@ class Bench:
         expected_failed = sc.big // 100
         assert (row["completed"], row["failed"]) == (sc.big - expected_failed, expected_failed), row
         self.rows["finalize"] = Row(
-            "finalize", 6, f"finalize {sc.big:,} records", f"{finalize_s:.2f} s", TARGETS["finalize"],
-            finalize_s < 2, f"finalizing_at -> completed_at; output + error files ({expected_failed} error lines)",
-            {"finalize_s": finalize_s, "big_run_records_per_s": rate})
-        self.report(f"6: the big batch ran at {rate:.0f} records/s; finalize {finalize_s:.2f} s; "
-                    f"largest worker {big_rss.largest_mb:.0f} MB")
+            "finalize",
+            6,
+            f"finalize {sc.big:,} records",
+            f"{finalize_s:.2f} s",
+            TARGETS["finalize"],
+            finalize_s < 2,
+            f"finalizing_at -> completed_at; output + error files ({expected_failed} error lines)",
+            {"finalize_s": finalize_s, "big_run_records_per_s": rate},
+        )
+        self.report(
+            f"6: the big batch ran at {rate:.0f} records/s; finalize {finalize_s:.2f} s; "
+            f"largest worker {big_rss.largest_mb:.0f} MB"
+        )
 
         _, small_file = self.file("small.jsonl", sc.small, MODEL_ZERO, line_bytes=sc.line_bytes, fail_every=100)
         cluster = self.stack.start_cluster(2)
@@ -773,10 +862,15 @@ class Bench:
         small_mb, big_mb = small_rss.largest_mb, big_rss.largest_mb
         growth = big_mb / small_mb - 1
         self.rows["rss"] = Row(
-            "rss", 8, f"worker peak RSS, {sc.small:,} vs {sc.big:,} records",
-            f"{small_mb:.0f} vs {big_mb:.0f} MB ({growth:+.0%})", TARGETS["rss"], growth <= 0.2,
+            "rss",
+            8,
+            f"worker peak RSS, {sc.small:,} vs {sc.big:,} records",
+            f"{small_mb:.0f} vs {big_mb:.0f} MB ({growth:+.0%})",
+            TARGETS["rss"],
+            growth <= 0.2,
             "largest process of a fresh 2-worker cluster",
-            {"small_mb": small_mb, "big_mb": big_mb, "growth": growth})
+            {"small_mb": small_mb, "big_mb": big_mb, "growth": growth},
+        )
         self.report(f"8: worker peak RSS {small_mb:.0f} MB vs {big_mb:.0f} MB")
 
     # 3: end to end vs the bare client
@@ -805,17 +899,31 @@ class Bench:
         bare_rates = ", ".join(f"{run['records_per_s']:.0f}" for run in bare_runs)
         gateway_rates = ", ".join(f"{run['records_per_s']:.0f}" for run in gateway_runs)
         self.rows["e2e"] = Row(
-            "e2e", 3, f"end to end, {sc.plain:,} plain records, 0 ms model",
-            f"{ratio:.2f}x, {cpu_ms:.2f} ms CPU/rec", TARGETS["e2e"], ratio >= 1.0 and cpu_ms <= 1.0,
+            "e2e",
+            3,
+            f"end to end, {sc.plain:,} plain records, 0 ms model",
+            f"{ratio:.2f}x, {cpu_ms:.2f} ms CPU/rec",
+            TARGETS["e2e"],
+            ratio >= 1.0 and cpu_ms <= 1.0,
             f"gateway {rate:.0f}/s (create -> completed; best of {gateway_rates}) vs bare aiohttp "
             f"{bare['records_per_s']:.0f}/s (best of {bare_rates}), taking turns; "
             f"concurrency {sc.concurrency}; web + workers {cpu:.1f} CPU s"
             + (f" (+ PostgreSQL server {db_cpu:.1f} CPU s)" if self.stack.db.vendor == "postgresql" else ""),
-            {"gateway_records_per_s": rate, "bare_records_per_s": bare["records_per_s"], "ratio": ratio,
-             "gateway_runs": gateway_runs, "bare_runs": bare_runs,
-             "cpu_s": cpu, "cpu_ms_per_record": cpu_ms, "database_cpu_s": db_cpu})
-        self.report(f"3: gateway {gateway_rates}/s vs bare {bare_rates}/s = {ratio:.2f}x; {cpu_ms:.2f} ms CPU/record "
-                    f"({best['phases']})")
+            {
+                "gateway_records_per_s": rate,
+                "bare_records_per_s": bare["records_per_s"],
+                "ratio": ratio,
+                "gateway_runs": gateway_runs,
+                "bare_runs": bare_runs,
+                "cpu_s": cpu,
+                "cpu_ms_per_record": cpu_ms,
+                "database_cpu_s": db_cpu,
+            },
+        )
+        self.report(
+            f"3: gateway {gateway_rates}/s vs bare {bare_rates}/s = {ratio:.2f}x; {cpu_ms:.2f} ms CPU/record "
+            f"({best['phases']})"
+        )
 
     def shared_cluster(self):
         """The warm default 2-worker cluster that measurements 3, 4 and 5 share, started by the first."""
@@ -839,16 +947,37 @@ class Bench:
         cpu = cpu_seconds(pids) - cpu_before
         db_cpu = database_cpu(self.stack.db) - db_before
         assert row["completed"] == self.scale.plain, row
-        return {"records_per_s": self.scale.plain / (row["completed_at"] - sent), "cpu_s": cpu,
-                "database_cpu_s": db_cpu,
-                "phases": f"create took {answered - sent:.2f} s; from its answer: {self._phases(batch['id'], answered)}"}
+        return {
+            "records_per_s": self.scale.plain / (row["completed_at"] - sent),
+            "cpu_s": cpu,
+            "database_cpu_s": db_cpu,
+            "phases": f"create took {answered - sent:.2f} s; from its answer: {self._phases(batch['id'], answered)}",
+        }
 
     def _bare_client(self, path):
         result = subprocess.run(
-            [PYTHON, "-m", "tests.perf.bench_client", "--url", self.sim[MODEL_ZERO] + "/v1", "--input", str(path),
-             "--output", str(self.tmp / "bare-answers.jsonl"), "--concurrency", str(self.scale.concurrency),
-             "--model", UPSTREAM],
-            cwd=ROOT, env=self.stack.env(), capture_output=True, text=True, timeout=600, check=True)
+            [
+                PYTHON,
+                "-m",
+                "tests.perf.bench_client",
+                "--url",
+                self.sim[MODEL_ZERO] + "/v1",
+                "--input",
+                str(path),
+                "--output",
+                str(self.tmp / "bare-answers.jsonl"),
+                "--concurrency",
+                str(self.scale.concurrency),
+                "--model",
+                UPSTREAM,
+            ],
+            cwd=ROOT,
+            env=self.stack.env(),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
         bare = orjson.loads(result.stdout.strip().splitlines()[-1])
         assert bare["records"] == self.scale.plain, bare
         return bare
@@ -874,9 +1003,15 @@ class Bench:
         probe.close()
         median = statistics.median(delays)
         self.rows["first_call"] = Row(
-            "first_call", 4, "create's answer -> first model call", f"{median:.3f} s", TARGETS["first_call"],
-            median < 0.5, f"median of {len(delays)} (max {max(delays):.3f} s), idle 2-worker cluster",
-            {"median_s": median, "all_s": delays})
+            "first_call",
+            4,
+            "create's answer -> first model call",
+            f"{median:.3f} s",
+            TARGETS["first_call"],
+            median < 0.5,
+            f"median of {len(delays)} (max {max(delays):.3f} s), idle 2-worker cluster",
+            {"median_s": median, "all_s": delays},
+        )
         self.report(f"4: first call {median:.3f} s after create's answer ({', '.join(f'{d:.3f}' for d in delays)})")
 
     # 5: latency-bound utilisation
@@ -890,9 +1025,15 @@ class Bench:
         rate = sc.latency_records / (row["completed_at"] - answered)
         util = rate / ideal
         self.rows["latency"] = Row(
-            "latency", 5, f"latency-bound, 500 ms x {LATENCY_CONCURRENCY}, {sc.latency_records:,} records",
-            f"{util:.2f} ({rate:.0f}/s)", TARGETS["latency"], util >= 0.9,
-            f"create's answer -> completed, over the ideal {ideal:.0f}/s", {"records_per_s": rate, "utilisation": util})
+            "latency",
+            5,
+            f"latency-bound, 500 ms x {LATENCY_CONCURRENCY}, {sc.latency_records:,} records",
+            f"{util:.2f} ({rate:.0f}/s)",
+            TARGETS["latency"],
+            util >= 0.9,
+            f"create's answer -> completed, over the ideal {ideal:.0f}/s",
+            {"records_per_s": rate, "utilisation": util},
+        )
         self.report(f"5: {rate:.1f}/s of the ideal {ideal:.0f}/s = {util:.2f}")
 
     # 7: scale-out
@@ -910,15 +1051,22 @@ class Bench:
             row = self.wait_done(batch["id"], self._deadline(sc.scale_records, 50))
             rates[workers] = sc.scale_records / (row["completed_at"] - answered)
             self.stack.stop_cluster(cluster)
-            self.report(f"7: {workers} worker(s): {rates[workers]:.0f} records/s ({self._phases(batch['id'], answered)})")
+            self.report(
+                f"7: {workers} worker(s): {rates[workers]:.0f} records/s ({self._phases(batch['id'], answered)})"
+            )
         x2, x4 = rates[2] / rates[1], rates[4] / rates[1]
         self.rows["scale"] = Row(
-            "scale", 7, f"scale-out, 200 ms model, {sc.scale_records:,} records",
-            f"{x2:.2f}x, {x4:.2f}x", TARGETS["scale"], x2 >= 1.8 and x4 >= 3.2,
+            "scale",
+            7,
+            f"scale-out, 200 ms model, {sc.scale_records:,} records",
+            f"{x2:.2f}x, {x4:.2f}x",
+            TARGETS["scale"],
+            x2 >= 1.8 and x4 >= 3.2,
             " / ".join(f"{w}: {rates[w]:.0f}/s" for w in SCALE_WORKERS)
             + f"; deployment concurrency {SCALE_SHARE} x worker processes "
-              f"({', '.join(str(SCALE_SHARE * w) for w in SCALE_WORKERS)}), so each engine's share is {SCALE_SHARE}",
-            {"records_per_s": rates, "x2": x2, "x4": x4})
+            f"({', '.join(str(SCALE_SHARE * w) for w in SCALE_WORKERS)}), so each engine's share is {SCALE_SHARE}",
+            {"records_per_s": rates, "x2": x2, "x4": x4},
+        )
 
     # 9: fairness between organizations
     def fairness(self):
@@ -945,13 +1093,17 @@ class Bench:
         assert row["completed"] == sc.fair_records, row
         a_total = FAIR_BACKLOG_BATCHES * sc.fair_backlog
         self.rows["fairness"] = Row(
-            "fairness", 9, f"fairness, org B's {sc.fair_records} records behind org A's "
-                           f"{FAIR_BACKLOG_BATCHES} x {sc.fair_backlog:,}",
-            f"{waited:.2f} s", TARGETS["fairness"], waited < 5,
+            "fairness",
+            9,
+            f"fairness, org B's {sc.fair_records} records behind org A's {FAIR_BACKLOG_BATCHES} x {sc.fair_backlog:,}",
+            f"{waited:.2f} s",
+            TARGETS["fairness"],
+            waited < 5,
             f"B's create answer -> completed, created {FAIR_B_AFTER_S:.0f} s after A's; 500 ms x "
             f"{LATENCY_CONCURRENCY} model, 2-worker cluster; A had {a_done:,} of {a_total:,} done then "
             f"(old engine: 93.8 s)",
-            {"seconds": waited, "a_done": a_done, "a_total": a_total, "phases": phases})
+            {"seconds": waited, "a_done": a_done, "a_total": a_total, "phases": phases},
+        )
         self.report(f"9: B completed {waited:.2f} s after its create answer ({phases}); A {a_done}/{a_total} done")
 
     # 10: recovery from a killed cluster
@@ -972,8 +1124,13 @@ class Bench:
         killed = time.time()
         self.stack.stop(cluster, signal.SIGKILL)
         # Nothing writes between the kill and the new cluster's start: this is what the dead engines held.
-        leased = dict(db.query("SELECT lease_owner, COUNT(*) FROM batches_record WHERE batch_id = %s "
-                               "AND status = 'running' GROUP BY lease_owner", (row["pk"],)))
+        leased = dict(
+            db.query(
+                "SELECT lease_owner, COUNT(*) FROM batches_record WHERE batch_id = %s "
+                "AND status = 'running' GROUP BY lease_owner",
+                (row["pk"],),
+            )
+        )
         done_at_kill = db.batch(public_id)["done"]
         cluster = self.stack.start_cluster(2)
         ready_s = time.time() - killed
@@ -984,16 +1141,29 @@ class Bench:
         assert (final["status"], final["completed"]) == ("completed", sc.recovery_records), final
         held = sum(leased.values())
         self.rows["recovery"] = Row(
-            "recovery", 10, f"recovery, kill -9 of a 2-worker cluster mid-batch ({sc.recovery_records:,} records)",
-            f"{progress_s:.2f} s", TARGETS["recovery"], progress_s < 15,
+            "recovery",
+            10,
+            f"recovery, kill -9 of a 2-worker cluster mid-batch ({sc.recovery_records:,} records)",
+            f"{progress_s:.2f} s",
+            TARGETS["recovery"],
+            progress_s < 15,
             f"the kill -> the first record finished after it; killed at {done_at_kill:,} done, "
             f"{held} records leased by {len(leased)} dead engines, all claimed again at +{reclaimed_s:.2f} s; "
             f"new cluster's engines live at +{ready_s:.2f} s; {reran} records claimed a second time, each written once; "
             f"{RECOVERY_LATENCY_MS} ms x {RECOVERY_CONCURRENCY} model",
-            {"progress_s": progress_s, "reclaimed_s": reclaimed_s, "ready_s": ready_s, "leased": held,
-             "done_at_kill": done_at_kill, "reran": reran})
-        self.report(f"10: progress {progress_s:.2f} s after the kill; {held} leased records reclaimed at "
-                    f"{reclaimed_s:.2f} s; engines live at {ready_s:.2f} s")
+            {
+                "progress_s": progress_s,
+                "reclaimed_s": reclaimed_s,
+                "ready_s": ready_s,
+                "leased": held,
+                "done_at_kill": done_at_kill,
+                "reran": reran,
+            },
+        )
+        self.report(
+            f"10: progress {progress_s:.2f} s after the kill; {held} leased records reclaimed at "
+            f"{reclaimed_s:.2f} s; engines live at {ready_s:.2f} s"
+        )
 
     def _watch_recovery(self, pk, public_id, killed, done_at_kill, leased):
         """(the kill -> the first record finished after it, the kill -> none left leased by the dead)."""
@@ -1005,13 +1175,21 @@ class Bench:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"no recovery in 120 s (progress {progress_s}, reclaimed {reclaimed_s})")
             if progress_s is None and db.batch(public_id)["done"] > done_at_kill:
-                finished = db.query("SELECT finished_at FROM batches_record WHERE batch_id = %s "
-                                    "AND finished_at IS NOT NULL", (pk,))
+                finished = db.query(
+                    "SELECT finished_at FROM batches_record WHERE batch_id = %s AND finished_at IS NOT NULL", (pk,)
+                )
                 progress_s = min(t for (value,) in finished if (t := _epoch(value)) > killed) - killed
             if reclaimed_s is None:
                 marks = ", ".join(["%s"] * len(owners))
-                still = db.query(f"SELECT COUNT(*) FROM batches_record WHERE batch_id = %s AND status = 'running' "
-                                 f"AND lease_owner IN ({marks})", (pk, *owners))[0][0] if owners else 0
+                still = (
+                    db.query(
+                        f"SELECT COUNT(*) FROM batches_record WHERE batch_id = %s AND status = 'running' "
+                        f"AND lease_owner IN ({marks})",
+                        (pk, *owners),
+                    )[0][0]
+                    if owners
+                    else 0
+                )
                 if not still:
                     reclaimed_s = time.time() - killed
             time.sleep(0.05)
@@ -1048,20 +1226,33 @@ class Bench:
         one_mb, many_mb = one_rss.largest_mb, many_rss.largest_mb
         growth = many_mb / one_mb - 1
         self.rows["many"] = Row(
-            "many", 11, f"many batches, {sc.many_batches} x {sc.many_records} records at once",
-            f"{worst:.2f} s, {one_mb:.0f} vs {many_mb:.0f} MB ({growth:+.0%})", TARGETS["many"],
+            "many",
+            11,
+            f"many batches, {sc.many_batches} x {sc.many_records} records at once",
+            f"{worst:.2f} s, {one_mb:.0f} vs {many_mb:.0f} MB ({growth:+.0%})",
+            TARGETS["many"],
             worst < 2 and growth <= 0.2,
             f"worst batch's create answer -> its first record finished (median {median:.2f} s; in progress "
             f"after median {statistics.median(starts):.2f} s, worst {max(starts):.2f} s; "
             f"{sc.many_batches} creates over {creates_s:.1f} s, {MANY_CREATORS} at a time); largest worker's peak "
             f"RSS, one {sc.many_records}-record batch vs all; {MANY_LATENCY_MS} ms x {MANY_CONCURRENCY} model, "
             f"2-worker cluster",
-            {"worst_s": worst, "median_s": median, "waits_s": waits, "in_progress_s": starts, "creates_s": creates_s,
-             "one_mb": one_mb,
-             "many_mb": many_mb, "growth": growth})
-        self.report(f"11: first progress worst {worst:.2f} s, median {median:.2f} s (in progress: worst "
-                    f"{max(starts):.2f} s, median {statistics.median(starts):.2f} s); "
-                    f"RSS {one_mb:.0f} vs {many_mb:.0f} MB")
+            {
+                "worst_s": worst,
+                "median_s": median,
+                "waits_s": waits,
+                "in_progress_s": starts,
+                "creates_s": creates_s,
+                "one_mb": one_mb,
+                "many_mb": many_mb,
+                "growth": growth,
+            },
+        )
+        self.report(
+            f"11: first progress worst {worst:.2f} s, median {median:.2f} s (in progress: worst "
+            f"{max(starts):.2f} s, median {statistics.median(starts):.2f} s); "
+            f"RSS {one_mb:.0f} vs {many_mb:.0f} MB"
+        )
 
     # 12-14: adaptive concurrency and prefix-aware dispatch (tests/perf/bench_flow.py)
     def flow_too_high(self):
@@ -1082,8 +1273,9 @@ class Bench:
     def steps(self, only=None):
         """The runs to do: all, or those of the measurements in `only` (see PARTS)."""
         chosen = set(only or PARTS)
-        return [step for part, names in PARTS.items() if part in chosen for step in
-                (getattr(self, name) for name in names)]
+        return [
+            step for part, names in PARTS.items() if part in chosen for step in (getattr(self, name) for name in names)
+        ]
 
     def run(self, only=None):
         self.setup()
@@ -1106,8 +1298,10 @@ def machine():
     except OSError:
         pass
     memory = psutil.virtual_memory().total / 2**30
-    return (f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GB RAM, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{os.cpu_count()} cores ({cpu}), {memory:.0f} GB RAM, {platform.system()} {platform.release()}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def run(quick=False, records=None, database_url=None, redis_url=None, report=print, web_server="uvicorn", only=None):
@@ -1130,8 +1324,14 @@ def run(quick=False, records=None, database_url=None, redis_url=None, report=pri
             raise
         finally:
             stack.close()
-        facts = {"machine": machine(), "database": stack.db.vendor, "broker": "redis" if redis_url else "orm",
-                 "web": web_server, "quick": quick, "seconds": time.perf_counter() - started}
+        facts = {
+            "machine": machine(),
+            "database": stack.db.vendor,
+            "broker": "redis" if redis_url else "orm",
+            "web": web_server,
+            "quick": quick,
+            "seconds": time.perf_counter() - started,
+        }
     return rows, facts
 
 
@@ -1140,30 +1340,43 @@ def render(rows, facts, console=None):
     from rich.table import Table
 
     console = console or Console(width=None if sys.stdout.isatty() else 220)
-    caption = ("--quick: tiny runs prove the command works; their fixed costs dominate, so the verdicts mean nothing here"
-               if facts["quick"] else None)
+    caption = (
+        "--quick: tiny runs prove the command works; their fixed costs dominate, so the verdicts mean nothing here"
+        if facts["quick"]
+        else None
+    )
     table = Table(title=_title(facts), caption=caption)
     for column in ("#", "measurement", "result", "target", "", "detail"):
         table.add_column(column, overflow="fold")
     for row in rows:
         verdict = "PASS" if row.passed else "MISS"
-        table.add_row(str(row.number), row.name, row.result, row.target,
-                      f"[green]{verdict}[/]" if row.passed else f"[red]{verdict}[/]", row.detail)
+        table.add_row(
+            str(row.number),
+            row.name,
+            row.result,
+            row.target,
+            f"[green]{verdict}[/]" if row.passed else f"[red]{verdict}[/]",
+            row.detail,
+        )
     console.print(table)
 
 
 def _title(facts):
     mode = "quick" if facts["quick"] else "full"
-    return (f"OpenRelay bench ({mode}, {facts['database']} + {facts['broker']} broker, {facts.get('web', 'daphne')} web, "
-            f"{facts['seconds']:.0f} s) "
-            f"on {facts['machine']}")
+    return (
+        f"OpenRelay bench ({mode}, {facts['database']} + {facts['broker']} broker, {facts.get('web', 'daphne')} web, "
+        f"{facts['seconds']:.0f} s) "
+        f"on {facts['machine']}"
+    )
 
 
 def markdown(rows, facts):
     lines = [f"{_title(facts)}", "", "| # | measurement | result | target | | detail |", "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row.number} | {row.name} | {row.result} | {row.target} | "
-                     f"{'PASS' if row.passed else 'MISS'} | {row.detail} |")
+        lines.append(
+            f"| {row.number} | {row.name} | {row.result} | {row.target} | "
+            f"{'PASS' if row.passed else 'MISS'} | {row.detail} |"
+        )
     return "\n".join(lines)
 
 
@@ -1181,8 +1394,9 @@ def main(argv=None):
     parser.add_argument("--web-server", choices=["daphne", "uvicorn"], default="uvicorn")
     parser.add_argument("--only", nargs="+", choices=list(PARTS))
     args = parser.parse_args(argv)
-    rows, facts = run(args.quick, args.records, args.database_url, args.redis_url, web_server=args.web_server,
-                      only=args.only)
+    rows, facts = run(
+        args.quick, args.records, args.database_url, args.redis_url, web_server=args.web_server, only=args.only
+    )
     render(rows, facts)
     return 0
 

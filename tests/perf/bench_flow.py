@@ -30,14 +30,27 @@ PREFIX_PREFILL_MS, PREFIX_OUTPUT_TOKENS = 0.05, 16
 
 
 def _flow_config(**kw):
-    return SimulatorConfig(slots=SLOTS, queue_limit=QUEUE_LIMIT, prefill_ms_per_token=PREFILL_MS,
-                           decode_ms_per_token=DECODE_MS, decode_contention=CONTENTION, **kw)
+    return SimulatorConfig(
+        slots=SLOTS,
+        queue_limit=QUEUE_LIMIT,
+        prefill_ms_per_token=PREFILL_MS,
+        decode_ms_per_token=DECODE_MS,
+        decode_contention=CONTENTION,
+        **kw,
+    )
 
 
 def _argv(config, metrics=""):
-    argv = ["--slots", str(config.slots), "--prefill-ms-per-token", str(config.prefill_ms_per_token),
-            "--decode-ms-per-token", str(config.decode_ms_per_token),
-            "--decode-contention", str(config.decode_contention)]
+    argv = [
+        "--slots",
+        str(config.slots),
+        "--prefill-ms-per-token",
+        str(config.prefill_ms_per_token),
+        "--decode-ms-per-token",
+        str(config.decode_ms_per_token),
+        "--decode-contention",
+        str(config.decode_contention),
+    ]
     if config.queue_limit is not None:
         argv += ["--queue-limit", str(config.queue_limit)]
     if config.prefix_cache_tokens:
@@ -50,8 +63,17 @@ def _argv(config, metrics=""):
 def _write(path, bodies, model):
     with open(path, "wb") as out:
         for i, body in enumerate(bodies, 1):
-            out.write(orjson.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions",
-                                    "body": {"model": model, **body}}) + b"\n")
+            out.write(
+                orjson.dumps(
+                    {
+                        "custom_id": f"r{i}",
+                        "method": "POST",
+                        "url": "/v1/chat/completions",
+                        "body": {"model": model, **body},
+                    }
+                )
+                + b"\n"
+            )
 
 
 def _stats(url):
@@ -62,11 +84,13 @@ def server_maximum(url, bodies, model, in_flight=SLOTS + QUEUE_LIMIT // 2):
     """The server's real maximum rate: a bare client keeping every slot busy and a short line
     waiting (never past the queue limit), records / elapsed. The capacity formula leaves out the
     simulator's own overheads (its handler, timers, HTTP), about 10% here."""
+
     async def go():
         import aiohttp  # the bare client of the end-to-end row: httpx's async pool costs more CPU than the server
 
         todo = iter(bodies)
         async with aiohttp.ClientSession(base_url=url, connector=aiohttp.TCPConnector(limit=in_flight)) as client:
+
             async def worker():
                 for body in todo:
                     async with client.post("/v1/chat/completions", json={"model": model, **body}) as answer:
@@ -90,8 +114,20 @@ class FlowRuns:
         self.stack = bench.stack
 
     def _model(self, name, url, concurrency):
-        self.stack.manage("set_model", name, "--base-url", url + "/v1", "--upstream-model", "sim",
-                          "--concurrency", str(concurrency), "--input-price", "0.20", "--output-price", "0.80")
+        self.stack.manage(
+            "set_model",
+            name,
+            "--base-url",
+            url + "/v1",
+            "--upstream-model",
+            "sim",
+            "--concurrency",
+            str(concurrency),
+            "--input-price",
+            "0.20",
+            "--output-price",
+            "0.80",
+        )
 
     def _run(self, name, url, concurrency, bodies, timeout_s, sample=None, **cluster_env):
         """One batch of `bodies` on a fresh 2-worker cluster; (seconds from create's answer to completed, batch row)."""
@@ -117,7 +153,9 @@ class FlowRuns:
         as the bare client has neither)."""
         first, last = self.stack.db.query(
             "SELECT MIN(r.finished_at), MAX(r.finished_at) FROM batches_record r JOIN batches_batch b "
-            "ON r.batch_id = b.id WHERE b.public_id = %s", (public_id,))[0]
+            "ON r.batch_id = b.id WHERE b.public_id = %s",
+            (public_id,),
+        )[0]
         from tests.perf.bench_engine import _epoch
 
         return records / max(1e-6, _epoch(last) - _epoch(first))
@@ -133,30 +171,46 @@ class FlowRuns:
             url = self.stack.start_simulator(0, extra=_argv(_flow_config(), metrics), name=f"flow-high{metrics}")
             bodies = [{"messages": [{"role": "user", "content": f"{prompt} #{i}"}]} for i in range(records)]
             maximum = server_maximum(url, bodies[: max(200, records // 3)], "sim")
-            _, public_id, _ = self._run(f"bench/flow-high{metrics or '-latency'}", url, TOO_HIGH, bodies,
-                                        120 + 4 * records / capacity)
+            _, public_id, _ = self._run(
+                f"bench/flow-high{metrics or '-latency'}", url, TOO_HIGH, bodies, 120 + 4 * records / capacity
+            )
             rate = self.finishing_rate(public_id, records)
             stats = _stats(url)
             calls = stats["completed"] + stats["rejected"]
-            results[metrics or "latency"] = (rate / maximum, stats["rejected"] / max(1, calls), stats["max_waiting"],
-                                             stats["rejected"], calls, rate, maximum)
+            results[metrics or "latency"] = (
+                rate / maximum,
+                stats["rejected"] / max(1, calls),
+                stats["max_waiting"],
+                stats["rejected"],
+                calls,
+                rate,
+                maximum,
+            )
         worst_share = min(r[0] for r in results.values())
         worst_503 = max(r[1] for r in results.values())
         from tests.perf.bench_engine import TARGETS, Row
 
         bench.rows["flow_high"] = Row(
-            "flow_high", 12, f"max_concurrency 8x too high ({TOO_HIGH} on {SLOTS} slots), {records:,} records",
-            f"{worst_share:.0%} of max, {worst_503:.2%} 503s", TARGETS["flow_high"],
+            "flow_high",
+            12,
+            f"max_concurrency 8x too high ({TOO_HIGH} on {SLOTS} slots), {records:,} records",
+            f"{worst_share:.0%} of max, {worst_503:.2%} 503s",
+            TARGETS["flow_high"],
             worst_share >= 0.95 and worst_503 <= 0.01,
-            "; ".join(f"{how}: {rate:.0f}/s of the server's {maximum:.0f}/s ({share:.0%}), {rejected} 503s of {calls} "
-                      f"calls, at most {waiting} waiting"
-                      for how, (share, _, waiting, rejected, calls, rate, maximum) in results.items())
+            "; ".join(
+                f"{how}: {rate:.0f}/s of the server's {maximum:.0f}/s ({share:.0%}), {rejected} 503s of {calls} "
+                f"calls, at most {waiting} waiting"
+                for how, (share, _, waiting, rejected, calls, rate, maximum) in results.items()
+            )
             + f"; the server's maximum: a bare client holding {SLOTS + QUEUE_LIMIT // 2} calls (the formula says "
-              f"{capacity:.0f}/s); the gateway's rate: first to last finished record; server: {SLOTS} slots, queue "
-              f"limit {QUEUE_LIMIT}, {DECODE_MS} ms a token (contention {CONTENTION}), {OUTPUT_TOKENS} tokens an "
-              f"answer; latency = no /metrics, vllm = the server's /metrics read",
-            {how: {"share": r[0], "rejected_share": r[1], "max_waiting": r[2], "rate": r[5], "maximum": r[6]}
-             for how, r in results.items()})
+            f"{capacity:.0f}/s); the gateway's rate: first to last finished record; server: {SLOTS} slots, queue "
+            f"limit {QUEUE_LIMIT}, {DECODE_MS} ms a token (contention {CONTENTION}), {OUTPUT_TOKENS} tokens an "
+            f"answer; latency = no /metrics, vllm = the server's /metrics read",
+            {
+                how: {"share": r[0], "rejected_share": r[1], "max_waiting": r[2], "rate": r[5], "maximum": r[6]}
+                for how, r in results.items()
+            },
+        )
         bench.report(f"12: {bench.rows['flow_high'].result} ({bench.rows['flow_high'].detail})")
 
     # 13: the ceiling right, the start 4x too low
@@ -188,17 +242,29 @@ class FlowRuns:
                     return
                 time.sleep(0.5)
 
-        self._run("bench/flow-low", url, LOW_CEILING, bodies, 120 + 4 * records / capacity, sample=sample,
-                  OPENRELAY_CONCURRENCY_START=str(LOW_START // 2))  # two engines: 2 each, 4 in all
+        self._run(
+            "bench/flow-low",
+            url,
+            LOW_CEILING,
+            bodies,
+            120 + 4 * records / capacity,
+            sample=sample,
+            OPENRELAY_CONCURRENCY_START=str(LOW_START // 2),
+        )  # two engines: 2 each, 4 in all
         took = reached.get("s")
         from tests.perf.bench_engine import TARGETS, Row
 
         bench.rows["flow_low"] = Row(
-            "flow_low", 13, f"start 4x too low ({LOW_START} of {SLOTS} slots, ceiling {LOW_CEILING}), {records:,} records",
-            "never" if took is None else f"{took:.1f} s", TARGETS["flow_low"], took is not None and took <= 30,
+            "flow_low",
+            13,
+            f"start 4x too low ({LOW_START} of {SLOTS} slots, ceiling {LOW_CEILING}), {records:,} records",
+            "never" if took is None else f"{took:.1f} s",
+            TARGETS["flow_low"],
+            took is not None and took <= 30,
             f"create's answer -> finished records' rate over 2 s >= 90% of {capacity:.0f}/s (the server's maximum, "
             f"measured with a bare client holding {SLOTS + QUEUE_LIMIT // 2} calls)",
-            {"seconds_to_90": took, "capacity": capacity})
+            {"seconds_to_90": took, "capacity": capacity},
+        )
         bench.report(f"13: {bench.rows['flow_low'].result}")
 
     # 14: prefix-aware dispatch against file order
@@ -206,20 +272,34 @@ class FlowRuns:
         bench = self.bench
         records = 1_000 if bench.scale.quick else 10_000
         rng = random.Random(14)
-        prompts = [f"System prompt {p}: " + " ".join(f"rule{p}-{i}" for i in range(PREFIX_PROMPT_TOKENS // 2))
-                   for p in range(PREFIX_PROMPTS)]
+        prompts = [
+            f"System prompt {p}: " + " ".join(f"rule{p}-{i}" for i in range(PREFIX_PROMPT_TOKENS // 2))
+            for p in range(PREFIX_PROMPTS)
+        ]
         tokens = count_tokens(prompts[0])
-        config = SimulatorConfig(slots=SLOTS, prefill_ms_per_token=PREFIX_PREFILL_MS, decode_ms_per_token=DECODE_MS,
-                                 decode_contention=CONTENTION, prefix_cache_tokens=PREFIX_CACHE_PROMPTS * tokens)
-        bodies = [{"messages": [{"role": "system", "content": rng.choice(prompts)},
-                                {"role": "user", "content": f"Question {i} [[tokens:{PREFIX_OUTPUT_TOKENS}]]"}]}
-                  for i in range(records)]
+        config = SimulatorConfig(
+            slots=SLOTS,
+            prefill_ms_per_token=PREFIX_PREFILL_MS,
+            decode_ms_per_token=DECODE_MS,
+            decode_contention=CONTENTION,
+            prefix_cache_tokens=PREFIX_CACHE_PROMPTS * tokens,
+        )
+        bodies = [
+            {
+                "messages": [
+                    {"role": "system", "content": rng.choice(prompts)},
+                    {"role": "user", "content": f"Question {i} [[tokens:{PREFIX_OUTPUT_TOKENS}]]"},
+                ]
+            }
+            for i in range(records)
+        ]
         worst_rate = capacity_per_second(config, tokens, PREFIX_OUTPUT_TOKENS)
         results = {}
         for how, size in (("file order", "0"), ("prefix-aware", "1024")):
             url = self.stack.start_simulator(0, extra=_argv(config), name=f"prefix-{size}")
-            seconds, _, row = self._run(f"bench/prefix-{size}", url, SLOTS, bodies, 120 + 3 * records / worst_rate,
-                                        OPENRELAY_PREFIX_BYTES=size)
+            seconds, _, row = self._run(
+                f"bench/prefix-{size}", url, SLOTS, bodies, 120 + 3 * records / worst_rate, OPENRELAY_PREFIX_BYTES=size
+            )
             stats = _stats(url)
             results[how] = (seconds, stats["cached_tokens"] / max(1, stats["prompt_tokens"]))
             bench.report(f"14: {how}: {seconds:.1f} s, cached share {results[how][1]:.1%}")
@@ -228,10 +308,17 @@ class FlowRuns:
         from tests.perf.bench_engine import TARGETS, Row
 
         bench.rows["prefix"] = Row(
-            "prefix", 14, f"{PREFIX_PROMPTS} system prompts shuffled through {records:,} records",
-            f"{faster:.2f}x faster, {more:.1f}x cached share", TARGETS["prefix"], faster >= 1.5 and more >= 3,
+            "prefix",
+            14,
+            f"{PREFIX_PROMPTS} system prompts shuffled through {records:,} records",
+            f"{faster:.2f}x faster, {more:.1f}x cached share",
+            TARGETS["prefix"],
+            faster >= 1.5 and more >= 3,
             f"file order {plain_s:.1f} s, {plain_share:.1%} cached; prefix-aware {aware_s:.1f} s, {aware_share:.1%} "
             f"cached; ~{tokens} tokens a system prompt, prefix cache of {PREFIX_CACHE_PROMPTS} prompts, "
             f"{SLOTS} slots, {PREFIX_PREFILL_MS} ms a prompt token, {DECODE_MS} ms an output token",
-            {"file_order": {"seconds": plain_s, "cached_share": plain_share},
-             "prefix_aware": {"seconds": aware_s, "cached_share": aware_share}})
+            {
+                "file_order": {"seconds": plain_s, "cached_share": plain_share},
+                "prefix_aware": {"seconds": aware_s, "cached_share": aware_share},
+            },
+        )

@@ -39,33 +39,59 @@ def fill():
 
     org = Organization.objects.create(name="bench-org")
     models = [Model.objects.create(name=f"bench/model-{i}") for i in range(2)]
-    deployments = [Deployment.objects.create(model=models[i % 2], base_url=f"http://127.0.0.1:{9000 + i}/v1",
-                                             upstream_model="m", max_concurrency=64) for i in range(3)]
+    deployments = [
+        Deployment.objects.create(
+            model=models[i % 2], base_url=f"http://127.0.0.1:{9000 + i}/v1", upstream_model="m", max_concurrency=64
+        )
+        for i in range(3)
+    ]
     now = timezone.now()
     total = BATCHES + RUNNING
-    Batch.objects.bulk_create([
-        Batch(organization=org, endpoint="/v1/chat/completions", model=models[i % 2], model_name=models[i % 2].name,
-              input_file_public_id="file-x", created_at=now, expires_at=now + timedelta(hours=24),
-              status="completed" if i < BATCHES else "in_progress", total_count=PER_BATCH,
-              completed_count=PER_BATCH - 10 if i < BATCHES else 300, failed_count=10 if i < BATCHES else 3,
-              input_tokens=120_000, output_tokens=40_000)
-        for i in range(total)
-    ], batch_size=500)
+    Batch.objects.bulk_create(
+        [
+            Batch(
+                organization=org,
+                endpoint="/v1/chat/completions",
+                model=models[i % 2],
+                model_name=models[i % 2].name,
+                input_file_public_id="file-x",
+                created_at=now,
+                expires_at=now + timedelta(hours=24),
+                status="completed" if i < BATCHES else "in_progress",
+                total_count=PER_BATCH,
+                completed_count=PER_BATCH - 10 if i < BATCHES else 300,
+                failed_count=10 if i < BATCHES else 3,
+                input_tokens=120_000,
+                output_tokens=40_000,
+            )
+            for i in range(total)
+        ],
+        batch_size=500,
+    )
     first = Batch.objects.order_by("pk").values_list("pk", flat=True).first()
-    body = "'" + '{"id":"chatcmpl-x","object":"chat.completion","choices":[{"index":0,"message":{"role":' \
+    body = (
+        "'" + '{"id":"chatcmpl-x","object":"chat.completion","choices":[{"index":0,"message":{"role":'
         '"assistant","content":"' + "x" * 160 + '"},"finish_reason":"stop"}],"usage":{"prompt_tokens":120}}' + "'"
+    )
     n = total * PER_BATCH
-    series = (f"SELECT generate_series AS n FROM generate_series(1, {n})" if connection.vendor == "postgresql"
-              else f"WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < {n}) SELECT n FROM s")
+    series = (
+        f"SELECT generate_series AS n FROM generate_series(1, {n})"
+        if connection.vendor == "postgresql"
+        else f"WITH RECURSIVE s(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM s WHERE n < {n}) SELECT n FROM s"
+    )
     # Lines 1-990 succeeded, 991-1000 failed (four codes) in finished batches; running batches:
     # 300 succeeded, 3 failed, 50 claimed, the rest pending.
     line = f"((n - 1) % {PER_BATCH} + 1)"
     running = f"(((n - 1) / {PER_BATCH}) >= {BATCHES})"
-    status = (f"CASE WHEN {running} THEN (CASE WHEN {line} <= 300 THEN 'succeeded' WHEN {line} <= 303 THEN 'failed' "
-              f"WHEN {line} <= 353 THEN 'running' ELSE 'pending' END) "
-              f"WHEN {line} <= 990 THEN 'succeeded' ELSE 'failed' END")
-    code = (f"CASE WHEN {status} = 'failed' THEN (CASE {line} % 4 WHEN 0 THEN 'upstream_error' "
-            f"WHEN 1 THEN 'request_time_limit' WHEN 2 THEN 'batch_expired' ELSE '' END) ELSE '' END")
+    status = (
+        f"CASE WHEN {running} THEN (CASE WHEN {line} <= 300 THEN 'succeeded' WHEN {line} <= 303 THEN 'failed' "
+        f"WHEN {line} <= 353 THEN 'running' ELSE 'pending' END) "
+        f"WHEN {line} <= 990 THEN 'succeeded' ELSE 'failed' END"
+    )
+    code = (
+        f"CASE WHEN {status} = 'failed' THEN (CASE {line} % 4 WHEN 0 THEN 'upstream_error' "
+        f"WHEN 1 THEN 'request_time_limit' WHEN 2 THEN 'batch_expired' ELSE '' END) ELSE '' END"
+    )
     status_code = f"CASE WHEN {status} = 'failed' AND {line} % 4 = 3 THEN 400 ELSE NULL END"
     table = connection.ops.quote_name(Record._meta.db_table)
     started = time.monotonic()
@@ -76,7 +102,8 @@ def fill():
             f"reasoning_tokens, usage_implausible, status_code) "
             f"SELECT {first} + (n - 1) / {PER_BATCH}, {line}, 'req-' || n, n * 400, 400, {status}, 1, '', 'req', "
             f"CASE WHEN {status} = 'succeeded' THEN {body} ELSE '' END, {code}, '', 120, 0, 40, 0, 0, {status_code} "
-            f"FROM ({series}) AS numbers")
+            f"FROM ({series}) AS numbers"
+        )
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {table}")
@@ -110,12 +137,18 @@ def measure(runs):
     query_count = len(queries)
     reset_queries()
     started = time.perf_counter()
-    naive = list(Record.objects.exclude(status__in=["pending", "running"]).values_list(
-        "batch__model_name", "status", "error_code", "status_code").annotate(n=Count("pk")).order_by())
+    naive = list(
+        Record.objects.exclude(status__in=["pending", "running"])
+        .values_list("batch__model_name", "status", "error_code", "status_code")
+        .annotate(n=Count("pk"))
+        .order_by()
+    )
     naive_s = time.perf_counter() - started
     lines = text.count(b"\n")
-    print(f"scrape: median {statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms over {runs}, "
-          f"{query_count} queries, {len(text):,} bytes, {lines:,} lines")
+    print(
+        f"scrape: median {statistics.median(times) * 1000:.1f} ms, max {max(times) * 1000:.1f} ms over {runs}, "
+        f"{query_count} queries, {len(text):,} bytes, {lines:,} lines"
+    )
     print(f"for comparison, outcomes grouped over every record: {naive_s * 1000:.0f} ms ({len(naive)} groups)")
 
 

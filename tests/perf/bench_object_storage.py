@@ -28,8 +28,12 @@ def moto():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    process = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     while True:
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
@@ -44,10 +48,17 @@ def main():
     args = parser.parse_args()
     process, endpoint = moto()
     try:
-        os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1",
-                           "OPENRELAY_DATA_DIR": tempfile.mkdtemp(prefix="s3bench-"), "OPENRELAY_LOG_LEVEL": "WARNING",
-                           "OPENRELAY_STORAGE_URL": f"s3://bench/files?endpoint_url={endpoint}&addressing_style=path",
-                           "DJANGO_SETTINGS_MODULE": "openrelay.settings"})
+        os.environ.update(
+            {
+                "AWS_ACCESS_KEY_ID": "bench",
+                "AWS_SECRET_ACCESS_KEY": "bench",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "OPENRELAY_DATA_DIR": tempfile.mkdtemp(prefix="s3bench-"),
+                "OPENRELAY_LOG_LEVEL": "WARNING",
+                "OPENRELAY_STORAGE_URL": f"s3://bench/files?endpoint_url={endpoint}&addressing_style=path",
+                "DJANGO_SETTINGS_MODULE": "openrelay.settings",
+            }
+        )
         import boto3
         import django
         import orjson
@@ -64,8 +75,17 @@ def main():
         with tempfile.TemporaryFile() as f:
             i = 0
             while offset < args.mb * 2**20:
-                line = orjson.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
-                                     "body": {"model": "m", "messages": [{"role": "user", "content": "x" * 3800}]}}) + b"\n"
+                line = (
+                    orjson.dumps(
+                        {
+                            "custom_id": f"req-{i}",
+                            "method": "POST",
+                            "url": "/v1/chat/completions",
+                            "body": {"model": "m", "messages": [{"role": "user", "content": "x" * 3800}]},
+                        }
+                    )
+                    + b"\n"
+                )
                 f.write(line)
                 spans.append((offset, len(line)))
                 offset += len(line)
@@ -74,8 +94,10 @@ def main():
             started = time.perf_counter()
             name = default_storage.save("bench/in.jsonl", File(f, name="in.jsonl"))
             print(f"uploaded {offset / 2**20:.0f} MB ({len(spans):,} lines) in {time.perf_counter() - started:.1f} s")
-        for label, open_ in (("ranged (open_records)", lambda: storage.open_records(default_storage, name)),
-                             ("backend file (S3File)", lambda: default_storage.open(name, "rb"))):
+        for label, open_ in (
+            ("ranged (open_records)", lambda: storage.open_records(default_storage, name)),
+            ("backend file (S3File)", lambda: default_storage.open(name, "rb")),
+        ):
             with PeakRss() as rss:
                 started = time.perf_counter()
                 reader, read = open_(), 0

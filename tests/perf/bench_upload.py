@@ -43,13 +43,14 @@ def write_input(path, records=RECORDS, line_bytes=LINE_BYTES):
                 "custom_id": f"doc-{i // 90:04d}-page-{i % 90:03d}",
                 "method": "POST",
                 "url": "/v1/chat/completions",
-                "body": {"model": "openrelay/gemma-4-31b", "max_tokens": 256,
-                         "messages": [{"role": "user", "content": f"{i} {filler}"}]},
+                "body": {
+                    "model": "openrelay/gemma-4-31b",
+                    "max_tokens": 256,
+                    "messages": [{"role": "user", "content": f"{i} {filler}"}],
+                },
             }
             out.write(orjson.dumps(line) + b"\n")
     return path.stat().st_size
-
-
 
 
 def _free_port():
@@ -65,9 +66,22 @@ def _manage(env, *args):
 
 def _server_command(server, port):
     if server == "uvicorn":
-        return [PYTHON, "-m", "uvicorn", "openrelay.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                "--log-level", "warning", "--lifespan", "off",
-                "--http", "openrelay.web.webserver:HttpToolsProtocol"]  # the protocol `up` and production run
+        return [
+            PYTHON,
+            "-m",
+            "uvicorn",
+            "openrelay.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--lifespan",
+            "off",
+            "--http",
+            "openrelay.web.webserver:HttpToolsProtocol",
+        ]  # the protocol `up` and production run
     return [PYTHON, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "openrelay.asgi:application"]
 
 
@@ -89,8 +103,12 @@ def _upload(base, key, path):
 def _download(base, key, file_id, expected):
     started = time.perf_counter()
     size = 0
-    with httpx.stream("GET", f"{base}/v1/files/{file_id}/content", timeout=300,
-                      headers={"Authorization": f"Bearer {key}", "Accept": "application/binary"}) as response:
+    with httpx.stream(
+        "GET",
+        f"{base}/v1/files/{file_id}/content",
+        timeout=300,
+        headers={"Authorization": f"Bearer {key}", "Accept": "application/binary"},
+    ) as response:
         response.raise_for_status()
         for chunk in response.iter_raw(MB):
             size += len(chunk)
@@ -110,8 +128,9 @@ def run(report=print, server="daphne", records=RECORDS):
         key = _manage(env, "create_org", "bench")[-1]
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
-        process = subprocess.Popen(_server_command(server, port), cwd=ROOT, env=env,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        process = subprocess.Popen(
+            _server_command(server, port), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         try:
             wait_http(process, f"{base}/v1/files")
             httpx.get(f"{base}/v1/files", headers={"Authorization": f"Bearer {key}"}).raise_for_status()  # warm up

@@ -74,6 +74,7 @@ def django_in_throwaway_database(database_url, prefix):
             connections.close_all()
             with psycopg.connect(database_url, autocommit=True) as admin:
                 admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "openrelay.settings")
     import django
 

@@ -72,11 +72,19 @@ class Gateway:
             database_url = urlunsplit(parts._replace(path="/" + self.db_name))
         else:
             database_url = f"sqlite:///{tmp / 'load.sqlite3'}"
-        self.env = {k: v for k, v in os.environ.items() if not k.startswith("OPENRELAY_")
-                    and k not in ("DATABASE_URL", "REDIS_URL")}
-        self.env.update(OPENRELAY_DATA_DIR=str(tmp / "data"), DATABASE_URL=database_url,
-                        SECRET_KEY="load-" + secrets.token_hex(16), OPENRELAY_LOG_LEVEL="WARNING",
-                        OPENRELAY_Q_WORKERS=str(workers), OPENRELAY_BATCH_CREATE_RATE="1000/minute")
+        self.env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("OPENRELAY_") and k not in ("DATABASE_URL", "REDIS_URL")
+        }
+        self.env.update(
+            OPENRELAY_DATA_DIR=str(tmp / "data"),
+            DATABASE_URL=database_url,
+            SECRET_KEY="load-" + secrets.token_hex(16),
+            OPENRELAY_LOG_LEVEL="WARNING",
+            OPENRELAY_Q_WORKERS=str(workers),
+            OPENRELAY_BATCH_CREATE_RATE="1000/minute",
+        )
         if redis_url:
             self._check_loopback(redis_url)
             import redis
@@ -99,16 +107,18 @@ class Gateway:
             connection.execute(sql)
 
     def manage(self, *args):
-        result = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True,
-                                timeout=300)
+        result = subprocess.run(
+            [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
+        )
         if result.returncode:
             raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr[-3000:]}")
         return result.stdout
 
     def spawn(self, name, argv):
         log = open(self.tmp / f"{name}.log", "wb")
-        process = subprocess.Popen(argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+        process = subprocess.Popen(
+            argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.close()
         self.processes.append(process)
         return process
@@ -116,20 +126,54 @@ class Gateway:
     def start(self):
         self.manage("migrate", "--verbosity", "0")
         sim_port = _free_port()
-        sim = self.spawn("simulator", [PYTHON, "-m", "openrelay.simulator", "--host", "127.0.0.1", "--port",
-                                       str(sim_port), "--latency-ms", str(self.sim_latency_ms), "--no-record"])
+        sim = self.spawn(
+            "simulator",
+            [
+                PYTHON,
+                "-m",
+                "openrelay.simulator",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(sim_port),
+                "--latency-ms",
+                str(self.sim_latency_ms),
+                "--no-record",
+            ],
+        )
         wait_http(sim, f"http://127.0.0.1:{sim_port}/v1/models")
-        key = self.manage("shell", "-c", (
-            "from django.core.management import call_command\n"
-            "from openrelay.core.models import ApiKey, Organization\n"
-            f"call_command('set_model', {MODEL!r}, base_url='http://127.0.0.1:{sim_port}/v1', concurrency=64,"
-            " stdout=open('/dev/null', 'w'))\n"
-            "org = Organization.objects.create(name='load-test')\n"
-            "print(ApiKey.issue(org, 'load test')[1])\n")).strip().splitlines()[-1]
+        key = (
+            self.manage(
+                "shell",
+                "-c",
+                (
+                    "from django.core.management import call_command\n"
+                    "from openrelay.core.models import ApiKey, Organization\n"
+                    f"call_command('set_model', {MODEL!r}, base_url='http://127.0.0.1:{sim_port}/v1', concurrency=64,"
+                    " stdout=open('/dev/null', 'w'))\n"
+                    "org = Organization.objects.create(name='load-test')\n"
+                    "print(ApiKey.issue(org, 'load test')[1])\n"
+                ),
+            )
+            .strip()
+            .splitlines()[-1]
+        )
         self.spawn("qcluster", [PYTHON, "manage.py", "qcluster"])
         web_port = _free_port()
-        web = self.spawn("web", [PYTHON, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(web_port),
-                                 "--no-access-log", "openrelay.asgi:application"])
+        web = self.spawn(
+            "web",
+            [
+                PYTHON,
+                "-m",
+                "uvicorn",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(web_port),
+                "--no-access-log",
+                "openrelay.asgi:application",
+            ],
+        )
         self.base = f"http://127.0.0.1:{web_port}"
         wait_http(web, f"{self.base}/v1/openapi.json")
         return key
@@ -143,20 +187,35 @@ class Gateway:
             self._psql(f'DROP DATABASE IF EXISTS "{self.db_name}" WITH (FORCE)')
 
 
-
-
 def create_batches(base, key, count, records):
     client = httpx.Client(base_url=f"{base}/v1", headers={"Authorization": f"Bearer {key}"}, timeout=120)
     ids = []
     for b in range(count):
-        lines = b"".join(orjson.dumps({"custom_id": f"b{b}-r{i}", "method": "POST", "url": "/v1/chat/completions",
-                                       "body": {"model": MODEL, "messages": [{"role": "user",
-                                                                              "content": f"batch {b} q {i}"}]}})
-                         + b"\n" for i in range(records))
-        file_id = client.post("/files", files={"file": ("in.jsonl", lines, "application/jsonl")},
-                              data={"purpose": "batch"}).raise_for_status().json()["id"]
-        batch = client.post("/batches", json={"input_file_id": file_id, "endpoint": "/v1/chat/completions",
-                                              "completion_window": "24h"}).raise_for_status().json()
+        lines = b"".join(
+            orjson.dumps(
+                {
+                    "custom_id": f"b{b}-r{i}",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": MODEL, "messages": [{"role": "user", "content": f"batch {b} q {i}"}]},
+                }
+            )
+            + b"\n"
+            for i in range(records)
+        )
+        file_id = (
+            client.post("/files", files={"file": ("in.jsonl", lines, "application/jsonl")}, data={"purpose": "batch"})
+            .raise_for_status()
+            .json()["id"]
+        )
+        batch = (
+            client.post(
+                "/batches",
+                json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+            )
+            .raise_for_status()
+            .json()
+        )
         ids.append(batch["id"])
     return ids
 
@@ -199,15 +258,25 @@ async def poll(base, key, batch_ids, clients, max_seconds, max_requests):
     return latencies, errors, statuses, sent, elapsed
 
 
-def run(database_url=None, redis_url=None, clients=100, batches=10, records=1000, max_seconds=120,
-        max_requests=200_000, workers=2, sim_latency_ms=50):
+def run(
+    database_url=None,
+    redis_url=None,
+    clients=100,
+    batches=10,
+    records=1000,
+    max_seconds=120,
+    max_requests=200_000,
+    workers=2,
+    sim_latency_ms=50,
+):
     with tempfile.TemporaryDirectory(prefix="load-polling-") as tmp:
         gateway = Gateway(Path(tmp), database_url, redis_url, workers=workers, sim_latency_ms=sim_latency_ms)
         try:
             key = gateway.start()
             batch_ids = create_batches(gateway.base, key, batches, records)
             latencies, errors, statuses, sent, elapsed = asyncio.run(
-                poll(gateway.base, key, batch_ids, clients, max_seconds, max_requests))
+                poll(gateway.base, key, batch_ids, clients, max_seconds, max_requests)
+            )
         finally:
             gateway.close()
         web_log = (Path(tmp) / "web.log").read_text(errors="replace").splitlines()
@@ -224,8 +293,12 @@ def run(database_url=None, redis_url=None, clients=100, batches=10, records=1000
         "error_samples": errors[:5],
         "elapsed_s": round(elapsed, 1),
         "requests_per_s": round(len(latencies) / elapsed, 1) if elapsed else None,
-        "latency_ms": {"p50": _percentile(ms, 50), "p95": _percentile(ms, 95), "p99": _percentile(ms, 99),
-                       "max": max(ms) if ms else None},
+        "latency_ms": {
+            "p50": _percentile(ms, 50),
+            "p95": _percentile(ms, 95),
+            "p99": _percentile(ms, 99),
+            "max": max(ms) if ms else None,
+        },
         "batch_statuses": sorted(statuses.values()),
         # What the web server logged about failed requests (it logs nothing else at WARNING).
         "web_log_tail": web_log[-60:] if errors else [],
@@ -244,8 +317,17 @@ def main(argv=None):
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--sim-latency-ms", type=float, default=50)
     args = parser.parse_args(argv)
-    report = run(args.database_url, args.redis_url, args.clients, args.batches, args.records, args.max_seconds,
-                 args.max_requests, args.workers, args.sim_latency_ms)
+    report = run(
+        args.database_url,
+        args.redis_url,
+        args.clients,
+        args.batches,
+        args.records,
+        args.max_seconds,
+        args.max_requests,
+        args.workers,
+        args.sim_latency_ms,
+    )
     sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
     sys.exit(1 if report["errors"] else 0)
 

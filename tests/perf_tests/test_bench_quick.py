@@ -16,8 +16,19 @@ import pytest
 from tests.perf.bench_engine import TARGETS
 
 ROOT = Path(__file__).resolve().parents[2]
-ROW_NAMES = ("create", "upload", "end to end", "first model call", "latency-bound", "finalize", "scale-out",
-             "worker peak RSS", "fairness", "recovery", "many batches")
+ROW_NAMES = (
+    "create",
+    "upload",
+    "end to end",
+    "first model call",
+    "latency-bound",
+    "finalize",
+    "scale-out",
+    "worker peak RSS",
+    "fairness",
+    "recovery",
+    "many batches",
+)
 
 
 # On PostgreSQL + Redis: the bench's own database and broker set-up and SQL, through the
@@ -54,10 +65,18 @@ def test_bench_quick_prints_every_row_with_its_target():
 
 
 def test_bench_only_names_the_parts_it_knows():
-    result = subprocess.run([sys.executable, "manage.py", "bench", "--only", "e2e", "everything"], cwd=ROOT,
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "manage.py", "bench", "--only", "e2e", "everything"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode != 0
-    assert "--only takes big, e2e, first_call, latency, scale, fairness, recovery, many, flow, prefix; not everything." in result.stderr
+    assert (
+        "--only takes big, e2e, first_call, latency, scale, fairness, recovery, many, flow, prefix; not everything."
+        in result.stderr
+    )
 
 
 def test_bench_steps_follow_only():

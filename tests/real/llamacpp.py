@@ -94,8 +94,9 @@ def tiny_model(cache):
     path = cache / "tiny.gguf"
     if not path.exists():
         vocab = llamacpp_build.sources(cache) / "models" / "ggml-vocab-llama-spm.gguf"
-        llamacpp_build.run(llamacpp_build.tool_python(cache), Path(__file__).with_name("make_tiny_gguf.py"),
-                           vocab, path)
+        llamacpp_build.run(
+            llamacpp_build.tool_python(cache), Path(__file__).with_name("make_tiny_gguf.py"), vocab, path
+        )
     return path
 
 
@@ -103,8 +104,22 @@ def tiny_model(cache):
 def llama_server(cache, work):
     binary, model = llamacpp_build.server_binary(cache), tiny_model(cache)
     port = free_port()
-    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(2 * SLOT_CONTEXT), "-np", "2",
-            "--metrics", "-t", "1"]
+    argv = [
+        binary,
+        "-m",
+        model,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "-c",
+        str(2 * SLOT_CONTEXT),
+        "-np",
+        "2",
+        "--metrics",
+        "-t",
+        "1",
+    ]
     with process(["nice", "-n", "19", *map(str, argv)], work / "llama-server.log"):
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: answers(f"{base}/health"), "llama-server")
@@ -114,13 +129,16 @@ def llama_server(cache, work):
 def metrics(base):
     text = httpx.get(f"{base}/metrics").text
     found = dict(re.findall(r"^llamacpp:(\w+) ([0-9.e+]+)$", text, re.M))
-    return {name: int(float(found[name])) for name in
-            ("prompt_tokens_total", "prompt_tokens_cached_total", "tokens_predicted_total")}
+    return {
+        name: int(float(found[name]))
+        for name in ("prompt_tokens_total", "prompt_tokens_cached_total", "tokens_predicted_total")
+    }
 
 
 def manage(env, *args):
-    result = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
     return result.stdout
 
 
@@ -129,14 +147,39 @@ def openrelay(work, llama_base):
     env = {**os.environ, "OPENRELAY_DATA_DIR": str(work / "data"), "OPENRELAY_LOG_LEVEL": "WARNING"}
     env.pop("DATABASE_URL", None), env.pop("REDIS_URL", None)  # SQLite and the ORM broker, as `up` runs
     manage(env, "migrate", "--noinput")
-    manage(env, "set_model", MODEL, "--base-url", f"{llama_base}/v1", "--upstream-model", UPSTREAM,
-           "--input-price", str(PRICE_INPUT), "--output-price", str(PRICE_OUTPUT), "--concurrency", "2")
+    manage(
+        env,
+        "set_model",
+        MODEL,
+        "--base-url",
+        f"{llama_base}/v1",
+        "--upstream-model",
+        UPSTREAM,
+        "--input-price",
+        str(PRICE_INPUT),
+        "--output-price",
+        str(PRICE_OUTPUT),
+        "--concurrency",
+        "2",
+    )
     key = manage(env, "create_org", "real-llama").strip().splitlines()[-1]
     port = free_port()
-    web = [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
-           "openrelay.asgi:application"]
-    with process(web, work / "web.log", cwd=ROOT, env=env), \
-            process([sys.executable, "manage.py", "qcluster"], work / "qcluster.log", cwd=ROOT, env=env):
+    web = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        "openrelay.asgi:application",
+    ]
+    with (
+        process(web, work / "web.log", cwd=ROOT, env=env),
+        process([sys.executable, "manage.py", "qcluster"], work / "qcluster.log", cwd=ROOT, env=env),
+    ):
         url = f"http://127.0.0.1:{port}/v1"
         wait_for(lambda: answers(f"{url}/openapi.json"), "OpenRelay's web server")
         yield url, key
@@ -154,19 +197,38 @@ CHAT_RECORDS = [
     line("plain-1", "/v1/chat/completions", chat("Name three primary colors.")),
     line("plain-2", "/v1/chat/completions", chat("Name three prime numbers.")),
     line("plain-3", "/v1/chat/completions", chat("What is a batch API?", max_tokens=4)),
-    line("sampling-1", "/v1/chat/completions", chat("Tell me about llamas.", temperature=0.7, top_p=0.9, top_k=20,
-                                                     min_p=0.05, repeat_penalty=1.1, seed=22, presence_penalty=0.2,
-                                                     frequency_penalty=0.1, stop=["\n\n"])),
-    line("sampling-2", "/v1/chat/completions", chat("Count to five.", temperature=0, seed=7, typical_p=0.95,
-                                                     mirostat=0, n_probs=0)),
+    line(
+        "sampling-1",
+        "/v1/chat/completions",
+        chat(
+            "Tell me about llamas.",
+            temperature=0.7,
+            top_p=0.9,
+            top_k=20,
+            min_p=0.05,
+            repeat_penalty=1.1,
+            seed=22,
+            presence_penalty=0.2,
+            frequency_penalty=0.1,
+            stop=["\n\n"],
+        ),
+    ),
+    line(
+        "sampling-2",
+        "/v1/chat/completions",
+        chat("Count to five.", temperature=0, seed=7, typical_p=0.95, mirostat=0, n_probs=0),
+    ),
     line("too-long", "/v1/chat/completions", chat("word " * (SLOT_CONTEXT * 2))),
 ]
 CACHE_PROMPT = "Summarize the following: " + "batch processing saves money. " * 12
 CACHE_RECORDS = [line(f"cache-{i}", "/v1/chat/completions", chat(CACHE_PROMPT)) for i in (1, 2)]
 RESPONSES_RECORDS = [
     line("responses-1", "/v1/responses", {"input": "Say hello.", "max_output_tokens": 6}),
-    line("responses-2", "/v1/responses", {"input": [{"role": "user", "content": "Say goodbye."}],
-                                          "instructions": "Be brief.", "max_output_tokens": 6}),
+    line(
+        "responses-2",
+        "/v1/responses",
+        {"input": [{"role": "user", "content": "Say goodbye."}], "instructions": "Be brief.", "max_output_tokens": 6},
+    ),
 ]
 N2_RECORDS = [line("two-choices", "/v1/chat/completions", chat("Pick a number.", n=2))]
 
@@ -210,22 +272,37 @@ def check_batch(checks, name, raw, output, errors, delta, hidden, exact=True):
     text = json.dumps([raw, output, errors])
     for secret in hidden:
         checks.that(secret not in text, f"{name}: {secret!r} appears in a result file or the batch")
-    checks.that({o["response"]["body"].get("model") for o in output} <= {MODEL}, f"{name}: an output names another model")
+    checks.that(
+        {o["response"]["body"].get("model") for o in output} <= {MODEL}, f"{name}: an output names another model"
+    )
     usage = raw["usage"] or {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 0}
-    billed = {"input": usage["input_tokens"], "cached": usage["input_tokens_details"]["cached_tokens"],
-              "output": usage["output_tokens"]}
-    counted = {"input": delta["prompt_tokens_total"] + delta["prompt_tokens_cached_total"],
-               "cached": delta["prompt_tokens_cached_total"], "output": delta["tokens_predicted_total"]}
+    billed = {
+        "input": usage["input_tokens"],
+        "cached": usage["input_tokens_details"]["cached_tokens"],
+        "output": usage["output_tokens"],
+    }
+    counted = {
+        "input": delta["prompt_tokens_total"] + delta["prompt_tokens_cached_total"],
+        "cached": delta["prompt_tokens_cached_total"],
+        "output": delta["tokens_predicted_total"],
+    }
     if exact:
         checks.that(billed == counted, f"{name}: billed {billed} but llama-server counted {counted}")
     if raw["usage"]:
         cost = raw["usage"]["cost"]
         expected_cached = usd(billed["cached"], PRICE_INPUT)  # no cached price: the input price
-        checks.that(Decimal(cost["cached_input"]) == expected_cached.quantize(Decimal("1e-9")),
-                    f"{name}: cached input cost {cost['cached_input']} != {expected_cached}")
-    return {"status": raw["status"], "request_counts": raw["request_counts"], "billed": billed,
-            "llama_server_counted": counted, "implausible_usage": raw["openrelay"]["implausible_usage"],
-            "cost": raw["usage"]["cost"] if raw["usage"] else None}
+        checks.that(
+            Decimal(cost["cached_input"]) == expected_cached.quantize(Decimal("1e-9")),
+            f"{name}: cached input cost {cost['cached_input']} != {expected_cached}",
+        )
+    return {
+        "status": raw["status"],
+        "request_counts": raw["request_counts"],
+        "billed": billed,
+        "llama_server_counted": counted,
+        "implausible_usage": raw["openrelay"]["implausible_usage"],
+        "cost": raw["usage"]["cost"] if raw["usage"] else None,
+    }
 
 
 def main():
@@ -243,17 +320,23 @@ def main():
             summary["chat"] = check_batch(checks, "chat", raw, output, errors, delta, hidden)
             too_long = [e for e in errors if e["custom_id"] == "too-long"]
             checks.that(len(output) == 5, f"chat: {len(output)} outputs, not 5")
-            checks.that(len(too_long) == 1 and too_long[0]["response"]["status_code"] == 400,
-                        f"chat: the prompt over the context is not a 400 in the error file: {too_long}")
-            summary["chat"]["too_long_error"] = too_long[0]["response"]["body"]["error"]["message"] if too_long else None
+            checks.that(
+                len(too_long) == 1 and too_long[0]["response"]["status_code"] == 400,
+                f"chat: the prompt over the context is not a 400 in the error file: {too_long}",
+            )
+            summary["chat"]["too_long_error"] = (
+                too_long[0]["response"]["body"]["error"]["message"] if too_long else None
+            )
 
             raw, output, errors, delta = run_batch(client, url, key, llama_base, "/v1/chat/completions", CACHE_RECORDS)
             summary["cache"] = check_batch(checks, "cache", raw, output, errors, delta, hidden)
 
             raw, output, errors, delta = run_batch(client, url, key, llama_base, "/v1/responses", RESPONSES_RECORDS)
             summary["responses"] = check_batch(checks, "responses", raw, output, errors, delta, hidden)
-            checks.that([o["response"]["body"]["object"] for o in output] == ["response", "response"],
-                        f"responses: outputs {[o['response']['body'].get('object') for o in output]}")
+            checks.that(
+                [o["response"]["body"]["object"] for o in output] == ["response", "response"],
+                f"responses: outputs {[o['response']['body'].get('object') for o in output]}",
+            )
 
             raw, output, errors, delta = run_batch(client, url, key, llama_base, "/v1/chat/completions", N2_RECORDS)
             summary["n2"] = check_batch(checks, "n2", raw, output, errors, delta, hidden, exact=False)

@@ -16,8 +16,13 @@ from pathlib import Path
 
 SDIST = "llama-cpp-python==0.3.36"
 CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF",
-    "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=OFF",
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DLLAMA_CURL=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF",
+    "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
 )
 
 
@@ -55,8 +60,17 @@ def server_binary(cache=None):
     build = cache / "build"
     jobs = str(os.cpu_count() or 2)
     nice = ["nice", "-n", "19"] if shutil.which("nice") else []
-    run(*nice, "cmake", "-S", tree, "-B", build, "-G", "Ninja" if shutil.which("ninja") else "Unix Makefiles",
-        *CMAKE_FLAGS)
+    run(
+        *nice,
+        "cmake",
+        "-S",
+        tree,
+        "-B",
+        build,
+        "-G",
+        "Ninja" if shutil.which("ninja") else "Unix Makefiles",
+        *CMAKE_FLAGS,
+    )
     run(*nice, "cmake", "--build", build, "--target", "llama-server", "-j", jobs)
     binary.parent.mkdir(exist_ok=True)
     shutil.copy2(build / "bin" / "llama-server", binary)

@@ -45,8 +45,12 @@ def assert_envelope(response, status=None, code=None):
 
 
 def record(custom_id, content="Hello", **body_extra):
-    return {"custom_id": custom_id, "method": "POST", "url": CHAT,
-            "body": {"model": MODEL, "messages": [{"role": "user", "content": content}], **body_extra}}
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": CHAT,
+        "body": {"model": MODEL, "messages": [{"role": "user", "content": content}], **body_extra},
+    }
 
 
 def jsonl(*lines):

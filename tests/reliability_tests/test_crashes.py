@@ -88,16 +88,22 @@ def _postgres_ready():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(connection.vendor != "postgresql" or not _postgres_cluster() or not shutil.which("pg_ctlcluster"),
-                    reason="restarts PostgreSQL: only when the tests run against it")
+@pytest.mark.skipif(
+    connection.vendor != "postgresql" or not _postgres_cluster() or not shutil.which("pg_ctlcluster"),
+    reason="restarts PostgreSQL: only when the tests run against it",
+)
 def test_a_postgresql_restart_mid_batch(alice, slow_model, clusters):
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
     cluster = clusters()
     wait_for(lambda: succeeded(batch) >= 200, 60, "progress")
     assert succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
     try:
-        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", _postgres_cluster(), "main", "restart"],
-                       check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["pg_ctlcluster", "--skip-systemctl-redirect", _postgres_cluster(), "main", "restart"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     finally:
         _wait_until(_postgres_ready, 60, "PostgreSQL to accept connections again")
     connections.close_all()  # this process's connection died with the server
@@ -111,29 +117,56 @@ def test_a_postgresql_restart_mid_batch(alice, slow_model, clusters):
 
 
 def _redis_ready():
-    return subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "ping"], capture_output=True,
-                          text=True).stdout.strip() == "PONG"
+    return (
+        subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", "6379", "ping"], capture_output=True, text=True
+        ).stdout.strip()
+        == "PONG"
+    )
 
 
 def _start_redis():
     Path("/var/lib/redis").mkdir(parents=True, exist_ok=True)
     Path("/var/log/redis").mkdir(parents=True, exist_ok=True)
-    subprocess.run(["redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379",
-                    "--save", "", "--appendonly", "no", "--dir", "/var/lib/redis",
-                    "--logfile", "/var/log/redis/ci.log"], check=True, capture_output=True, timeout=30)
+    subprocess.run(
+        [
+            "redis-server",
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=30,
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not django_settings.REDIS_URL or not shutil.which("redis-server"),
-                    reason="restarts Redis: only when REDIS_URL is set")
+@pytest.mark.skipif(
+    not django_settings.REDIS_URL or not shutil.which("redis-server"),
+    reason="restarts Redis: only when REDIS_URL is set",
+)
 def test_a_redis_restart_mid_batch(alice, slow_model, clusters):
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(1500)])
     cluster = clusters()
     wait_for(lambda: succeeded(batch) >= 200, 60, "progress")
     assert succeeded(batch) < 1000, "the batch is nearly done before the restart; the test proves little"
     try:
-        subprocess.run(["redis-cli", "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave"], capture_output=True,
-                       timeout=30)
+        subprocess.run(
+            ["redis-cli", "-h", "127.0.0.1", "-p", "6379", "shutdown", "nosave"], capture_output=True, timeout=30
+        )
         _wait_until(lambda: not _redis_ready(), 10, "Redis to stop")
         time.sleep(0.5)  # a deliberate sleep: the broker stays down a moment while the batch runs
     finally:
@@ -161,9 +194,23 @@ class WebServer:
         self.port = free_port()
         env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--host", "127.0.0.1", "--port", str(self.port), "--no-access-log",
-             "openrelay.asgi:application"], cwd=ROOT, env=env, start_new_session=True,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--no-access-log",
+                "openrelay.asgi:application",
+            ],
+            cwd=ROOT,
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         _wait_until(self._listening, 30, "the web server to listen")
 
     def _listening(self):
@@ -186,21 +233,35 @@ def _stored_files(data_dir):
 
 @pytest.mark.slow
 def test_the_web_process_killed_mid_upload_leaves_nothing(alice, tmp_path, settings, transactional_db):
-    settings.STORAGES = {**settings.STORAGES, "default": {
-        "BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "files")}}}
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path / "files")},
+        },
+    }
     server = WebServer(tmp_path)
-    line = b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", ' \
-           b'"messages": [{"role": "user", "content": "' + b"x" * 900 + b'"}]}}\n'
+    line = (
+        b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "m", '
+        b'"messages": [{"role": "user", "content": "' + b"x" * 900 + b'"}]}}\n'
+    )
     boundary = "reliability-boundary"
-    head = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
-            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"big.jsonl\"\r\n"
-            f"Content-Type: application/jsonl\r\n\r\n").encode()
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+        f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="big.jsonl"\r\n'
+        f"Content-Type: application/jsonl\r\n\r\n"
+    ).encode()
     declared = 40 * 1024 * 1024
     sock = socket.create_connection(("127.0.0.1", server.port))
     try:
-        sock.sendall((f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {alice.key}\r\n"
-                      f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
-                      f"Content-Length: {declared}\r\n\r\n").encode() + head)
+        sock.sendall(
+            (
+                f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {alice.key}\r\n"
+                f"Content-Type: multipart/form-data; boundary={boundary}\r\n"
+                f"Content-Length: {declared}\r\n\r\n"
+            ).encode()
+            + head
+        )
         sent = 0
         chunk = b"".join(line % i for i in range(1000))
         while sent < 12 * 1024 * 1024:  # well into the body, well short of its end
@@ -218,9 +279,14 @@ def test_the_web_process_killed_mid_upload_leaves_nothing(alice, tmp_path, setti
     try:
         body = head + b"".join(line % i for i in range(3)) + f"\r\n--{boundary}--\r\n".encode()
         with socket.create_connection(("127.0.0.1", server.port)) as sock:
-            sock.sendall((f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {alice.key}\r\n"
-                          f"Content-Type: multipart/form-data; boundary={boundary}\r\nConnection: close\r\n"
-                          f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
+            sock.sendall(
+                (
+                    f"POST /v1/files HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {alice.key}\r\n"
+                    f"Content-Type: multipart/form-data; boundary={boundary}\r\nConnection: close\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n"
+                ).encode()
+                + body
+            )
             answer = b""
             while data := sock.recv(65536):
                 answer += data

@@ -125,11 +125,14 @@ def test_a_failed_server_reruns_on_another_deployment(alice, faulty):
     from openrelay.core.models import Model
 
     model = Model.objects.create(name="openrelay/gemma-4-31b")
-    with run_in_thread(SimulatorConfig(drop_all=True)) as resetting, \
-            run_in_thread(SimulatorConfig(fail_all_status=503)) as unavailable:
+    with (
+        run_in_thread(SimulatorConfig(drop_all=True)) as resetting,
+        run_in_thread(SimulatorConfig(fail_all_status=503)) as unavailable,
+    ):
         for server in (resetting, unavailable, faulty):
-            Deployment.objects.create(model=model, base_url=server.base_url, upstream_model="sim-upstream",
-                                      max_concurrency=4)
+            Deployment.objects.create(
+                model=model, base_url=server.base_url, upstream_model="sim-upstream", max_concurrency=4
+            )
         batch = make_batch(alice.org, [chat(f"q{i}") for i in range(24)])
         run_batch(batch.pk)
         assert resetting.request_count > 0 and unavailable.request_count > 0

@@ -22,8 +22,12 @@ from tests.reliability_tests.conftest import assert_envelope, record, upload
 
 # Derandomized for CI (the same examples every run); OPENRELAY_FUZZ_EXAMPLES=2000 with
 # OPENRELAY_FUZZ_RANDOM=1 digs deeper locally.
-FUZZ = settings(max_examples=int(os.environ.get("OPENRELAY_FUZZ_EXAMPLES", "60")), deadline=None,
-                suppress_health_check=list(HealthCheck), derandomize=not os.environ.get("OPENRELAY_FUZZ_RANDOM"))
+FUZZ = settings(
+    max_examples=int(os.environ.get("OPENRELAY_FUZZ_EXAMPLES", "60")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=not os.environ.get("OPENRELAY_FUZZ_RANDOM"),
+)
 
 # --- JSON values and lines ------------------------------------------------------------------
 
@@ -41,8 +45,7 @@ HUGE_NUMBERS = st.one_of(
 SCALARS = st.one_of(st.none(), st.booleans(), HUGE_NUMBERS, ODD_TEXT)
 JSON_VALUES = st.recursive(
     SCALARS,
-    lambda children: st.one_of(
-        st.lists(children, max_size=4), st.dictionaries(ODD_TEXT, children, max_size=4)),
+    lambda children: st.one_of(st.lists(children, max_size=4), st.dictionaries(ODD_TEXT, children, max_size=4)),
     max_leaves=20,
 )
 
@@ -71,9 +74,28 @@ def near_records(draw):
             line["body"][draw(st.sampled_from(BODY_KEYS))] = value
         elif isinstance(line.get("body"), dict):
             kind = draw(st.sampled_from(["tool_config", "workflow", "other"]))
-            line["body"]["openrelay"] = {kind: value if kind == "other" else draw(
-                st.dictionaries(st.sampled_from(["url", "authorization", "type", "max_rounds", "timeout_ms",
-                                                 "max_steps", "context", "bogus"]), JSON_VALUES, max_size=4))}
+            line["body"]["openrelay"] = {
+                kind: value
+                if kind == "other"
+                else draw(
+                    st.dictionaries(
+                        st.sampled_from(
+                            [
+                                "url",
+                                "authorization",
+                                "type",
+                                "max_rounds",
+                                "timeout_ms",
+                                "max_steps",
+                                "context",
+                                "bogus",
+                            ]
+                        ),
+                        JSON_VALUES,
+                        max_size=4,
+                    )
+                )
+            }
     return _dumps(line)
 
 
@@ -87,8 +109,24 @@ LINES = st.one_of(
     st.binary(max_size=60).filter(lambda b: b"\n" not in b),
     st.integers(1, 3000).map(lambda d: _deep(d, b"[", b"]")),
     st.integers(1, 3000).map(lambda d: b'{"custom_id":"d","body":' + _deep(d, b'{"a":', b"}") + b"}"),
-    st.sampled_from([b"{", b"}", b"[1,]", b'{"a":1}{"b":2}', b"1e999", b"-0", b"NaN", b'"\\ud800"',
-                     b"\xed\xa0\x80", b"\xef\xbb\xbf{}", b"\t", b"   ", b"\r", b"18446744073709551616"]),
+    st.sampled_from(
+        [
+            b"{",
+            b"}",
+            b"[1,]",
+            b'{"a":1}{"b":2}',
+            b"1e999",
+            b"-0",
+            b"NaN",
+            b'"\\ud800"',
+            b"\xed\xa0\x80",
+            b"\xef\xbb\xbf{}",
+            b"\t",
+            b"   ",
+            b"\r",
+            b"18446744073709551616",
+        ]
+    ),
 )
 
 
@@ -102,8 +140,10 @@ def test_random_jsonl_lines_through_upload_and_create(alice, catalog, lines):
         assert_envelope(uploaded, 400)  # e.g. not UTF-8: refused whole at upload
         return
     response = alice.client.post(
-        "/v1/batches", {"input_file_id": uploaded.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
-        format="json")
+        "/v1/batches",
+        {"input_file_id": uploaded.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
+        format="json",
+    )
     if response.status_code != 200:
         assert_envelope(response, 400)
         return
@@ -122,8 +162,11 @@ def test_random_jsonl_lines_through_upload_and_create(alice, catalog, lines):
 @FUZZ
 @given(requests=st.lists(st.one_of(JSON_VALUES, near_records().map(orjson.loads)), min_size=0, max_size=5))
 def test_random_inline_requests(alice, catalog, requests):
-    response = alice.client.post("/v1/batches", _dumps({"endpoint": CHAT, "completion_window": "24h",
-                                                        "requests": requests}), content_type="application/json")
+    response = alice.client.post(
+        "/v1/batches",
+        _dumps({"endpoint": CHAT, "completion_window": "24h", "requests": requests}),
+        content_type="application/json",
+    )
     if response.status_code != 200:
         assert_envelope(response, 400)
         return
@@ -134,14 +177,24 @@ def test_random_inline_requests(alice, catalog, requests):
 
 # --- API parameters -------------------------------------------------------------------------
 
-CREATE_KEYS = ["input_file_id", "requests", "endpoint", "completion_window", "metadata", "output_expires_after",
-               "priority", "model", ""]
+CREATE_KEYS = [
+    "input_file_id",
+    "requests",
+    "endpoint",
+    "completion_window",
+    "metadata",
+    "output_expires_after",
+    "priority",
+    "model",
+    "",
+]
 PLAUSIBLE = {
     "endpoint": st.sampled_from([CHAT, "/v1/completions", "/v1/embeddings", "/v1/responses", ""]),
     "completion_window": st.sampled_from(["24h", "1h", "", "24H"]),
     "priority": st.sampled_from(["standard", "expedited", "urgent"]),
     "output_expires_after": st.fixed_dictionaries(
-        {}, optional={"anchor": st.sampled_from(["created_at", "now"]), "seconds": HUGE_NUMBERS}),
+        {}, optional={"anchor": st.sampled_from(["created_at", "now"]), "seconds": HUGE_NUMBERS}
+    ),
     "metadata": st.dictionaries(st.text(max_size=70), st.one_of(st.text(max_size=600), JSON_VALUES), max_size=18),
     "requests": st.lists(near_records().map(orjson.loads), max_size=3),
     "input_file_id": st.one_of(ODD_TEXT, st.just("file-doesnotexist")),
@@ -168,8 +221,12 @@ def test_random_create_parameters(alice, catalog, body):
 
 @pytest.mark.django_db
 @FUZZ
-@given(raw=st.binary(max_size=200), content_type=st.sampled_from(
-    ["application/json", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""]))
+@given(
+    raw=st.binary(max_size=200),
+    content_type=st.sampled_from(
+        ["application/json", "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", ""]
+    ),
+)
 def test_random_create_bodies_and_content_types(alice, catalog, raw, content_type):
     response = alice.client.generic("POST", "/v1/batches", raw, content_type=content_type)
     if response.status_code != 200:
@@ -181,8 +238,11 @@ IDS = st.one_of(
     st.text(alphabet=string.printable, min_size=1, max_size=30),
     st.sampled_from(["batch_" + "0" * 32, "file-" + "a" * 22, "%00", "\x00", "a" * 5000, "null", "-1"]),
 )
-QUERY = st.dictionaries(st.sampled_from(["limit", "after", "order", "purpose", "x"]),
-                        st.one_of(ODD_TEXT, st.integers(-10**20, 10**20).map(str)), max_size=4)
+QUERY = st.dictionaries(
+    st.sampled_from(["limit", "after", "order", "purpose", "x"]),
+    st.one_of(ODD_TEXT, st.integers(-(10**20), 10**20).map(str)),
+    max_size=4,
+)
 
 
 def _path(template, value):
@@ -216,10 +276,15 @@ def test_random_file_route_parameters(alice, catalog, file_id, query, route):
 
 @pytest.mark.django_db
 @FUZZ
-@given(fields=st.dictionaries(
-    st.sampled_from(["purpose", "expires_after[anchor]", "expires_after[seconds]", "file", "other"]),
-    st.one_of(ODD_TEXT.map(lambda s: s.replace("\x00", "")), st.integers(-10**20, 10**20).map(str)), max_size=4),
-    content=st.one_of(st.binary(max_size=100), LINES), filename=st.one_of(st.just("in.jsonl"), ODD_TEXT))
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(["purpose", "expires_after[anchor]", "expires_after[seconds]", "file", "other"]),
+        st.one_of(ODD_TEXT.map(lambda s: s.replace("\x00", "")), st.integers(-(10**20), 10**20).map(str)),
+        max_size=4,
+    ),
+    content=st.one_of(st.binary(max_size=100), LINES),
+    filename=st.one_of(st.just("in.jsonl"), ODD_TEXT),
+)
 def test_random_upload_fields(alice, fields, content, filename):
     from django.core.exceptions import SuspiciousFileOperation
     from django.core.files.uploadedfile import SimpleUploadedFile
@@ -233,4 +298,3 @@ def test_random_upload_fields(alice, fields, content, filename):
     response = alice.client.post("/v1/files", data, format="multipart")
     if response.status_code != 200:
         assert_envelope(response)
-

@@ -24,13 +24,21 @@ SECRET_FILENAME = "alice-private-input.jsonl"
 def alices(alice, catalog):
     """Alice's input file, a batch on it, and a finished batch's output file."""
     file_id = upload(alice.client, jsonl(record("a1"), record("a2")), filename=SECRET_FILENAME).json()["id"]
-    response = alice.client.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
-                                                 "completion_window": "24h", "metadata": {"owner": "alice"}},
-                                 format="json")
+    response = alice.client.post(
+        "/v1/batches",
+        {
+            "input_file_id": file_id,
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "metadata": {"owner": "alice"},
+        },
+        format="json",
+    )
     assert response.status_code == 200, response.content
     batch_id = response.json()["id"]
     output = file_services.create_file_from_chunks(
-        organization=alice.org, filename="alice-output.jsonl", purpose="batch_output", chunks=[b'{"x": 1}\n'])
+        organization=alice.org, filename="alice-output.jsonl", purpose="batch_output", chunks=[b'{"x": 1}\n']
+    )
     Batch.objects.filter(public_id=batch_id).update(output_file=output)
     return {"file": file_id, "batch": batch_id, "output": output.public_id}
 
@@ -50,11 +58,20 @@ API_ROUTES = [
 ]
 # Routes that take the id as a parameter: refused with a coded 400.
 PARAM_ROUTES = [
-    ("create from her file", "post", "/v1/batches", {"input_file_id": "{file}", "endpoint": "/v1/chat/completions",
-                                                     "completion_window": "24h"}, "file_not_found"),
-    ("create from her output", "post", "/v1/batches", {"input_file_id": "{output}",
-                                                       "endpoint": "/v1/chat/completions",
-                                                       "completion_window": "24h"}, "file_not_found"),
+    (
+        "create from her file",
+        "post",
+        "/v1/batches",
+        {"input_file_id": "{file}", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        "file_not_found",
+    ),
+    (
+        "create from her output",
+        "post",
+        "/v1/batches",
+        {"input_file_id": "{output}", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        "file_not_found",
+    ),
     ("batch list after hers", "get", "/v1/batches?after={batch}", None, "invalid_value"),
     ("file list after hers", "get", "/v1/files?after={file}", None, "invalid_value"),
 ]
@@ -120,12 +137,21 @@ def _usage_route():
         return None
 
 
-ALL_ROUTES = [(m, p, b) for _, m, p, b in API_ROUTES] + [(m, p, b) for _, m, p, b, _ in PARAM_ROUTES] + [
-    ("get", "/v1/files", None), ("get", "/v1/batches", None),
-    ("post", "/v1/files", None),
-    ("post", "/v1/batches", {"endpoint": "/v1/chat/completions", "completion_window": "24h",
-                             "requests": [record("x")]}),
-] + ([("get", _usage_route(), None)] if _usage_route() else [])
+ALL_ROUTES = (
+    [(m, p, b) for _, m, p, b in API_ROUTES]
+    + [(m, p, b) for _, m, p, b, _ in PARAM_ROUTES]
+    + [
+        ("get", "/v1/files", None),
+        ("get", "/v1/batches", None),
+        ("post", "/v1/files", None),
+        (
+            "post",
+            "/v1/batches",
+            {"endpoint": "/v1/chat/completions", "completion_window": "24h", "requests": [record("x")]},
+        ),
+    ]
+    + ([("get", _usage_route(), None)] if _usage_route() else [])
+)
 
 
 @pytest.mark.parametrize("credentials", ["none", "malformed", "unknown", "revoked", "wrong-scheme"])
@@ -175,15 +201,19 @@ def _dashboard_installed():
     return True
 
 
-DASHBOARD_PAGES = [
-    ("get", "dashboard:batch", "batch"),
-    ("post", "dashboard:batch-cancel", "batch"),
-    ("get", "dashboard:batch-rejections", "batch"),
-    ("get", "dashboard:file-download", "file"),
-    ("get", "dashboard:file-download", "output"),
-    ("post", "dashboard:file-delete", "file"),
-    ("post", "dashboard:file-delete", "output"),
-] if _dashboard_installed() else []
+DASHBOARD_PAGES = (
+    [
+        ("get", "dashboard:batch", "batch"),
+        ("post", "dashboard:batch-cancel", "batch"),
+        ("get", "dashboard:batch-rejections", "batch"),
+        ("get", "dashboard:file-download", "file"),
+        ("get", "dashboard:file-download", "output"),
+        ("post", "dashboard:file-delete", "file"),
+        ("post", "dashboard:file-delete", "output"),
+    ]
+    if _dashboard_installed()
+    else []
+)
 
 
 @pytest.fixture
@@ -198,17 +228,19 @@ def bob_signed_in(bob, django_user_model, client):
 
 # Defined only where the dashboard is installed (an empty parametrize would report a skip).
 if DASHBOARD_PAGES:
-    @pytest.mark.parametrize("method, name, target", DASHBOARD_PAGES,
-                             ids=[f"{m} {n} {t}" for m, n, t in DASHBOARD_PAGES])
+
+    @pytest.mark.parametrize(
+        "method, name, target", DASHBOARD_PAGES, ids=[f"{m} {n} {t}" for m, n, t in DASHBOARD_PAGES]
+    )
     def test_dashboard_pages_refuse_another_organizations_ids(alice, alices, bob_signed_in, method, name, target):
         response = getattr(bob_signed_in, method)(reverse(name, args=[alices[target]]))
         assert response.status_code == 404, (name, response.status_code)
         _reveals_nothing(response, alices)
         _alice_is_untouched(alice, alices)
 
-
-    @pytest.mark.parametrize("method, name, target", DASHBOARD_PAGES,
-                             ids=[f"{m} {n} {t}" for m, n, t in DASHBOARD_PAGES])
+    @pytest.mark.parametrize(
+        "method, name, target", DASHBOARD_PAGES, ids=[f"{m} {n} {t}" for m, n, t in DASHBOARD_PAGES]
+    )
     def test_dashboard_pages_refuse_anonymous_visitors(alice, alices, client, method, name, target):
         response = getattr(client, method)(reverse(name, args=[alices[target]]))
         assert response.status_code in (302, 401, 403, 404), (name, response.status_code)
@@ -267,9 +299,11 @@ async def _connect(path, cookie):
 
 
 if WEBSOCKETS:
+
     @pytest.mark.parametrize("path, what", WEBSOCKETS, ids=[w for _, w in WEBSOCKETS])
-    def test_websockets_refuse_another_organizations_batch(alice, bob, alices, path, what, django_user_model,
-                                                           transactional_db):
+    def test_websockets_refuse_another_organizations_batch(
+        alice, bob, alices, path, what, django_user_model, transactional_db
+    ):
         import asyncio
 
         path = _fill(path, alices)

@@ -50,13 +50,17 @@ def test_the_json_limit_is_the_documented_10_mb_by_default():
     assert settings.DATA_UPLOAD_MAX_MEMORY_SIZE == 10 * 1024 * 1024
 
 
-@pytest.mark.parametrize("body, code", [
-    (b"{", "parse_error"),
-    (b"\xff\xfe", "parse_error"),
-    (_raw_nested(5000), "parse_error"),  # beyond orjson's 1024 levels
-    (b"[]", "invalid_type"),
-    (b"null", "invalid_type"),
-], ids=["truncated", "not-utf8", "too-deep", "array", "null"])
+@pytest.mark.parametrize(
+    "body, code",
+    [
+        (b"{", "parse_error"),
+        (b"\xff\xfe", "parse_error"),
+        (_raw_nested(5000), "parse_error"),  # beyond orjson's 1024 levels
+        (b"[]", "invalid_type"),
+        (b"null", "invalid_type"),
+    ],
+    ids=["truncated", "not-utf8", "too-deep", "array", "null"],
+)
 def test_unreadable_json_bodies_are_coded_400s(alice, catalog, body, code):
     response = alice.client.post("/v1/batches", body, content_type="application/json")
     assert_envelope(response, 400, code)
@@ -119,8 +123,11 @@ def test_a_too_long_line_counts_toward_the_record_limit(alice, catalog, monkeypa
     monkeypatch.setattr(validation_jsonl, "MAX_RECORDS", 2)
     content = jsonl(record("a"), record("b", "x" * 200), record("c"))
     with pytest.raises(validation_jsonl.FileRejected):
-        validation_jsonl.scan(io.BytesIO(content), RecordChecker(
-            "/v1/chat/completions", models={"openrelay/gemma-4-31b": 1}, workflows_enabled=False), max_records=2)
+        validation_jsonl.scan(
+            io.BytesIO(content),
+            RecordChecker("/v1/chat/completions", models={"openrelay/gemma-4-31b": 1}, workflows_enabled=False),
+            max_records=2,
+        )
 
 
 # --- nesting depth ---------------------------------------------------------------
@@ -128,8 +135,10 @@ def test_a_too_long_line_counts_toward_the_record_limit(alice, catalog, monkeypa
 
 @pytest.mark.parametrize("depth", [MAX_NESTING_DEPTH + 1, 300, 1023, 5000])
 def test_a_line_nested_too_deep_is_rejected_with_a_code(alice, catalog, depth):
-    deep = b'{"custom_id":"deep","method":"POST","url":"/v1/chat/completions","body":{"model":"openrelay/gemma-4-31b",' \
-           b'"messages":[{"role":"user","content":"x"}],"extra":' + _raw_nested(depth) + b"}}"
+    deep = (
+        b'{"custom_id":"deep","method":"POST","url":"/v1/chat/completions","body":{"model":"openrelay/gemma-4-31b",'
+        b'"messages":[{"role":"user","content":"x"}],"extra":' + _raw_nested(depth) + b"}}"
+    )
     file_id = upload(alice.client, jsonl(record("a"), deep)).json()["id"]
     response = create(alice.client, input_file_id=file_id)
     assert response.status_code == 200, response.content[:300]
@@ -157,16 +166,19 @@ def test_many_brackets_but_shallow_is_fine():
 # --- metadata -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("metadata, param", [
-    ({f"k{i}": "v" for i in range(17)}, "metadata"),
-    ({"k" * 65: "v"}, "metadata"),
-    ({"k": "v" * 513}, "metadata.k"),
-    ({"k": 1}, "metadata.k"),
-    ({"k": {"nested": "no"}}, "metadata.k"),
-    ({"k": None}, "metadata.k"),
-    (["not", "an", "object"], "metadata"),
-    ("text", "metadata"),
-])
+@pytest.mark.parametrize(
+    "metadata, param",
+    [
+        ({f"k{i}": "v" for i in range(17)}, "metadata"),
+        ({"k" * 65: "v"}, "metadata"),
+        ({"k": "v" * 513}, "metadata.k"),
+        ({"k": 1}, "metadata.k"),
+        ({"k": {"nested": "no"}}, "metadata.k"),
+        ({"k": None}, "metadata.k"),
+        (["not", "an", "object"], "metadata"),
+        ("text", "metadata"),
+    ],
+)
 def test_bad_metadata_is_a_coded_400(alice, catalog, metadata, param):
     response = create(alice.client, requests=[record("r1")], metadata=metadata)
     error = assert_envelope(response, 400)
@@ -248,10 +260,16 @@ def test_a_broken_cache_lets_creates_through(alice, catalog, rate, monkeypatch):
         assert create(alice.client, requests=[record(f"r{i}")]).status_code == 200
 
 
-@pytest.mark.parametrize("raw, parsed", [
-    ("2000/hour", (2000, 3600)), ("5/s", (5, 1)), ("10/minute", (10, 60)), ("1/day", (1, 86400)),
-    ("7/hours", (7, 3600)),
-])
+@pytest.mark.parametrize(
+    "raw, parsed",
+    [
+        ("2000/hour", (2000, 3600)),
+        ("5/s", (5, 1)),
+        ("10/minute", (10, 60)),
+        ("1/day", (1, 86400)),
+        ("7/hours", (7, 3600)),
+    ],
+)
 def test_rates_parse(raw, parsed):
     assert parse_rate(raw) == parsed
 

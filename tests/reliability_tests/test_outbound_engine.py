@@ -21,8 +21,10 @@ from openrelay.simulator.server import run_in_thread
 from tests.helpers import MODEL, make_batch, read_lines
 
 BLOCKED = re.compile(r"blocked|private, loopback|not allowed")
-TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}}}}}
+TOOL = {
+    "type": "function",
+    "function": {"name": "lookup", "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}},
+}
 
 # Names the test resolver answers (everything else resolves for real).
 FAKE_DNS = {
@@ -42,8 +44,17 @@ def fake_dns(monkeypatch):
     async def resolve(self, host, port=0, family=socket.AF_INET):
         if host not in FAKE_DNS:
             return await real(self, host, port, family)
-        return [{"hostname": host, "host": ip, "port": port, "proto": 0, "flags": socket.AI_NUMERICHOST,
-                 "family": socket.AF_INET6 if ":" in ip else socket.AF_INET} for ip in FAKE_DNS[host]]
+        return [
+            {
+                "hostname": host,
+                "host": ip,
+                "port": port,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+                "family": socket.AF_INET6 if ":" in ip else socket.AF_INET,
+            }
+            for ip in FAKE_DNS[host]
+        ]
 
     monkeypatch.setattr(aiohttp.ThreadedResolver, "resolve", resolve)
 
@@ -61,13 +72,20 @@ def guarded(settings, transactional_db, alice):
 
 
 def tool_body(url, kind="http"):
-    return {"model": MODEL, "messages": [{"role": "user", "content": "Look it up."}], "tools": [TOOL],
-            "openrelay": {"tool_config": {"type": kind, "url": url, "authorization": "Bearer s3cret-token"}}}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Look it up."}],
+        "tools": [TOOL],
+        "openrelay": {"tool_config": {"type": kind, "url": url, "authorization": "Bearer s3cret-token"}},
+    }
 
 
 def workflow_body(url):
-    return {"model": MODEL, "messages": [{"role": "user", "content": "Plan it."}],
-            "openrelay": {"workflow": {"url": url, "authorization": "Bearer s3cret-token"}}}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Plan it."}],
+        "openrelay": {"workflow": {"url": url, "authorization": "Bearer s3cret-token"}},
+    }
 
 
 def _urls(executor, callback, mcp):
@@ -75,19 +93,38 @@ def _urls(executor, callback, mcp):
     tool_port, callback_port = executor.port, callback.port
     mcp_port = mcp.url.rsplit(":", 1)[1].split("/")[0]
     cases = [
-        ("localhost name -> tool", tool_body(f"http://localhost:{tool_port}/tools?key=q1"), "tool_execution_failed",
-         "127.0.0.1"),
+        (
+            "localhost name -> tool",
+            tool_body(f"http://localhost:{tool_port}/tools?key=q1"),
+            "tool_execution_failed",
+            "127.0.0.1",
+        ),
         ("loopback literal -> tool", tool_body(f"http://127.0.0.1:{tool_port}/tools"), "tool_execution_failed", None),
-        ("mapped v6 literal -> tool", tool_body(f"http://[::ffff:127.0.0.1]:{tool_port}/tools"),
-         "tool_execution_failed", None),
-        ("localhost name -> mcp", tool_body(f"http://localhost:{mcp_port}/mcp", "mcp"), "tool_execution_failed",
-         "127.0.0.1"),
-        ("localhost name -> workflow", workflow_body(f"http://localhost:{callback_port}/workflow"),
-         "workflow_callback_failed", "127.0.0.1"),
-        ("metadata literal -> tool", tool_body("http://169.254.169.254/latest/meta-data/"), "tool_execution_failed",
-         None),
-        ("metadata v6 literal -> mcp", tool_body("http://[fd00:ec2::254]/mcp", "mcp"), "tool_execution_failed",
-         None),
+        (
+            "mapped v6 literal -> tool",
+            tool_body(f"http://[::ffff:127.0.0.1]:{tool_port}/tools"),
+            "tool_execution_failed",
+            None,
+        ),
+        (
+            "localhost name -> mcp",
+            tool_body(f"http://localhost:{mcp_port}/mcp", "mcp"),
+            "tool_execution_failed",
+            "127.0.0.1",
+        ),
+        (
+            "localhost name -> workflow",
+            workflow_body(f"http://localhost:{callback_port}/workflow"),
+            "workflow_callback_failed",
+            "127.0.0.1",
+        ),
+        (
+            "metadata literal -> tool",
+            tool_body("http://169.254.169.254/latest/meta-data/"),
+            "tool_execution_failed",
+            None,
+        ),
+        ("metadata v6 literal -> mcp", tool_body("http://[fd00:ec2::254]/mcp", "mcp"), "tool_execution_failed", None),
     ]
     for host, addresses in FAKE_DNS.items():
         for label, body, code in (
@@ -122,8 +159,13 @@ def test_blocked_user_urls_never_reach_their_servers(alice, guarded, fake_dns, e
 def test_the_same_servers_are_reached_when_private_urls_are_allowed(alice, guarded, settings, executor, callback):
     settings.OPENRELAY_ALLOW_PRIVATE_URLS = True  # local development and tests
     callback.answer(lambda payload: {"status": "completed", "output": {"ok": True}})
-    batch = make_batch(alice.org, [tool_body(f"http://localhost:{executor.port}/tools"),
-                                   workflow_body(f"http://localhost:{callback.port}/workflow")])
+    batch = make_batch(
+        alice.org,
+        [
+            tool_body(f"http://localhost:{executor.port}/tools"),
+            workflow_body(f"http://localhost:{callback.port}/workflow"),
+        ],
+    )
     run_batch(batch.pk)
     batch = Batch.objects.get(pk=batch.pk)
     assert (batch.completed_count, batch.failed_count) == (2, 0), read_lines(batch.error_file)

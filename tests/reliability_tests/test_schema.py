@@ -20,8 +20,14 @@ from tests.helpers import make_persona
 
 SCHEMA_URL = "/v1/openapi.json"
 # Routes whose shapes this project states (openrelay/api/openapi.py); other /v1/ routes must at least be listed.
-DESCRIBED_PREFIXES = ("/v1/files", "/v1/batches", "/v1/models", "/v1/limits", "/v1/webhook_endpoints",
-                      "/v1/webhook_event_types")
+DESCRIBED_PREFIXES = (
+    "/v1/files",
+    "/v1/batches",
+    "/v1/models",
+    "/v1/limits",
+    "/v1/webhook_endpoints",
+    "/v1/webhook_event_types",
+)
 
 
 def _schema():
@@ -71,7 +77,10 @@ def test_it_covers_every_v1_route():
 def test_files_batches_and_webhook_operations_are_described():
     schema = _schema()
     assert schema["components"]["securitySchemes"]["ApiKeyAuth"] == {
-        "type": "http", "scheme": "bearer", "description": "An organization API key: `Bearer or_...`."}
+        "type": "http",
+        "scheme": "bearer",
+        "description": "An organization API key: `Bearer or_...`.",
+    }
     operation_ids = []
     for path, operations in schema["paths"].items():
         if not path.startswith(DESCRIBED_PREFIXES):
@@ -84,14 +93,34 @@ def test_files_batches_and_webhook_operations_are_described():
             for status, response in responses.items():
                 if status != "200":
                     assert response["content"]["application/json"]["schema"] == {
-                        "$ref": "#/components/schemas/Error"}, (path, method, status)
-    assert sorted(operation_ids) == sorted([
-        "batches_create", "batches_list", "batches_retrieve", "batches_cancel", "batches_retry", "batches_results",
-        "models_list", "models_retrieve", "limits_retrieve",
-        "files_create", "files_list", "files_retrieve", "files_delete", "files_content",
-        "webhook_endpoints_create", "webhook_endpoints_list", "webhook_endpoints_retrieve", "webhook_endpoints_update",
-        "webhook_endpoints_delete", "webhook_endpoints_rotate_secret", "webhook_endpoints_test",
-        "webhook_event_types_list"])
+                        "$ref": "#/components/schemas/Error"
+                    }, (path, method, status)
+    assert sorted(operation_ids) == sorted(
+        [
+            "batches_create",
+            "batches_list",
+            "batches_retrieve",
+            "batches_cancel",
+            "batches_retry",
+            "batches_results",
+            "models_list",
+            "models_retrieve",
+            "limits_retrieve",
+            "files_create",
+            "files_list",
+            "files_retrieve",
+            "files_delete",
+            "files_content",
+            "webhook_endpoints_create",
+            "webhook_endpoints_list",
+            "webhook_endpoints_retrieve",
+            "webhook_endpoints_update",
+            "webhook_endpoints_delete",
+            "webhook_endpoints_rotate_secret",
+            "webhook_endpoints_test",
+            "webhook_event_types_list",
+        ]
+    )
     create = schema["paths"]["/v1/batches"]["post"]
     assert "429" in create["responses"] and "413" in create["responses"]
 
@@ -133,8 +162,12 @@ schema = schemathesis.pytest.from_fixture("api_schema").include(path_regex=r"^/v
 
 
 @schema.parametrize()
-@settings(max_examples=int(os.environ.get("OPENRELAY_FUZZ_EXAMPLES", "25")), deadline=None,
-          suppress_health_check=list(HealthCheck), derandomize=not os.environ.get("OPENRELAY_FUZZ_RANDOM"))
+@settings(
+    max_examples=int(os.environ.get("OPENRELAY_FUZZ_EXAMPLES", "25")),
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    derandomize=not os.environ.get("OPENRELAY_FUZZ_RANDOM"),
+)
 def test_the_api_against_its_schema(case, api_key):
     # Every default check but two: no 5xx, documented statuses, content
     # types, headers and bodies as the schema says, methods and auth honoured.
@@ -145,5 +178,7 @@ def test_the_api_against_its_schema(case, api_key):
     # - "schema-invalid input is refused": unknown query parameters are
     #   ignored, as OpenAI does (SDKs send extra_query).
     # Those answers are still checked: documented 4xx, in the envelope.
-    case.call_and_validate(headers={"Authorization": f"Bearer {api_key}"},
-                           excluded_checks=[positive_data_acceptance, negative_data_rejection])
+    case.call_and_validate(
+        headers={"Authorization": f"Bearer {api_key}"},
+        excluded_checks=[positive_data_acceptance, negative_data_rejection],
+    )

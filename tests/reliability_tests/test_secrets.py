@@ -44,8 +44,14 @@ TOOL_SECRET = "tool-SECRET-7f3a9c"
 MCP_WRONG_SECRET = "mcp-WRONG-SECRET-41d2e8"
 WORKFLOW_SECRET = "wf-SECRET-b6e0d1"
 UPSTREAM_KEY = "sk-upstream-SECRET-c9a4f2"
-TOOL = {"type": "function", "function": {"name": "lookup", "description": "Look a contract up.", "parameters": {
-    "type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "Look a contract up.",
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+    },
+}
 
 
 def _line(custom_id, content, **openrelay):
@@ -64,10 +70,16 @@ def _lines(executor, callback, mcp):
         _line("plain", "Hello there."),
         _line("tool-ok", "Look it up.", tool_config=tool),
         _line("tool-fails", "Look it up again. [[tool_rounds:2]]", tool_config={**tool, "url": executor.url + "/x"}),
-        _line("mcp-ok", "Ask the MCP server.", tool_config={"type": "mcp", "url": mcp.url,
-                                                            "authorization": f"Bearer {MCP_TOKEN}"}),
-        _line("mcp-refused", "Ask it wrongly.", tool_config={"type": "mcp", "url": mcp.url,
-                                                             "authorization": f"Bearer {MCP_WRONG_SECRET}"}),
+        _line(
+            "mcp-ok",
+            "Ask the MCP server.",
+            tool_config={"type": "mcp", "url": mcp.url, "authorization": f"Bearer {MCP_TOKEN}"},
+        ),
+        _line(
+            "mcp-refused",
+            "Ask it wrongly.",
+            tool_config={"type": "mcp", "url": mcp.url, "authorization": f"Bearer {MCP_WRONG_SECRET}"},
+        ),
         _line("wf-ok", "Plan the work.", workflow=workflow),
         _line("wf-echoes", "Plan it and fail.", workflow=workflow),
         _line("wf-hangs", "Plan it slowly.", workflow=workflow),
@@ -103,15 +115,19 @@ def stage(alice, settings, transactional_db, executor, callback, auth_server):
     callback.answer(_workflow_script)
     with run_in_thread(SimulatorConfig()) as sim:
         model = Model.objects.create(name=MODEL)
-        Deployment.objects.create(model=model, base_url=sim.base_url, upstream_model="sim-upstream",
-                                  api_key=UPSTREAM_KEY, max_concurrency=8)
+        Deployment.objects.create(
+            model=model, base_url=sim.base_url, upstream_model="sim-upstream", api_key=UPSTREAM_KEY, max_concurrency=8
+        )
         yield sim
 
 
 def _create(alice, lines):
     file_id = upload(alice.client, jsonl(*lines)).json()["id"]
-    response = alice.client.post("/v1/batches", {"input_file_id": file_id, "endpoint": "/v1/chat/completions",
-                                                 "completion_window": "24h"}, format="json")
+    response = alice.client.post(
+        "/v1/batches",
+        {"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        format="json",
+    )
     assert response.status_code == 200, response.content
     return Batch.objects.get(public_id=response.json()["id"])
 
@@ -124,12 +140,24 @@ def _wait_for(predicate, timeout, what):
 
 
 def _worker(tmp_path, log_path):
-    env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(tmp_path),
-           "OPENRELAY_ALLOW_PRIVATE_URLS": "true", "OPENRELAY_LOG_LEVEL": "DEBUG", "OPENRELAY_Q_WORKERS": "1",
-           "OPENRELAY_CALL_TIME_LIMIT_S": "10"}
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "OPENRELAY_DATA_DIR": str(tmp_path),
+        "OPENRELAY_ALLOW_PRIVATE_URLS": "true",
+        "OPENRELAY_LOG_LEVEL": "DEBUG",
+        "OPENRELAY_Q_WORKERS": "1",
+        "OPENRELAY_CALL_TIME_LIMIT_S": "10",
+    }
     log = open(log_path, "wb")
-    process = subprocess.Popen([sys.executable, "manage.py", "qcluster"], cwd=ROOT, env=env, start_new_session=True,
-                               stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     return process, log
 
 
@@ -138,8 +166,13 @@ def _pages(client, superuser_client, alice, batches):
     pages = []
     ids = [b.public_id for b in batches]
     files = [f for b in batches for f in (b.output_file, b.error_file) if f is not None]
-    for path in ["/v1/batches", "/v1/files", *[f"/v1/batches/{i}" for i in ids],
-                 *[f"/v1/files/{f.public_id}" for f in files], *[f"/v1/files/{f.public_id}/content" for f in files]]:
+    for path in [
+        "/v1/batches",
+        "/v1/files",
+        *[f"/v1/batches/{i}" for i in ids],
+        *[f"/v1/files/{f.public_id}" for f in files],
+        *[f"/v1/files/{f.public_id}/content" for f in files],
+    ]:
         response = alice.client.get(path)
         assert response.status_code == 200, path
         pages.append((path, b"".join(response.streaming_content) if response.streaming else response.content))
@@ -187,8 +220,9 @@ def _rows():
     return [("database", orjson.dumps(rows, default=str))]
 
 
-def test_no_secret_reaches_a_file_a_log_a_page_or_an_answer(alice, stage, tmp_path, caplog, client,
-                                                            admin_user, executor, callback, auth_server):
+def test_no_secret_reaches_a_file_a_log_a_page_or_an_answer(
+    alice, stage, tmp_path, caplog, client, admin_user, executor, callback, auth_server
+):
     from django.test import Client
 
     caplog.set_level(logging.DEBUG)
@@ -205,8 +239,11 @@ def test_no_secret_reaches_a_file_a_log_a_page_or_an_answer(alice, stage, tmp_pa
     process, log = _worker(tmp_path, log_path)
     try:
         there = _create(alice, lines)
-        _wait_for(lambda: Batch.objects.get(pk=there.pk).status == "completed", 60,
-                  lambda: f"the worker to finish; its log:\n{log_path.read_text(errors='replace')[-3000:]}")
+        _wait_for(
+            lambda: Batch.objects.get(pk=there.pk).status == "completed",
+            60,
+            lambda: f"the worker to finish; its log:\n{log_path.read_text(errors='replace')[-3000:]}",
+        )
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(10)

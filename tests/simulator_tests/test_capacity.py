@@ -250,8 +250,7 @@ def test_completions_and_responses_report_cached_tokens_too():
     prompt = "Summarize the following report. " * 40  # 1,280 characters: 20 blocks
     with run_in_thread(SimulatorConfig(slots=1, prefix_cache_tokens=10_000)) as sim:
         completions = [
-            httpx.post(sim.base_url + "/completions", json={"model": "m", "prompt": prompt}).json()
-            for _ in range(2)
+            httpx.post(sim.base_url + "/completions", json={"model": "m", "prompt": prompt}).json() for _ in range(2)
         ]
         body = {"model": "m", "instructions": SYSTEM, "input": "What is batching?"}
         responses = [httpx.post(sim.base_url + "/responses", json=body).json() for _ in range(2)]
@@ -343,16 +342,27 @@ def test_stats_reset_with_the_recordings():
         reset = sim.stats()
         again = httpx.post(sim.base_url + "/chat/completions", json=body).json()
     assert {k: reset[k] for k in ("completed", "prompt_tokens", "max_running", "busy_slot_seconds")} == {
-        "completed": 0, "prompt_tokens": 0, "max_running": 0, "busy_slot_seconds": 0.0,
+        "completed": 0,
+        "prompt_tokens": 0,
+        "max_running": 0,
+        "busy_slot_seconds": 0.0,
     }
     assert cached_tokens(again) == 0  # the reset emptied the prefix cache too
 
 
 STYLES = {
-    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-             "vllm:generation_tokens"),
-    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:kv_cache_usage_ratio",
-                 "llamacpp:tokens_predicted"),
+    "vllm": (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens",
+    ),
+    "llamacpp": (
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        "llamacpp:kv_cache_usage_ratio",
+        "llamacpp:tokens_predicted",
+    ),
 }
 
 
@@ -387,8 +397,12 @@ def test_metrics_show_running_and_waiting_while_requests_are_held(style):
     assert after[generated][0] == "counter" and after[generated][1][0].value == 4 * 160
     if style == "vllm":
         assert {s.labels["model_name"] for _, samples in after.values() for s in samples} == {"gpt-4o-mini"}
-        assert {"vllm:gpu_cache_usage_perc", "vllm:prompt_tokens", "vllm:prefix_cache_queries",
-                "vllm:prefix_cache_hits"} <= set(after)
+        assert {
+            "vllm:gpu_cache_usage_perc",
+            "vllm:prompt_tokens",
+            "vllm:prefix_cache_queries",
+            "vllm:prefix_cache_hits",
+        } <= set(after)
     else:
         assert "llamacpp:prompt_tokens" in after
 

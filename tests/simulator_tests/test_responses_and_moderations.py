@@ -22,8 +22,10 @@ def test_it_answers_a_response_with_usage_in_the_responses_shape(sim):
 
 def test_reasoning_effort_adds_reasoning_tokens_and_a_cap_makes_it_incomplete(sim):
     items = [{"role": "user", "content": [{"type": "input_text", "text": "word " * 300}]}]
-    body = httpx.post(f"{sim.base_url}/responses", json={
-        "model": "m", "input": items, "reasoning": {"effort": "high"}, "max_output_tokens": 2}).json()
+    body = httpx.post(
+        f"{sim.base_url}/responses",
+        json={"model": "m", "input": items, "reasoning": {"effort": "high"}, "max_output_tokens": 2},
+    ).json()
 
     assert [item["type"] for item in body["output"]] == ["reasoning", "message"]
     assert (body["status"], body["incomplete_details"]) == ("incomplete", {"reason": "max_output_tokens"})
@@ -33,8 +35,11 @@ def test_reasoning_effort_adds_reasoning_tokens_and_a_cap_makes_it_incomplete(si
 
 
 def test_a_response_it_cannot_give_is_a_400(sim):
-    for body, param in (({"model": "m"}, "input"), ({"model": "m", "input": "x", "stream": True}, "stream"),
-                        ({"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id")):
+    for body, param in (
+        ({"model": "m"}, "input"),
+        ({"model": "m", "input": "x", "stream": True}, "stream"),
+        ({"model": "m", "input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ):
         answer = httpx.post(f"{sim.base_url}/responses", json=body)
         assert answer.status_code == 400 and answer.json()["error"]["param"] == param
 
@@ -45,11 +50,13 @@ def test_it_moderates_each_input_and_reports_no_usage(sim):
     moderation = client.moderations.create(model="m", input=["one", "two", "three"])
 
     assert len(moderation.results) == 3 and not any(result.flagged for result in moderation.results)
-    assert all(score < 0.01 for score in moderation.results[0].category_scores.model_dump().values()
-               if score is not None)
+    assert all(
+        score < 0.01 for score in moderation.results[0].category_scores.model_dump().values() if score is not None
+    )
     raw = httpx.post(f"{sim.base_url}/moderations", json={"model": "m", "input": "one"}).json()
-    assert "usage" not in raw and raw["results"][0]["category_scores"] == moderation.results[0].category_scores.model_dump(
-        by_alias=True, exclude_none=True)
+    assert "usage" not in raw and raw["results"][0]["category_scores"] == moderation.results[
+        0
+    ].category_scores.model_dump(by_alias=True, exclude_none=True)
 
 
 def test_fault_directives_work_on_both(sim):

@@ -240,7 +240,13 @@ def test_it_builds_arguments_from_the_schema():
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
     }
     assert arguments_from_schema({"properties": properties}) == {
-        "s": "sim", "i": 1, "f": 1.5, "b": True, "o": None, "maybe": "sim", "unit": "celsius",
+        "s": "sim",
+        "i": 1,
+        "f": 1.5,
+        "b": True,
+        "o": None,
+        "maybe": "sim",
+        "unit": "celsius",
     }
 
 
@@ -292,8 +298,11 @@ def test_it_forgets_the_per_body_counts_on_reset(sim, client):
 def test_it_reads_directives_from_tool_messages(client):
     messages = [
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_0_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_0_0", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+        },
         {"role": "tool", "tool_call_id": "call_0_0", "content": "[[status:500]]"},
     ]
     assert client.post("/chat/completions", json={"model": "m", "messages": messages}).status_code == 500

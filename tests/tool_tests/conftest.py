@@ -41,8 +41,13 @@ class Run:
 
 def record_context(caller, outbound):
     return RecordContext(
-        batch_pk=1, batch_public_id="batch_test", organization_id=1, endpoint=CHAT, model_name=SIM_MODEL,
-        caller=caller, outbound=outbound,
+        batch_pk=1,
+        batch_public_id="batch_test",
+        organization_id=1,
+        endpoint=CHAT,
+        model_name=SIM_MODEL,
+        caller=caller,
+        outbound=outbound,
     )
 
 

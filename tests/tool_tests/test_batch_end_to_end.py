@@ -81,15 +81,31 @@ def turns_usage(sim, text):
 
 def test_it_runs_tool_records_to_result_files(alice, model, sim, executor):
     executor.answer(per_record({"broken": status(500)}))
-    tool_config = {"url": executor.url + "?token=query-secret", "authorization": SECRET, "context": {"contractId": "c-1"}}
-    texts = {"rounds": "Weather twice [[tool_rounds:2]]", "parallel": "Both [[tool_calls:2]]",
-             "plain": "No executor here", "broken": "This one fails"}
-    batch = create_batch(alice, [
-        line("rounds", texts["rounds"], tool_config=tool_config),
-        line("parallel", texts["parallel"], tools=(WEATHER_TOOL, CLOCK_TOOL), tool_config={**tool_config, "max_rounds": 99}),
-        line("plain", texts["plain"]),
-        line("broken", texts["broken"], tool_config=tool_config),
-    ])
+    tool_config = {
+        "url": executor.url + "?token=query-secret",
+        "authorization": SECRET,
+        "context": {"contractId": "c-1"},
+    }
+    texts = {
+        "rounds": "Weather twice [[tool_rounds:2]]",
+        "parallel": "Both [[tool_calls:2]]",
+        "plain": "No executor here",
+        "broken": "This one fails",
+    }
+    batch = create_batch(
+        alice,
+        [
+            line("rounds", texts["rounds"], tool_config=tool_config),
+            line(
+                "parallel",
+                texts["parallel"],
+                tools=(WEATHER_TOOL, CLOCK_TOOL),
+                tool_config={**tool_config, "max_rounds": 99},
+            ),
+            line("plain", texts["plain"]),
+            line("broken", texts["broken"], tool_config=tool_config),
+        ],
+    )
 
     run_batch(batch.pk)
 
@@ -117,8 +133,10 @@ def test_it_runs_tool_records_to_result_files(alice, model, sim, executor):
 
     [broken] = map(orjson.loads, errors.splitlines())
     assert broken["custom_id"] == "broken" and broken["response"] is None
-    assert broken["error"] == {"code": "tool_execution_failed",
-                               "message": "The tool executor answered with non-2xx status 500."}
+    assert broken["error"] == {
+        "code": "tool_execution_failed",
+        "message": "The tool executor answered with non-2xx status 500.",
+    }
     assert turns_usage(sim, texts["broken"])[0] == 1
 
     # Billed: every turn of the output lines, nothing of the failed record.

@@ -13,8 +13,10 @@ from batches.engine.tools.http_executor import HttpExecutor
 from openrelay.lib.outbound import OutboundClient
 from tests.echoes import assert_no_piece, echoes
 
-CALLS = [{"id": "call_0_0", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
-         {"id": "call_0_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}}]
+CALLS = [
+    {"id": "call_0_0", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
+    {"id": "call_0_1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
+]
 
 
 def _answer(position, echoed):

@@ -50,15 +50,27 @@ FAILURES = {
     "redirect": (redirect("http://169.254.169.254/latest/meta-data"), "non-2xx status 302. Redirects are not followed"),
     "malformed JSON": (raw(b'{"results": [oops'), "malformed JSON"),
     "not an object": (raw(b'["call_0_0"]'), 'expected an object with a "results" list'),
-    "results not a list": (shaped(lambda p: {"results": {"call_0_0": "x"}}), 'expected an object with a "results" list'),
+    "results not a list": (
+        shaped(lambda p: {"results": {"call_0_0": "x"}}),
+        'expected an object with a "results" list',
+    ),
     "result not an object": (shaped(lambda p: {"results": ["x"]}), "result 0 is not an object"),
-    "id not a string": (shaped(lambda p: {"results": [{"tool_call_id": 7, "content": "x"}]}), 'no string "tool_call_id"'),
-    "no content": (shaped(lambda p: {"results": [{"tool_call_id": c["id"]} for c in p["tool_calls"]]}),
-                   'result 0 has no "content"'),
-    "unknown id": (shaped(lambda p: {"results": [{"tool_call_id": "call_9_9", "content": "x"}]}),
-                   "unknown tool_call_id 'call_9_9'"),
-    "duplicate id": (shaped(lambda p: {"results": [{"tool_call_id": "call_0_0", "content": "x"}] * 2}),
-                     "more than one result for tool_call_id 'call_0_0'"),
+    "id not a string": (
+        shaped(lambda p: {"results": [{"tool_call_id": 7, "content": "x"}]}),
+        'no string "tool_call_id"',
+    ),
+    "no content": (
+        shaped(lambda p: {"results": [{"tool_call_id": c["id"]} for c in p["tool_calls"]]}),
+        'result 0 has no "content"',
+    ),
+    "unknown id": (
+        shaped(lambda p: {"results": [{"tool_call_id": "call_9_9", "content": "x"}]}),
+        "unknown tool_call_id 'call_9_9'",
+    ),
+    "duplicate id": (
+        shaped(lambda p: {"results": [{"tool_call_id": "call_0_0", "content": "x"}] * 2}),
+        "more than one result for tool_call_id 'call_0_0'",
+    ),
     "missing result": (missing_result(), "missing result for tool_call_id 'call_0_1'"),
     "over the size cap": (raw(b" " * (11 * 1024 * 1024)), "over the size cap (10485760 bytes)"),
     "over the size cap, chunked": (streamed(11 * 1024 * 1024), "over the size cap (10485760 bytes)"),
@@ -85,7 +97,9 @@ def test_it_fails_on_timeout(sim, executor, run_record):
 def test_it_refuses_a_private_url_unless_allowed(sim, executor, run_record):
     outcome = run_record(tool_body(secret_url(executor)), allow_private=False).outcome
 
-    assert_failed(outcome, f"The tool executor URL is blocked: http://127.0.0.1:{executor.port}: the host is not allowed")
+    assert_failed(
+        outcome, f"The tool executor URL is blocked: http://127.0.0.1:{executor.port}: the host is not allowed"
+    )
     assert executor.received == []
 
 
@@ -117,11 +131,14 @@ def test_it_uses_the_settings_switch_for_private_urls(sim, executor, run_record,
 
 def test_parse_results_delivers_strings_as_is_and_other_values_as_json():
     results = parse_results(
-        {"results": [
-            {"tool_call_id": "b", "content": None},
-            {"tool_call_id": "a", "content": "plain text"},
-            {"tool_call_id": "c", "content": [1, 2.5, True], "extra": "ignored"},
-        ], "extra": 1},
+        {
+            "results": [
+                {"tool_call_id": "b", "content": None},
+                {"tool_call_id": "a", "content": "plain text"},
+                {"tool_call_id": "c", "content": [1, 2.5, True], "extra": "ignored"},
+            ],
+            "extra": 1,
+        },
         ["a", "b", "c"],
     )
 

@@ -18,8 +18,13 @@ USAGE = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
 
 
 def completion(message):
-    return {"id": "chatcmpl-1", "object": "chat.completion", "model": "m", "usage": USAGE,
-            "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "model": "m",
+        "usage": USAGE,
+        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+    }
 
 
 class StopModel:
@@ -65,9 +70,12 @@ def run_against(server, body):
 
 
 def body(executor, max_rounds):
-    return {"model": "m", "messages": [{"role": "user", "content": "look it up"}],
-            "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
-            "openrelay": {"tool_config": {"url": executor.url, "max_rounds": max_rounds}}}
+    return {
+        "model": "m",
+        "messages": [{"role": "user", "content": "look it up"}],
+        "tools": [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}],
+        "openrelay": {"tool_config": {"url": executor.url, "max_rounds": max_rounds}},
+    }
 
 
 def test_it_runs_tool_calls_whose_turn_says_stop(stop_model, executor):

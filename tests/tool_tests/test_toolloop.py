@@ -307,8 +307,9 @@ def test_it_closes_the_executor_when_the_record_is_cancelled(sim, executor, clos
     async def go():
         caller = ModelCaller([Upstream(sim.base_url, SIM_MODEL, "", 8)], time_limit_s=10, retries=0)
         async with caller, OutboundClient(allow_private=True) as outbound:
-            task = asyncio.create_task(toolloop.run(record_context(caller, outbound), ClaimedRecord(1, 1, "r", 0, 0),
-                                                    tool_body(executor)))
+            task = asyncio.create_task(
+                toolloop.run(record_context(caller, outbound), ClaimedRecord(1, 1, "r", 0, 0), tool_body(executor))
+            )
             deadline = asyncio.get_running_loop().time() + 5
             while not executor.received and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.01)  # polling with a deadline for the executor call to start
@@ -318,4 +319,3 @@ def test_it_closes_the_executor_when_the_record_is_cancelled(sim, executor, clos
     asyncio.run(go())
     assert len(executor.received) == 1
     assert closed == ["r"]
-

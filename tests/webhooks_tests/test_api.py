@@ -31,7 +31,8 @@ def test_create_retrieve_list_update_delete(sdk, receiver, alice):
     with pytest.raises(openai.NotFoundError):
         sdk.webhooks.retrieve(created.id)
     assert list(WebhookEndpoint.objects.filter(organization=alice.org).values_list("public_id", flat=True)) == [
-        second.id]
+        second.id
+    ]
 
 
 def test_the_test_route_sends_a_signed_sample(sdk, receiver, verifier):
@@ -41,7 +42,10 @@ def test_the_test_route_sends_a_signed_sample(sdk, receiver, verifier):
     result = sdk.webhooks.test(created.id, event_type="batch.failed")
 
     assert (result.object, result.webhook_endpoint_id, result.event_type) == (
-        "webhook_endpoint.test", created.id, "batch.failed")
+        "webhook_endpoint.test",
+        created.id,
+        "batch.failed",
+    )
     assert (result.status_code, result.success) == (202, True)
     [delivery] = receiver.received
     event = verifier.unwrap(delivery.body, delivery.headers, secret=created.signing_secret)
@@ -74,25 +78,35 @@ def test_the_event_types_list(sdk):
     assert listed.data == ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"url": "https://h.example/x", "event_types": EVENTS}, "name", "missing_required_parameter"),
-    ({"name": "n", "event_types": EVENTS}, "url", "missing_required_parameter"),
-    ({"name": "n", "url": "https://h.example/x"}, "event_types", "missing_required_parameter"),
-    ({"name": "", "url": "https://h.example/x", "event_types": EVENTS}, "name", "invalid_value"),
-    ({"name": 5, "url": "https://h.example/x", "event_types": EVENTS}, "name", "invalid_type"),
-    ({"name": "n", "url": "ftp://h.example/x", "event_types": EVENTS}, "url", "invalid_url"),
-    ({"name": "n", "url": "http://169.254.169.254/latest", "event_types": EVENTS}, "url", "invalid_url"),
-    ({"name": "n", "url": "http://127.0.0.1:8000/hook", "event_types": EVENTS}, "url", "invalid_url"),
-    ({"name": "n", "url": "https://user:pw@h.example/x", "event_types": EVENTS}, "url", "invalid_url"),
-    ({"name": "n", "url": "https://h.example/a\x00b", "event_types": EVENTS}, "url", "invalid_url"),
-    ({"name": "n", "url": "https://h.example/a\nb", "event_types": EVENTS}, "url", "invalid_url"),
-    ({"name": "n\x00", "url": "https://h.example/x", "event_types": EVENTS}, "name", "invalid_value"),
-    ({"name": "n", "url": "https://h.example/x", "event_types": []}, "event_types", "invalid_value"),
-    ({"name": "n", "url": "https://h.example/x", "event_types": "batch.completed"}, "event_types", "invalid_type"),
-    ({"name": "n", "url": "https://h.example/x", "event_types": ["response.completed"]}, "event_types[0]",
-     "invalid_value"),
-    ({"name": "n", "url": "https://h.example/x", "event_types": EVENTS, "secret": "x"}, "secret", "unknown_parameter"),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"url": "https://h.example/x", "event_types": EVENTS}, "name", "missing_required_parameter"),
+        ({"name": "n", "event_types": EVENTS}, "url", "missing_required_parameter"),
+        ({"name": "n", "url": "https://h.example/x"}, "event_types", "missing_required_parameter"),
+        ({"name": "", "url": "https://h.example/x", "event_types": EVENTS}, "name", "invalid_value"),
+        ({"name": 5, "url": "https://h.example/x", "event_types": EVENTS}, "name", "invalid_type"),
+        ({"name": "n", "url": "ftp://h.example/x", "event_types": EVENTS}, "url", "invalid_url"),
+        ({"name": "n", "url": "http://169.254.169.254/latest", "event_types": EVENTS}, "url", "invalid_url"),
+        ({"name": "n", "url": "http://127.0.0.1:8000/hook", "event_types": EVENTS}, "url", "invalid_url"),
+        ({"name": "n", "url": "https://user:pw@h.example/x", "event_types": EVENTS}, "url", "invalid_url"),
+        ({"name": "n", "url": "https://h.example/a\x00b", "event_types": EVENTS}, "url", "invalid_url"),
+        ({"name": "n", "url": "https://h.example/a\nb", "event_types": EVENTS}, "url", "invalid_url"),
+        ({"name": "n\x00", "url": "https://h.example/x", "event_types": EVENTS}, "name", "invalid_value"),
+        ({"name": "n", "url": "https://h.example/x", "event_types": []}, "event_types", "invalid_value"),
+        ({"name": "n", "url": "https://h.example/x", "event_types": "batch.completed"}, "event_types", "invalid_type"),
+        (
+            {"name": "n", "url": "https://h.example/x", "event_types": ["response.completed"]},
+            "event_types[0]",
+            "invalid_value",
+        ),
+        (
+            {"name": "n", "url": "https://h.example/x", "event_types": EVENTS, "secret": "x"},
+            "secret",
+            "unknown_parameter",
+        ),
+    ],
+)
 def test_create_refusals(alice, body, param, code):
     response = alice.client.post("/v1/webhook_endpoints", body, format="json")
     assert response.status_code == 400
@@ -102,13 +116,18 @@ def test_create_refusals(alice, body, param, code):
 
 
 def test_update_rotate_and_test_refusals(alice):
-    endpoint = alice.client.post("/v1/webhook_endpoints", {"name": "n", "url": "https://h.example/x",
-                                                           "event_types": EVENTS}, format="json").json()
+    endpoint = alice.client.post(
+        "/v1/webhook_endpoints", {"name": "n", "url": "https://h.example/x", "event_types": EVENTS}, format="json"
+    ).json()
     base = f"/v1/webhook_endpoints/{endpoint['id']}"
     for path, body, param in [
         (base, {"url": "http://10.0.0.1/x"}, "url"),
         (base, {"event_types": ["batch.nope"]}, "event_types[0]"),
-        (f"{base}/rotate_secret", {"keep_old_secret_active_for_24_hours": "yes"}, "keep_old_secret_active_for_24_hours"),
+        (
+            f"{base}/rotate_secret",
+            {"keep_old_secret_active_for_24_hours": "yes"},
+            "keep_old_secret_active_for_24_hours",
+        ),
         (f"{base}/test", {}, "event_type"),
         (f"{base}/test", {"event_type": "video.completed"}, "event_type"),
     ]:
@@ -121,10 +140,12 @@ def test_update_rotate_and_test_refusals(alice):
 
 def test_a_test_delivery_that_cannot_connect_is_a_coded_400(alice, settings):
     settings.OPENRELAY_ALLOW_PRIVATE_URLS = True
-    endpoint = alice.client.post("/v1/webhook_endpoints", {"name": "n", "url": "http://127.0.0.1:9/hooks",
-                                                           "event_types": EVENTS}, format="json").json()
-    response = alice.client.post(f"/v1/webhook_endpoints/{endpoint['id']}/test", {"event_type": "batch.completed"},
-                                 format="json")
+    endpoint = alice.client.post(
+        "/v1/webhook_endpoints", {"name": "n", "url": "http://127.0.0.1:9/hooks", "event_types": EVENTS}, format="json"
+    ).json()
+    response = alice.client.post(
+        f"/v1/webhook_endpoints/{endpoint['id']}/test", {"event_type": "batch.completed"}, format="json"
+    )
     assert response.status_code == 400
     error = response.json()["error"]
     assert error["code"] == "webhook_delivery_failed" and "could not connect" in error["message"]
@@ -132,8 +153,9 @@ def test_a_test_delivery_that_cannot_connect_is_a_coded_400(alice, settings):
 
 
 def test_another_organizations_endpoints_are_not_found(alice, bob):
-    endpoint = alice.client.post("/v1/webhook_endpoints", {"name": "n", "url": "https://h.example/x",
-                                                           "event_types": EVENTS}, format="json").json()
+    endpoint = alice.client.post(
+        "/v1/webhook_endpoints", {"name": "n", "url": "https://h.example/x", "event_types": EVENTS}, format="json"
+    ).json()
     base = f"/v1/webhook_endpoints/{endpoint['id']}"
     for response in (
         bob.client.get(base),

@@ -120,9 +120,15 @@ def test_every_terminal_status_has_its_event(alice, receiver, db, ending, event_
     _endpoint(alice.org, receiver.url, "batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
     if ending == "failed":
         # Every line rejected at create: the batch is born failed.
-        response = alice.client.post("/v1/batches", {"endpoint": "/v1/chat/completions", "completion_window": "24h",
-                                                     "requests": [{"custom_id": "x", "method": "POST"}]},
-                                     format="json")
+        response = alice.client.post(
+            "/v1/batches",
+            {
+                "endpoint": "/v1/chat/completions",
+                "completion_window": "24h",
+                "requests": [{"custom_id": "x", "method": "POST"}],
+            },
+            format="json",
+        )
         assert response.json()["status"] == "failed"
         public_id = response.json()["id"]
     else:
@@ -172,11 +178,22 @@ def make_persona_batch(persona):
     """A small created batch (through the API), still validating."""
     model, _ = Model.objects.get_or_create(name=MODEL)
     Deployment.objects.get_or_create(model=model, base_url="http://127.0.0.1:9/v1")
-    response = persona.client.post("/v1/batches", {
-        "endpoint": "/v1/chat/completions", "completion_window": "24h",
-        "requests": [{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-                      "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}}],
-    }, format="json")
+    response = persona.client.post(
+        "/v1/batches",
+        {
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+            "requests": [
+                {
+                    "custom_id": "a",
+                    "method": "POST",
+                    "url": "/v1/chat/completions",
+                    "body": {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+                }
+            ],
+        },
+        format="json",
+    )
     assert response.status_code == 200, response.content
     return Batch.objects.get(public_id=response.json()["id"])
 
@@ -209,8 +226,12 @@ def test_a_sweep_skips_a_delivery_another_sweep_took(alice, receiver, db):
     assert tasks.deliver_due(now=later) == 1  # this sweep took it and sent it
     # Another sweep that read the same row before: its conditional take (the one
     # deliver_due makes) changes nothing, so nothing is sent twice.
-    assert WebhookDelivery.objects.filter(pk=stale[0].pk, status=DeliveryStatus.PENDING,
-                                          next_attempt_at=stale[0].next_attempt_at).update(next_attempt_at=later) == 0
+    assert (
+        WebhookDelivery.objects.filter(
+            pk=stale[0].pk, status=DeliveryStatus.PENDING, next_attempt_at=stale[0].next_attempt_at
+        ).update(next_attempt_at=later)
+        == 0
+    )
     assert tasks.deliver_due(now=later) == 0 and len(receiver.received) == 1
 
 

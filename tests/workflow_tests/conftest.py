@@ -26,8 +26,14 @@ def run_workflow(sim, body, *, custom_id="inv-0042", time_limit_s=5.0, allow_pri
         caller = ModelCaller([Upstream(sim.base_url, "sim-upstream", "", 8)], time_limit_s=time_limit_s, retries=0)
         async with caller, OutboundClient(allow_private=allow_private) as outbound:
             ctx = RecordContext(
-                batch_pk=1, batch_public_id="batch_test", organization_id=1, endpoint=ENDPOINT, model_name=MODEL,
-                caller=caller, workflows_enabled=workflows_enabled, outbound=outbound,
+                batch_pk=1,
+                batch_public_id="batch_test",
+                organization_id=1,
+                endpoint=ENDPOINT,
+                model_name=MODEL,
+                caller=caller,
+                workflows_enabled=workflows_enabled,
+                outbound=outbound,
             )
             record = ClaimedRecord(pk=1, line=1, custom_id=custom_id, offset=0, length=0)
             return await workflow.run(ctx, record, body)

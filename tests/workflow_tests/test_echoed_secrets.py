@@ -12,8 +12,7 @@ from tests.fixtures.workflow_callback import Reply
 from tests.helpers import chat
 from tests.workflow_tests.conftest import run_workflow, workflow_body
 
-POSITIONS = ["error message", "duplicate id", "status", "model", "output", "request body", "http error body",
-             "header"]
+POSITIONS = ["error message", "duplicate id", "status", "model", "output", "request body", "http error body", "header"]
 
 
 def _script(position, echoed, padding):
@@ -21,8 +20,14 @@ def _script(position, echoed, padding):
         if position == "error message":
             return {"status": "failed", "error": {"code": "bad", "message": "x" * padding + echoed + " refused"}}
         if position == "duplicate id":
-            return {"status": "continue", "requests": [{"id": "root", "body": chat("again")}]} if padding % 2 else {
-                "status": "continue", "requests": [{"id": echoed, "body": chat("a")}, {"id": echoed, "body": chat("b")}]}
+            return (
+                {"status": "continue", "requests": [{"id": "root", "body": chat("again")}]}
+                if padding % 2
+                else {
+                    "status": "continue",
+                    "requests": [{"id": echoed, "body": chat("a")}, {"id": echoed, "body": chat("b")}],
+                }
+            )
         if position == "status":
             return {"status": f"done-{echoed}"}
         if position == "model":

@@ -28,7 +28,8 @@ def record(custom_id, body):
 
 def create(persona, *records):
     response = persona.client.post(
-        "/v1/batches", {"endpoint": "/v1/chat/completions", "completion_window": "24h", "requests": list(records)},
+        "/v1/batches",
+        {"endpoint": "/v1/chat/completions", "completion_window": "24h", "requests": list(records)},
         format="json",
     )
     assert response.status_code == 200, response.content
@@ -59,7 +60,10 @@ def test_it_runs_a_workflow_batch_to_its_output_line(alice, model, sim, callback
     assert line["response"]["status_code"] == 200
     out = line["response"]["body"]
     assert {k: out[k] for k in ("object", "status", "output", "steps", "requests")} == {
-        "object": "openrelay.workflow", "status": "completed", "output": {"pages": ["p0", "p1"]}, "steps": 2,
+        "object": "openrelay.workflow",
+        "status": "completed",
+        "output": {"pages": ["p0", "p1"]},
+        "steps": 2,
         "requests": 3,
     }
     [error] = read_lines(batch.error_file)
@@ -85,8 +89,14 @@ def test_it_runs_a_workflow_batch_to_its_output_line(alice, model, sim, callback
 
 def test_create_rejects_a_workflow_record_without_workflows_enabled(alice, model, sim, callback):
     batch = create(alice, record("plain", chat("hi")), record("wf", workflow_body(callback.url)))
-    assert batch.errors == [{"code": "workflow_not_enabled", "message": "Workflows are not enabled for this organization.",
-                             "param": "body.openrelay.workflow", "line": 2}]
+    assert batch.errors == [
+        {
+            "code": "workflow_not_enabled",
+            "message": "Workflows are not enabled for this organization.",
+            "param": "body.openrelay.workflow",
+            "line": 2,
+        }
+    ]
     assert batch.total_count == 1
     run_batch(batch.pk)
     batch.refresh_from_db()

@@ -14,8 +14,11 @@ def usage_of(result):
 
 
 def block(usage):
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
 
 
 def billed(outcome):
@@ -60,8 +63,14 @@ def test_it_completes_with_the_workflow_output_line(sim, callback):
     root_usage = usage_of(callback.payloads[0]["results"][0])
     assert outcome.succeeded and outcome.status_code == 200
     assert outcome.request_id.startswith("req_")
-    assert outcome.body == {"object": "openrelay.workflow", "status": "completed", "output": output, "steps": 1,
-                            "requests": 1, "usage": block(root_usage)}
+    assert outcome.body == {
+        "object": "openrelay.workflow",
+        "status": "completed",
+        "output": output,
+        "steps": 1,
+        "requests": 1,
+        "usage": block(root_usage),
+    }
     assert (outcome.error_code, outcome.error_message) == ("", "")
     assert billed(outcome) == (root_usage.prompt_tokens, root_usage.completion_tokens)
 
@@ -77,10 +86,12 @@ def test_it_completes_with_any_json_output_or_none(sim, callback):
 
 
 def test_it_runs_a_steps_requests_concurrently(sim, callback):
-    callback.answer([
-        cont(*((f"p{i}", chat(f"page {i} [[latency:300]]")) for i in range(3))),
-        COMPLETED,
-    ])
+    callback.answer(
+        [
+            cont(*((f"p{i}", chat(f"page {i} [[latency:300]]")) for i in range(3))),
+            COMPLETED,
+        ]
+    )
     outcome = run_workflow(sim, workflow_body(callback.url, context=["ctx"]))
     first, second = callback.calls
     step_took = second.received_at - first.answered_at
@@ -189,11 +200,13 @@ def test_a_failed_answer_without_a_message_gets_one(sim, callback):
 
 
 def test_a_completed_record_bills_every_succeeded_request(sim, callback):
-    callback.answer([
-        cont(("a", chat("first")), ("b", chat("second [[status:400]]"))),
-        cont(("c", chat("third, a longer question to cost more tokens"))),
-        COMPLETED,
-    ])
+    callback.answer(
+        [
+            cont(("a", chat("first")), ("b", chat("second [[status:400]]"))),
+            cont(("c", chat("third, a longer question to cost more tokens"))),
+            COMPLETED,
+        ]
+    )
     outcome = run_workflow(sim, workflow_body(callback.url))
     succeeded = [r for p in callback.payloads for r in p["results"] if r["status"] == "succeeded"]
     assert [r["id"] for r in succeeded] == ["root", "a", "c"]
@@ -201,11 +214,14 @@ def test_a_completed_record_bills_every_succeeded_request(sim, callback):
     assert billed(outcome) == (total.prompt_tokens, total.completion_tokens)
     assert outcome.body["usage"] == block(total) and outcome.body["requests"] == 4
     assert outcome.usage.cached_tokens == sum(
-        r["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for r in succeeded)
+        r["response"]["body"]["usage"]["prompt_tokens_details"]["cached_tokens"] for r in succeeded
+    )
 
 
 def test_a_failed_record_is_billed_too(sim, callback):
-    callback.answer([cont(("a", chat("first")), ("b", chat("second"))), {"status": "failed", "error": {"message": "x"}}])
+    callback.answer(
+        [cont(("a", chat("first")), ("b", chat("second"))), {"status": "failed", "error": {"message": "x"}}]
+    )
     outcome = run_workflow(sim, workflow_body(callback.url))
     total = sum((usage_of(r) for p in callback.payloads for r in p["results"]), Usage())
     assert outcome.error_code == "workflow_failed"

@@ -119,8 +119,9 @@ class Upstream:
     in the rotation (health.Health decides).
     """
 
-    def __init__(self, base_url, upstream_model, api_key, concurrency, deployment_id=None, max_answer_bytes=None,
-                 adaptive=None):
+    def __init__(
+        self, base_url, upstream_model, api_key, concurrency, deployment_id=None, max_answer_bytes=None, adaptive=None
+    ):
         self.base_url = base_url
         self.upstream_model = upstream_model
         self.api_key = api_key
@@ -129,7 +130,8 @@ class Upstream:
         if adaptive is None:
             adaptive = getattr(settings, "OPENRELAY_ADAPTIVE_CONCURRENCY", False)
         self.flow = FlowControl(
-            self.concurrency, adaptive=adaptive,
+            self.concurrency,
+            adaptive=adaptive,
             floor=getattr(settings, "OPENRELAY_CONCURRENCY_FLOOR", 1),
             start=getattr(settings, "OPENRELAY_CONCURRENCY_START", None),
             tolerance=getattr(settings, "OPENRELAY_LATENCY_TOLERANCE", 2.0),
@@ -193,8 +195,9 @@ class Upstream:
         if head is None:
             if self.origin is None:
                 raise ValueError(self.problem)
-            head = self._heads[(endpoint, method)] = self.origin.prepare(endpoint.removeprefix("/v1"), self.headers,
-                                                                         method)
+            head = self._heads[(endpoint, method)] = self.origin.prepare(
+                endpoint.removeprefix("/v1"), self.headers, method
+            )
         return head
 
     def close(self):
@@ -254,8 +257,9 @@ class ModelCaller:
     (batches.engine.calls.flow); those and calls cut for time cut it.
     """
 
-    def __init__(self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None,
-                 idle_timeout_s=None):
+    def __init__(
+        self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None, idle_timeout_s=None
+    ):
         if not upstreams and gate is None:
             raise ValueError("a model needs at least one deployment")
         self.gate = gate or CallGate(OrgCaps())
@@ -348,7 +352,7 @@ class ModelCaller:
                     return CallResult(
                         kind="unavailable",
                         message=f"The model server failed {failures} times while this request was in flight "
-                                f"({failure}); it is not sent again.",
+                        f"({failure}); it is not sent again.",
                     )
                 continue  # the gate hands out only healthy deployments: this waits for one
             if busy_answer and busy < self.retries:
@@ -373,8 +377,10 @@ class ModelCaller:
         try:
             head = upstream.head(endpoint)
         except ValueError as exc:
-            return CallResult(kind="unavailable", message=upstream.conceal_text(
-                f"The model server's settings are not usable: {exc}.", asked))
+            return CallResult(
+                kind="unavailable",
+                message=upstream.conceal_text(f"The model server's settings are not usable: {exc}.", asked),
+            )
         # The limit starts here, when the request is sent: time spent queued
         # inside the model server counts, our own queue does not.
         task = asyncio.current_task()
@@ -386,8 +392,11 @@ class ModelCaller:
             if task in self._cut:
                 self._cut.discard(task)
                 if task.uncancel() == 0:
-                    return CallResult(kind="time_limit", overload=True,
-                                      message=f"The model call did not return within {self.time_limit_s:g} seconds.")
+                    return CallResult(
+                        kind="time_limit",
+                        overload=True,
+                        message=f"The model call did not return within {self.time_limit_s:g} seconds.",
+                    )
             raise
         except (TransportError, OSError) as exc:  # OSError covers TimeoutError, e.g. connecting timed out
             result = self._failed(upstream, exc)

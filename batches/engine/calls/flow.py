@@ -252,8 +252,12 @@ class MetricsReader:
     async def _run(self):
         upstream = self.upstream
         try:
-            head = upstream.origin.prepare("/metrics", {"Authorization": upstream.headers["Authorization"]}
-                                           if "Authorization" in upstream.headers else {}, "GET", root=True)
+            head = upstream.origin.prepare(
+                "/metrics",
+                {"Authorization": upstream.headers["Authorization"]} if "Authorization" in upstream.headers else {},
+                "GET",
+                root=True,
+            )
             while upstream.healthy or upstream.in_use:
                 figures = await self._read(head)
                 if figures is None:

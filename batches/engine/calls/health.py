@@ -50,7 +50,7 @@ def _error_text(text, upstream):
 
 
 async def probe(upstream):
-    """"" when the deployment answers its models route like a live server with a valid key, else why not."""
+    """ "" when the deployment answers its models route like a live server with a valid key, else why not."""
     try:
         head = upstream.head("/v1/models", "GET")
     except ValueError as exc:

@@ -41,7 +41,7 @@ def prefix_key(line, size):
         at = line.find(name)
         if at >= 0:
             start = at + len(name)
-            piece = line[start:start + size]
+            piece = line[start : start + size]
             return zlib.crc32(piece) if len(piece) == size else None
     return None
 

@@ -127,8 +127,14 @@ class Origin:
     keeps every idle connection and opens one whenever none is idle.
     """
 
-    def __init__(self, base_url: str, *, connect_timeout_s: float, ssl_context: ssl.SSLContext | None = None,
-                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float,
+        ssl_context: ssl.SSLContext | None = None,
+        max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+    ) -> None:
         """Raises ValueError for a URL (or a proxy in the environment) this transport can't use."""
         parts = urlsplit(base_url)
         if parts.scheme not in DEFAULT_PORTS or not parts.hostname:
@@ -197,7 +203,9 @@ class Origin:
         """
         for connection in list(self._busy):
             if connection.read_at and now - connection.read_at > idle_s:
-                connection.cut(IdleTimeout(f"the model server sent nothing for {idle_s:g} s in the middle of its answer"))
+                connection.cut(
+                    IdleTimeout(f"the model server sent nothing for {idle_s:g} s in the middle of its answer")
+                )
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -205,16 +213,18 @@ class Origin:
         proxy, ssl_context = self.proxy, self.ssl
         async with asyncio.timeout(self.connect_timeout_s):
             if proxy is None:
-                _, connection = await loop.create_connection(make, self.host, self.port, ssl=ssl_context,
-                                                             server_hostname=self.host if ssl_context else None)
+                _, connection = await loop.create_connection(
+                    make, self.host, self.port, ssl=ssl_context, server_hostname=self.host if ssl_context else None
+                )
             elif ssl_context is None:
                 _, connection = await loop.create_connection(make, proxy.host, proxy.port)
             else:
                 connection = await self._tunnel(loop, make(), proxy, ssl_context)
         return connection
 
-    async def _tunnel(self, loop: asyncio.AbstractEventLoop, connection: _Connection, proxy: Proxy,
-                      ssl_context: ssl.SSLContext) -> _Connection:
+    async def _tunnel(
+        self, loop: asyncio.AbstractEventLoop, connection: _Connection, proxy: Proxy, ssl_context: ssl.SSLContext
+    ) -> _Connection:
         """CONNECT through the proxy, then TLS to the model server inside the tunnel."""
         transport, tunnel = await loop.create_connection(_Tunnel, proxy.host, proxy.port)
         try:
@@ -363,8 +373,10 @@ class _Connection(asyncio.Protocol):
             self._fail(BadResponse(f"the model server's {self.inflater.encoding} body does not decompress ({exc})"))
             raise _Stop from None
         if len(self.body) > self.max_bytes:
-            self._too_large(f"the model server's {self.inflater.encoding} answer inflates to more than the "
-                            f"{self.max_bytes}-byte cap")
+            self._too_large(
+                f"the model server's {self.inflater.encoding} answer inflates to more than the "
+                f"{self.max_bytes}-byte cap"
+            )
 
     def _too_large(self, message: str) -> NoReturn:
         self._fail(AnswerTooLarge(message))
@@ -395,8 +407,11 @@ class _Connection(asyncio.Protocol):
         if self.waiter.done():
             return  # failed by a cap while the parser still held the message's last bytes
         if self.inflater is not None and not self.inflater.ended:
-            self._fail(BadResponse(f"the model server's {self.inflater.encoding} body does not decompress "
-                                   "(the stream is cut short)"))
+            self._fail(
+                BadResponse(
+                    f"the model server's {self.inflater.encoding} body does not decompress (the stream is cut short)"
+                )
+            )
             return
         self.reusable = keep_alive and not self.closed
         self.read_at = 0.0
@@ -455,5 +470,5 @@ class _Inflater:
 
 
 def _zlib_header(data: bytes) -> bool:
-    """"deflate" as the RFC means it (a zlib stream), or, as many servers send it, raw deflate."""
+    """ "deflate" as the RFC means it (a zlib stream), or, as many servers send it, raw deflate."""
     return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0

@@ -69,13 +69,21 @@ def _detail(usage, details, name):
 
 
 def _read_chat(usage):
-    return Usage(_int(usage.get("prompt_tokens")), _detail(usage, "prompt_tokens_details", "cached_tokens"),
-                 _int(usage.get("completion_tokens")), _detail(usage, "completion_tokens_details", "reasoning_tokens"))
+    return Usage(
+        _int(usage.get("prompt_tokens")),
+        _detail(usage, "prompt_tokens_details", "cached_tokens"),
+        _int(usage.get("completion_tokens")),
+        _detail(usage, "completion_tokens_details", "reasoning_tokens"),
+    )
 
 
 def _read_responses(usage):
-    return Usage(_int(usage.get("input_tokens")), _detail(usage, "input_tokens_details", "cached_tokens"),
-                 _int(usage.get("output_tokens")), _detail(usage, "output_tokens_details", "reasoning_tokens"))
+    return Usage(
+        _int(usage.get("input_tokens")),
+        _detail(usage, "input_tokens_details", "cached_tokens"),
+        _int(usage.get("output_tokens")),
+        _detail(usage, "output_tokens_details", "reasoning_tokens"),
+    )
 
 
 def _counts(usage):

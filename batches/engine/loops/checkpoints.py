@@ -52,8 +52,13 @@ def decode(data):
 
 
 def usage_state(usage):
-    return [usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens,
-            usage.implausible]
+    return [
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.completion_tokens,
+        usage.reasoning_tokens,
+        usage.implausible,
+    ]
 
 
 def usage_from(state):
@@ -94,8 +99,9 @@ class CheckpointWriter:
             while self.waiting:
                 batch, self.waiting = self.waiting, {}
                 try:
-                    held = await self.engine.db(store.save_checkpoints, self.engine.owner,
-                                                {pk: data for pk, (data, _) in batch.items()})
+                    held = await self.engine.db(
+                        store.save_checkpoints, self.engine.owner, {pk: data for pk, (data, _) in batch.items()}
+                    )
                 except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error; the writer goes on
                     _settle(batch, exc=exc)
                     continue

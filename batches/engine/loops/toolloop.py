@@ -35,7 +35,8 @@ async def run(ctx, record, body):
     executor = make_executor(ctx, record.custom_id, config)
     try:
         return await ToolLoop(ctx, record, executor, decode(record.checkpoint)).run(
-            strip_openrelay(body), config["max_rounds"])
+            strip_openrelay(body), config["max_rounds"]
+        )
     finally:
         await executor.close()
 
@@ -72,7 +73,8 @@ class ToolLoop:
                 await self._checkpoint()
             try:
                 results = await self.executor.execute(
-                    self.pending["tool_calls"], self.ctx.key(self.record, "round", self.rounds + 1))
+                    self.pending["tool_calls"], self.ctx.key(self.record, "round", self.rounds + 1)
+                )
             except ToolExecutionFailed as exc:
                 return RecordOutcome.error("tool_execution_failed", str(exc))
             self.added.append(self.pending)
@@ -82,9 +84,16 @@ class ToolLoop:
             await self._checkpoint()
 
     async def _checkpoint(self):
-        await self.ctx.checkpoint(self.record, {"kind": "tools", "rounds": self.rounds,
-                                                "usage": usage_state(self.usage), "added": self.added,
-                                                "pending": self.pending})
+        await self.ctx.checkpoint(
+            self.record,
+            {
+                "kind": "tools",
+                "rounds": self.rounds,
+                "usage": usage_state(self.usage),
+                "added": self.added,
+                "pending": self.pending,
+            },
+        )
 
 
 def requested_tool_calls(response_body):

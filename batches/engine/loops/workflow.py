@@ -60,8 +60,11 @@ async def run(ctx, record, body):
 
 
 def usage_block(usage):
-    return {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "total_tokens": usage.total_tokens}
+    return {
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "total_tokens": usage.total_tokens,
+    }
 
 
 class WorkflowLoop:
@@ -112,8 +115,11 @@ class WorkflowLoop:
         self.results = [self.done[request_id] for request_id, _ in self.next]
         self.next, self.done = None, {}
         if self.usage.total_tokens > self.config["max_tokens"]:
-            raise WorkflowEnded("workflow_limit_exceeded", f"The workflow used {self.usage.total_tokens} tokens after "
-                                f"step {self.steps}, more than its max_tokens of {self.config['max_tokens']}.")
+            raise WorkflowEnded(
+                "workflow_limit_exceeded",
+                f"The workflow used {self.usage.total_tokens} tokens after "
+                f"step {self.steps}, more than its max_tokens of {self.config['max_tokens']}.",
+            )
         await self._checkpoint()
 
     async def _run_request(self, request_id, body):
@@ -125,17 +131,28 @@ class WorkflowLoop:
             await self._checkpoint()
 
     async def _checkpoint(self):
-        await self.ctx.checkpoint(self.record, {
-            "kind": "workflow", "steps": self.steps, "requests": self.requests, "usage": usage_state(self.usage),
-            "ids": sorted(self.ids), "next": self.next, "done": self.done or None, "results": self.results,
-        })
+        await self.ctx.checkpoint(
+            self.record,
+            {
+                "kind": "workflow",
+                "steps": self.steps,
+                "requests": self.requests,
+                "usage": usage_state(self.usage),
+                "ids": sorted(self.ids),
+                "next": self.next,
+                "done": self.done or None,
+                "results": self.results,
+            },
+        )
 
     async def _request(self, request_id, body):
         """One request of a step: (its result for the callback, its billable usage)."""
         model = body.get("model")
         if model != self.ctx.model_name:
-            message = (f"The request names model {_shown(model, self.secrets)}, but this batch runs "
-                       f"'{self.ctx.model_name}'; every request of a workflow must name the batch's model.")
+            message = (
+                f"The request names model {_shown(model, self.secrets)}, but this batch runs "
+                f"'{self.ctx.model_name}'; every request of a workflow must name the batch's model."
+            )
             return _failed(request_id, None, "model_mismatch", message), Usage()
         result = await self.ctx.caller.call(self.ctx.endpoint, strip_openrelay(body))
         if result.ok:
@@ -151,12 +168,18 @@ class WorkflowLoop:
     def _next_requests(self, answer):
         requests = self._parse_requests(answer.get("requests"))
         if self.steps >= self.config["max_steps"]:
-            raise WorkflowEnded("workflow_limit_exceeded", f"The callback answered 'continue' after step {self.steps}, "
-                                f"but the workflow's max_steps is {self.config['max_steps']}.")
+            raise WorkflowEnded(
+                "workflow_limit_exceeded",
+                f"The callback answered 'continue' after step {self.steps}, "
+                f"but the workflow's max_steps is {self.config['max_steps']}.",
+            )
         if self.requests + len(requests) > self.config["max_requests"]:
-            raise WorkflowEnded("workflow_limit_exceeded", f"Step {self.steps + 1} asks for {len(requests)} requests "
-                                f"after {self.requests}, more than the workflow's max_requests of "
-                                f"{self.config['max_requests']}.")
+            raise WorkflowEnded(
+                "workflow_limit_exceeded",
+                f"Step {self.steps + 1} asks for {len(requests)} requests "
+                f"after {self.requests}, more than the workflow's max_requests of "
+                f"{self.config['max_requests']}.",
+            )
         return requests
 
     def _parse_requests(self, items):
@@ -170,8 +193,9 @@ class WorkflowLoop:
             if not isinstance(request_id, str) or not request_id:
                 raise self._malformed(f"requests[{index}].id must be a non-empty string")
             if request_id in self.ids:
-                raise self._malformed(f"requests[{index}].id {_shown(request_id, self.secrets)} is already used in "
-                                      "this record")
+                raise self._malformed(
+                    f"requests[{index}].id {_shown(request_id, self.secrets)} is already used in this record"
+                )
             self.ids.add(request_id)
             requests.append((request_id, redact_json(item["body"], self.secrets)))
         return requests
@@ -179,8 +203,13 @@ class WorkflowLoop:
     # --- the callback --------------------------------------------------------
 
     async def _callback(self, results):
-        payload = {"custom_id": self.custom_id, "context": self.config.get("context"), "step": self.steps,
-                   "results": results, "usage": usage_block(self.usage)}
+        payload = {
+            "custom_id": self.custom_id,
+            "context": self.config.get("context"),
+            "step": self.steps,
+            "results": results,
+            "usage": usage_block(self.usage),
+        }
         authorization = self.config.get("authorization")
         # The step's Idempotency-Key: the same when a resumed record calls back for this step again.
         headers = {"Idempotency-Key": self.ctx.key(self.record, "step", self.steps)}
@@ -198,13 +227,16 @@ class WorkflowLoop:
         if not isinstance(answer, dict):
             raise self._malformed("the answer is not a JSON object")
         if answer.get("status") not in ANSWERS:
-            raise self._malformed(f"unknown status {_shown(answer.get('status'), self.secrets)}; expected one of "
-                                  "'continue', 'completed', 'failed'")
+            raise self._malformed(
+                f"unknown status {_shown(answer.get('status'), self.secrets)}; expected one of "
+                "'continue', 'completed', 'failed'"
+            )
         return answer
 
     def _callback_failed(self, reason):
-        return WorkflowEnded("workflow_callback_failed", f"The workflow callback failed after step {self.steps}: "
-                             f"{reason}.")
+        return WorkflowEnded(
+            "workflow_callback_failed", f"The workflow callback failed after step {self.steps}: {reason}."
+        )
 
     def _malformed(self, reason):
         return self._callback_failed(f"malformed answer: {reason}")
@@ -212,9 +244,14 @@ class WorkflowLoop:
     # --- ends ----------------------------------------------------------------
 
     def _completed(self, output):
-        body = {"object": "openrelay.workflow", "status": "completed", "output": redact_json(output, self.secrets),
-                "steps": self.steps,
-                "requests": self.requests, "usage": usage_block(self.usage)}
+        body = {
+            "object": "openrelay.workflow",
+            "status": "completed",
+            "output": redact_json(output, self.secrets),
+            "steps": self.steps,
+            "requests": self.requests,
+            "usage": usage_block(self.usage),
+        }
         return RecordOutcome(True, 200, new_request_id(), body, usage=self.usage)
 
 

@@ -150,9 +150,7 @@ class McpExecutor:
         else:
             arguments = raw
         if not isinstance(arguments, dict):
-            raise ToolExecutionFailed(
-                f"MCP tools/call {_quote(name)} failed: the arguments are not a JSON object"
-            )
+            raise ToolExecutionFailed(f"MCP tools/call {_quote(name)} failed: the arguments are not a JSON object")
         if self.context is not None:
             arguments = {**arguments, "_context": self.context}
         return str(tool_call.get("id", "")), name, arguments
@@ -172,11 +170,14 @@ class McpExecutor:
         content = result.get("content")
         if not isinstance(content, list):
             raise self._failed(step, "malformed response (the result has no content list)")
-        return redact("\n".join(
-            item["text"]
-            for item in content
-            if isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str)
-        ), self._secrets())
+        return redact(
+            "\n".join(
+                item["text"]
+                for item in content
+                if isinstance(item, dict) and item.get("type") == "text" and isinstance(item.get("text"), str)
+            ),
+            self._secrets(),
+        )
 
     # --- session ---------------------------------------------------------
 
@@ -218,8 +219,9 @@ class McpExecutor:
 
     # --- one exchange ----------------------------------------------------
 
-    async def _send_request(self, method: str, params: dict[str, Any], step: str,
-                            key: str | None = None) -> tuple[int, OutboundResponse]:
+    async def _send_request(
+        self, method: str, params: dict[str, Any], step: str, key: str | None = None
+    ) -> tuple[int, OutboundResponse]:
         rid = next(self._ids)
         message = {"jsonrpc": "2.0", "id": rid, "method": method, "params": params}
         return rid, await self._post(message, step, key)

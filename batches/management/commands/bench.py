@@ -19,22 +19,44 @@ class Command(BaseCommand):
     requires_system_checks = []
 
     def add_arguments(self, parser):
-        parser.add_argument("--quick", action="store_true",
-                            help="500 records, tiny files, small runs of the rest: proves it runs (~1.5 min)")
-        parser.add_argument("--records", type=int, default=None,
-                            help="records of the large batch (default 50,000; the other runs scale with it)")
-        parser.add_argument("--database-url", default=None,
-                            help="a PostgreSQL server to create the benchmark's database on, e.g. "
-                                 "postgres://postgres@127.0.0.1:5432/postgres (default: a temp SQLite file)")
-        parser.add_argument("--redis-url", default=None,
-                            help="a Redis server for the broker and channel layer; an empty database index on it "
-                                 "is used and flushed (default: the ORM broker)")
-        parser.add_argument("--web-server", choices=["daphne", "uvicorn"], default="uvicorn",
-                            help="the ASGI server of the web process (default uvicorn, as `manage.py up` and production run it)")
-        parser.add_argument("--only", nargs="+", default=None, metavar="PART",
-                            help="run only these parts: big (measurements 1, 2, 6, 8), e2e (3), first_call (4), "
-                                 "latency (5), scale (7), fairness (9), recovery (10), many (11), flow (12, 13: adaptive "
-                                 "concurrency), prefix (14: prefix-aware dispatch)")
+        parser.add_argument(
+            "--quick",
+            action="store_true",
+            help="500 records, tiny files, small runs of the rest: proves it runs (~1.5 min)",
+        )
+        parser.add_argument(
+            "--records",
+            type=int,
+            default=None,
+            help="records of the large batch (default 50,000; the other runs scale with it)",
+        )
+        parser.add_argument(
+            "--database-url",
+            default=None,
+            help="a PostgreSQL server to create the benchmark's database on, e.g. "
+            "postgres://postgres@127.0.0.1:5432/postgres (default: a temp SQLite file)",
+        )
+        parser.add_argument(
+            "--redis-url",
+            default=None,
+            help="a Redis server for the broker and channel layer; an empty database index on it "
+            "is used and flushed (default: the ORM broker)",
+        )
+        parser.add_argument(
+            "--web-server",
+            choices=["daphne", "uvicorn"],
+            default="uvicorn",
+            help="the ASGI server of the web process (default uvicorn, as `manage.py up` and production run it)",
+        )
+        parser.add_argument(
+            "--only",
+            nargs="+",
+            default=None,
+            metavar="PART",
+            help="run only these parts: big (measurements 1, 2, 6, 8), e2e (3), first_call (4), "
+            "latency (5), scale (7), fairness (9), recovery (10), many (11), flow (12, 13: adaptive "
+            "concurrency), prefix (14: prefix-aware dispatch)",
+        )
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
@@ -49,22 +71,39 @@ class Command(BaseCommand):
         if records is not None and records < 10:
             raise CommandError("--records must be at least 10.")
         if redis_url and not database_url:
-            raise CommandError("--redis-url needs --database-url: Redis goes with PostgreSQL (SQLite runs the ORM broker).")
+            raise CommandError(
+                "--redis-url needs --database-url: Redis goes with PostgreSQL (SQLite runs the ORM broker)."
+            )
 
         def report(message):
             self.stderr.write(message)
             self.stderr.flush()
 
-        rows, facts = bench_engine.run(quick=quick, records=records, database_url=database_url, redis_url=redis_url,
-                                       report=report, web_server=web_server, only=only)
+        rows, facts = bench_engine.run(
+            quick=quick,
+            records=records,
+            database_url=database_url,
+            redis_url=redis_url,
+            report=report,
+            web_server=web_server,
+            only=only,
+        )
         if markdown:
             self.stdout.write(bench_engine.markdown(rows, facts))
         else:
             from rich.console import Console
 
             tty = sys.stdout.isatty()
-            bench_engine.render(rows, facts, Console(file=self.stdout, width=None if tty else 220,
-                                                     force_terminal=tty, color_system="auto" if tty else None))
+            bench_engine.render(
+                rows,
+                facts,
+                Console(
+                    file=self.stdout,
+                    width=None if tty else 220,
+                    force_terminal=tty,
+                    color_system="auto" if tty else None,
+                ),
+            )
         if json:
             bench_engine.write_json(json, rows, facts)
 
@@ -72,6 +111,8 @@ class Command(BaseCommand):
 def _why_not(exc):
     """Why the benchmarks can't run here: an installed package has no tests/, a checkout may lack their extra."""
     if exc.name in ("tests", "tests.perf"):
-        return ("The benchmarks live in tests/perf, which the installed package does not ship: run manage.py bench "
-                f"from a checkout of the repository ({exc}).")
+        return (
+            "The benchmarks live in tests/perf, which the installed package does not ship: run manage.py bench "
+            f"from a checkout of the repository ({exc})."
+        )
     return f'The benchmarks need their own dependencies: pip install -e ".[bench]" in the checkout ({exc}).'

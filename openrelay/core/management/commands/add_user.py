@@ -22,7 +22,8 @@ class Command(BaseCommand):
         parser.add_argument("username")
         parser.add_argument("--org", required=True, help="Name of the organization the user belongs to.")
         parser.add_argument(
-            "--staff", action="store_true",
+            "--staff",
+            action="store_true",
             help="Also let the user into /admin/ as an operator (staff and superuser: every organization).",
         )
 

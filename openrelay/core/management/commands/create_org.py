@@ -10,8 +10,13 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("name")
         parser.add_argument("--workflows", action="store_true", help="Enable workflows for the organization.")
-        parser.add_argument("--max-concurrency", type=int, default=0, metavar="N",
-                            help="Most model calls the organization's batches keep in flight at once (0: no cap).")
+        parser.add_argument(
+            "--max-concurrency",
+            type=int,
+            default=0,
+            metavar="N",
+            help="Most model calls the organization's batches keep in flight at once (0: no cap).",
+        )
 
     @transaction.atomic
     def handle(self, name, workflows, max_concurrency, **options):

@@ -29,13 +29,19 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="Public model name, e.g. openrelay/gemma-4-31b")
-        parser.add_argument("--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1")
+        parser.add_argument(
+            "--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1"
+        )
         parser.add_argument("--upstream-model", default="", help="Model name sent upstream (default: the public name)")
         parser.add_argument("--api-key", default=None, help="Upstream API key (stored, never displayed)")
         parser.add_argument("--concurrency", type=int, default=None, help="Max concurrent calls to this deployment")
         parser.add_argument("--input-price", type=_price, default=None)
-        parser.add_argument("--cached-input-price", type=_cached_price, default=False,
-                            help="A discount for cached input tokens; 'none' clears it (billed at the input price)")
+        parser.add_argument(
+            "--cached-input-price",
+            type=_cached_price,
+            default=False,
+            help="A discount for cached input tokens; 'none' clears it (billed at the input price)",
+        )
         parser.add_argument("--output-price", type=_price, default=None)
         parser.add_argument("--disable", action="store_true", help="Disable the model")
 

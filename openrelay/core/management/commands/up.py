@@ -59,15 +59,52 @@ class Command(BaseCommand):
         children = []
         try:
             if not no_simulator:
-                children.append(self._spawn([sys.executable, "-m", "openrelay.simulator", "--host", "127.0.0.1",
-                                             "--port", str(simulator_port), "--latency-ms", "50"]))
-                call_command("set_model", model, base_url=f"http://127.0.0.1:{simulator_port}/v1", concurrency=64,
-                             input_price="0.20", cached_input_price="0.05", output_price="0.80", stdout=self.stdout)
+                children.append(
+                    self._spawn(
+                        [
+                            sys.executable,
+                            "-m",
+                            "openrelay.simulator",
+                            "--host",
+                            "127.0.0.1",
+                            "--port",
+                            str(simulator_port),
+                            "--latency-ms",
+                            "50",
+                        ]
+                    )
+                )
+                call_command(
+                    "set_model",
+                    model,
+                    base_url=f"http://127.0.0.1:{simulator_port}/v1",
+                    concurrency=64,
+                    input_price="0.20",
+                    cached_input_price="0.05",
+                    output_price="0.80",
+                    stdout=self.stdout,
+                )
             children.append(self._spawn([sys.executable, "manage.py", "qcluster"]))
             # openrelay.web.webserver's protocol: request heads capped while they are read (431).
-            children.append(self._spawn([sys.executable, "-m", "uvicorn", "--host", host, "--port", str(port),
-                                          "--http", "openrelay.web.webserver:HttpToolsProtocol",
-                                          "--no-access-log", "--log-level", "warning", "openrelay.asgi:application"]))
+            children.append(
+                self._spawn(
+                    [
+                        sys.executable,
+                        "-m",
+                        "uvicorn",
+                        "--host",
+                        host,
+                        "--port",
+                        str(port),
+                        "--http",
+                        "openrelay.web.webserver:HttpToolsProtocol",
+                        "--no-access-log",
+                        "--log-level",
+                        "warning",
+                        "openrelay.asgi:application",
+                    ]
+                )
+            )
             if self._wait_until_listening(children, host, port):
                 self._banner(host, port, model, key, key_note, password, password_note)
             self._supervise(children)
@@ -117,7 +154,8 @@ class Command(BaseCommand):
         """(the password of the dashboard and admin user `dev`, or None when it is the user's own; the note)."""
         org = Organization.objects.get(name=DEV_ORG)
         user, created = get_user_model().objects.get_or_create(
-            username=DEV_USER, defaults={"is_staff": True, "is_superuser": True})
+            username=DEV_USER, defaults={"is_staff": True, "is_superuser": True}
+        )
         Membership.objects.update_or_create(user=user, defaults={"organization": org})
         if not created and saved_password:
             if user.check_password(saved_password):
@@ -145,13 +183,20 @@ class Command(BaseCommand):
         # A session of its own: Ctrl-C in the terminal reaches this command alone, which then
         # stops the children in order (a simulator that stopped first failed the calls in flight).
         # Should this command die without stopping them (kill -9), they get SIGTERM from the kernel.
-        return subprocess.Popen(argv, cwd=settings.BASE_DIR, env=os.environ.copy(), start_new_session=True,
-                                preexec_fn=_terminate_with_parent)
+        return subprocess.Popen(
+            argv,
+            cwd=settings.BASE_DIR,
+            env=os.environ.copy(),
+            start_new_session=True,
+            preexec_fn=_terminate_with_parent,
+        )
 
     def _banner(self, host, port, model, key, key_note, password, password_note):
         url = f"http://{host}:{port}"
         shown = f"password {password}  ({password_note})" if password else f"password: {password_note}"
-        self.stdout.write(self.style.SUCCESS(f"\nOpenRelay Batch is running at {url}  (dashboard {url}/, API {url}/v1)"))
+        self.stdout.write(
+            self.style.SUCCESS(f"\nOpenRelay Batch is running at {url}  (dashboard {url}/, API {url}/v1)")
+        )
         self.stdout.write(f"Model: {model}    Data: {settings.DATA_DIR}")
         self.stdout.write(f"Dashboard sign-in: user {DEV_USER}, {shown}")
         self.stdout.write(f"export OPENAI_BASE_URL={url}/v1 OPENRELAY_BASE_URL={url}/v1")
