@@ -156,8 +156,15 @@ class CallGate:
                 return upstream
         future = asyncio.get_running_loop().create_future()
         entry = (future, ticket, key)
-        by_org = self._queues[ticket.expedited].setdefault(ticket.organization_id, {})
-        by_org.setdefault(ticket.batch_pk, deque()).append(entry)
+        # get() first: setdefault would build a dict and a deque each call only to drop them.
+        orgs = self._queues[ticket.expedited]
+        by_org = orgs.get(ticket.organization_id)
+        if by_org is None:
+            by_org = orgs[ticket.organization_id] = {}
+        queue = by_org.get(ticket.batch_pk)
+        if queue is None:
+            queue = by_org[ticket.batch_pk] = deque()
+        queue.append(entry)
         self.waiting += 1
         if self._free_upstream() is not None:
             # Room, but others wait (capped organizations): this waiter may be next.
@@ -222,12 +229,14 @@ class CallGate:
             orgs = self._queues[expedited]
             if not orgs:
                 continue
-            allowed = [org for org in orgs if self.caps.allows(org)]
-            if not allowed:
+            org = self._fewest_calls(orgs)
+            if org is None:
                 continue
-            org = min(allowed, key=lambda o: self.org_calls.get(o, 0))
             by_batch = orgs[org]
-            batch_pk = min(by_batch, key=lambda pk: by_batch[pk][0][1].calls)
+            if len(by_batch) == 1:
+                batch_pk = next(iter(by_batch))
+            else:
+                batch_pk = min(by_batch, key=lambda pk: by_batch[pk][0][1].calls)
             queue = by_batch[batch_pk]
             entry = queue.popleft()
             self.waiting -= 1
@@ -237,3 +246,19 @@ class CallGate:
                     del orgs[org]
             return entry
         return None
+
+    def _fewest_calls(self, orgs):
+        """The waiting organization (not at its cap) with the fewest calls in flight on this model, or None.
+
+        A plain loop: this runs on every slot's release, and with one
+        organization waiting (the common case) it is one lookup.
+        """
+        allows, calls = self.caps.allows, self.org_calls
+        best, fewest = None, None
+        for org in orgs:
+            if not allows(org):
+                continue
+            n = calls.get(org, 0)
+            if fewest is None or n < fewest:
+                best, fewest = org, n
+        return best

@@ -41,20 +41,32 @@ class FileRejected(Exception):
 
 @dataclass
 class ScanResult:
-    """Accepted records as parallel columns (compact for 50,000 rows) and the rejections."""
+    """Accepted records as parallel columns (compact for 50,000 rows) and the rejections.
+
+    With a `sink`, each accepted record goes to it as (line, custom_id,
+    offset, length) instead, as soon as it is checked, and none is kept.
+    """
 
     lines: list = field(default_factory=list)
     custom_ids: list = field(default_factory=list)
     offsets: list = field(default_factory=list)
     lengths: list = field(default_factory=list)
     errors: list = field(default_factory=list)
+    sink: object = None
+    accepted: int = 0
 
-    @property
-    def accepted(self):
-        return len(self.lines)
+    def add(self, line, custom_id, offset, length):
+        self.accepted += 1
+        if self.sink is not None:
+            self.sink((line, custom_id, offset, length))
+            return
+        self.lines.append(line)
+        self.custom_ids.append(custom_id)
+        self.offsets.append(offset)
+        self.lengths.append(length)
 
     def rows(self):
-        """(line, custom_id, offset, length) per accepted record."""
+        """(line, custom_id, offset, length) per accepted record (none when they went to a sink)."""
         return zip(self.lines, self.custom_ids, self.offsets, self.lengths)
 
 
@@ -104,14 +116,15 @@ def too_many_message(limit):
     )
 
 
-def scan(stream, checker, *, max_records=MAX_RECORDS):
-    """One pass over the input: check each non-blank line, return a ScanResult.
+def scan(stream, checker, *, max_records=MAX_RECORDS, sink=None):
+    """One pass over the input: check each non-blank line, return a ScanResult
+    (whose accepted records went to `sink` as they came, if given).
 
     Blank lines are not records but keep their line numbers. Raises
     FileRejected for an input with no records or more than `max_records`
     (stopping as soon as the limit is passed).
     """
-    result, records = ScanResult(), 0
+    result, records = ScanResult(sink=sink), 0
     for number, (offset, raw) in enumerate(iter_lines(stream, max_line=MAX_LINE_BYTES), start=1):
         if raw is None:
             records += 1
@@ -150,10 +163,7 @@ def _scan_line(result, checker, number, offset, raw):
     except RecordRejected as rejected:
         result.errors.append(rejected.as_error(number))
         return
-    result.lines.append(number)
-    result.custom_ids.append(custom_id)
-    result.offsets.append(offset)
-    result.lengths.append(len(raw))
+    result.add(number, custom_id, offset, len(raw))
 
 
 def _too_deep(raw, obj, limit=MAX_NESTING_DEPTH):

@@ -1,5 +1,6 @@
 """POST /v1/batches: the happy path, inline requests, the batch object, prices, pins."""
 
+import functools
 from decimal import Decimal
 
 import orjson
@@ -79,6 +80,30 @@ class TestCreate:
             raw = content[record.offset : record.offset + record.length]
             assert orjson.loads(raw)["custom_id"] == record.custom_id
             assert record.status == "pending"
+
+    def test_it_stores_custom_ids_as_sent_whatever_characters_they_hold(self, alice, gemma):
+        # PostgreSQL takes records through COPY's text format, where these four characters are escapes.
+        ids = ["tab\there", "back\\slash", "new\nline", "carriage\rreturn", "\\N", "é ✓ 𝄞"]
+        file = upload(alice, jsonl(*(chat_line(custom_id) for custom_id in ids)))
+        batch_id = create(alice, input_file_id=file.public_id).json()["id"]
+        stored = Record.objects.filter(batch__public_id=batch_id).order_by("line").values_list("custom_id", flat=True)
+        assert list(stored) == ids
+
+    def test_a_refused_file_leaves_no_records(self, alice, gemma, monkeypatch):
+        # The scan refuses a file past the record limit only once it is past it: on PostgreSQL the
+        # records before went into COPY already, and the refusal must take them back.
+        from batches import services
+        from batches.validation import jsonl as scanning
+
+        file = upload(alice, jsonl(*(chat_line(f"r{i}") for i in range(4))))
+        # A 50,001-record file says the same (test_create_params); a limit of 3 keeps this one small.
+        monkeypatch.setattr(services, "scan", functools.partial(scanning.scan, max_records=3))
+        monkeypatch.setattr(services, "_COPY_CHUNK", 1)  # each record on its way to the server at once
+        response = create(alice, input_file_id=file.public_id)
+        assert response.status_code == 400 and response.json()["error"]["code"] == "too_many_requests"
+        assert not Batch.objects.exists() and not Record.objects.exists()
+        monkeypatch.undo()
+        assert create(alice, input_file_id=file.public_id).json()["request_counts"]["total"] == 4
 
     def test_deleting_a_batch_or_its_organization_deletes_its_records(self, alice, gemma):
         # Record.batch has no database constraint (create's bulk insert skips
@@ -247,11 +272,11 @@ class TestCreateCleanup:
     ):
         from batches import services
 
-        def broken_insert(batch, rows):
+        def broken_batch_row(**fields):
             raise RuntimeError("disk full")
 
-        # No request can make the insert fail, so the unit is patched.
-        monkeypatch.setattr(services, "insert_records", broken_insert)
+        # No request can make the write fail after the scan, so the unit is patched.
+        monkeypatch.setattr(services, "_create_batch_row", broken_batch_row)
         with pytest.raises(RuntimeError), django_capture_on_commit_callbacks(execute=True):
             services.create_batch(organization=alice.org, endpoint=CHAT, requests=[chat_line("a")])
         assert not File.objects.exists()
