@@ -1,5 +1,6 @@
 """Batch writes that span several steps: create (file -> records -> batch) and cancel."""
 
+import re
 from contextlib import contextmanager
 from datetime import timedelta
 from decimal import Decimal
@@ -305,6 +306,7 @@ def _copy_records(batch, rows):
 
 # COPY's text format: these four characters are escaped in a value (NUL never reaches a custom_id).
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+_NEEDS_ESCAPES = re.compile(r"[\\\t\n\r]").search  # a search is half a translate's cost, and ids rarely need one
 _COPY_CHUNK = 2000
 
 
@@ -315,7 +317,7 @@ def _record_copy(batch_pk):
     COPY skips per-row INSERT parsing and planning: the fastest way into
     PostgreSQL. Rows go as text this module formats, a chunk a write:
     psycopg's write_row adapts each value on its own (0.10 s of 20,000
-    rows' 0.24 s insert, now 0.02 s).
+    rows' 0.24 s insert; formatting them here takes ~0.03 s).
     """
     from_scan, defaults = _record_columns()
     tail = "".join(f"\t{str(value).translate(_COPY_ESCAPES)}" for _, value in defaults) + "\n"
@@ -326,7 +328,9 @@ def _record_copy(batch_pk):
 
     def write(row):
         line, custom_id, offset, length = row
-        pending.append(f"{head}{line}\t{custom_id.translate(_COPY_ESCAPES)}\t{offset}\t{length}{tail}")
+        if _NEEDS_ESCAPES(custom_id):
+            custom_id = custom_id.translate(_COPY_ESCAPES)
+        pending.append(f"{head}{line}\t{custom_id}\t{offset}\t{length}{tail}")
         if len(pending) >= _COPY_CHUNK:
             copy.write("".join(pending).encode())
             pending.clear()

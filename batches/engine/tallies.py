@@ -41,7 +41,7 @@ BUCKETS_S = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0
 _lock = threading.Lock()
 _deltas = Counter()
 # Model calls are counted by tuple and named as Tally keys at `take`: formatting three
-# key strings a call cost more than the rest of the count (6 us a call, now 2.5 us).
+# key strings a call was a third of the count's cost (6.1 us a call, now 4.5 us).
 _calls = Counter()  # (deployment pk, answer class, duration bucket) -> calls
 _call_us = Counter()  # deployment pk -> their durations, in microseconds
 _minute = defaultdict(CallCount)  # deployment pk -> its calls of the last minute in this process
