@@ -81,7 +81,7 @@ def _create_after_scan(file, checker, param, fields):
     with transaction.atomic():
         _lock_input_file(file, fields["organization"])
         batch = _create_batch_row(checker=checker, result=result, **fields)
-        insert_records(batch, result.rows())
+        _executemany_records(batch, result.rows())
         _start_or_fail(batch, file, result)
     return batch
 
@@ -256,17 +256,10 @@ def _record_columns():
     return from_scan, defaults
 
 
-def insert_records(batch, rows):
-    """Insert (line, custom_id, offset, length) rows for a new batch, in bulk.
-
-    PostgreSQL takes COPY; other backends one executemany per chunk. Both
-    skip building 50,000 model instances, which is most of bulk_create's
-    cost (tests/perf/bench_create.py measures all three).
-    """
-    if connection.vendor == "postgresql":
-        _copy_records(batch, rows)
-    else:
-        _executemany_records(batch, rows)
+# A new batch's (line, custom_id, offset, length) rows go in bulk: PostgreSQL's
+# as the scan accepts them (_record_copy), other backends' one executemany per
+# chunk after it. Both skip building 50,000 model instances, which is most of
+# bulk_create's cost (tests/perf/bench_create.py measures all three).
 
 
 def _bulk_create_records(batch, rows):
@@ -299,6 +292,7 @@ def _executemany_records(batch, rows):
 
 
 def _copy_records(batch, rows):
+    # COPY of rows already scanned: the benchmark times the insert alone this way.
     with _record_copy(batch.pk) as write:
         for row in rows:
             write(row)
