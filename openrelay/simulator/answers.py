@@ -354,7 +354,8 @@ def answer_responses(body: dict[str, Any]) -> dict[str, Any]:
         "truncation": "disabled",
         "usage": {
             "input_tokens": prompt_tokens,
-            "input_tokens_details": {"cached_tokens": cached_tokens_for(prompt_tokens)},
+            # cache_write_tokens: the openai SDK's Response type requires it (3.x); the simulator writes no cache.
+            "input_tokens_details": {"cached_tokens": cached_tokens_for(prompt_tokens), "cache_write_tokens": 0},
             "output_tokens": tokens + reasoning,
             "output_tokens_details": {"reasoning_tokens": reasoning},
             "total_tokens": prompt_tokens + tokens + reasoning,
@@ -392,6 +393,12 @@ MODERATION_CATEGORIES = (
 )
 
 
+# The categories OpenAI's omni moderation model also scores images for; the rest take text only.
+IMAGE_CATEGORIES = frozenset(
+    ("self-harm", "self-harm/intent", "self-harm/instructions", "sexual", "violence", "violence/graphic")
+)
+
+
 def answer_moderations(body: dict[str, Any]) -> dict[str, Any]:
     model = _require_model(body)
     inputs = moderation_inputs(body)
@@ -403,7 +410,19 @@ def answer_moderations(body: dict[str, Any]) -> dict[str, Any]:
 def _moderation(item: Any) -> dict[str, Any]:
     raw = hashlib.shake_256(orjson.dumps(item)).digest(len(MODERATION_CATEGORIES))
     scores = {name: round(byte / 25500, 6) for name, byte in zip(MODERATION_CATEGORIES, raw)}
-    return {"flagged": False, "categories": dict.fromkeys(MODERATION_CATEGORIES, False), "category_scores": scores}
+    return {
+        "flagged": False,
+        "categories": dict.fromkeys(MODERATION_CATEGORIES, False),
+        "category_scores": scores,
+        "category_applied_input_types": _applied_input_types(item),
+    }
+
+
+def _applied_input_types(item: Any) -> dict[str, list[str]]:
+    """Which kind of input each category was scored on, as OpenAI reports it: text, or an image part."""
+    if isinstance(item, dict) and item.get("type") == "image_url":
+        return {name: ["image"] if name in IMAGE_CATEGORIES else [] for name in MODERATION_CATEGORIES}
+    return {name: ["text"] for name in MODERATION_CATEGORIES}
 
 
 # ---------------------------------------------------------------- embeddings

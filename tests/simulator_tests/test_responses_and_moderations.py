@@ -62,3 +62,27 @@ def test_it_moderates_each_input_and_reports_no_usage(sim):
 def test_fault_directives_work_on_both(sim):
     for path, body in (("responses", {"input": "x [[status:503]]"}), ("moderations", {"input": "x [[status:503]]"})):
         assert httpx.post(f"{sim.base_url}/{path}", json={"model": "m", **body}).status_code == 503
+
+
+def test_every_endpoint_body_validates_against_the_sdks_own_types(sim):
+    """A user who checks output lines with the openai SDK's models gets no error from the simulator's bodies."""
+    from openai.types import Completion, CreateEmbeddingResponse, ModerationCreateResponse
+    from openai.types.chat import ChatCompletion
+    from openai.types.responses import Response
+
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    for path, body, kind in (
+        ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, ChatCompletion),
+        ("completions", {"prompt": "hi"}, Completion),
+        ("embeddings", {"input": ["a", "b"]}, CreateEmbeddingResponse),
+        ("responses", {"input": "hi", "reasoning": {"effort": "low"}}, Response),
+        ("moderations", {"input": ["text", image]}, ModerationCreateResponse),
+    ):
+        answer = httpx.post(f"{sim.base_url}/{path}", json={"model": "m", **body})
+        assert answer.status_code == 200, answer.text
+        kind.model_validate(answer.json())  # raises on a missing or mistyped field
+
+    applied = httpx.post(f"{sim.base_url}/moderations", json={"model": "m", "input": ["text", image]}).json()
+    text_types, image_types = (result["category_applied_input_types"] for result in applied["results"])
+    assert set(map(tuple, text_types.values())) == {("text",)}
+    assert image_types["violence"] == ["image"] and image_types["hate"] == []
