@@ -29,7 +29,8 @@ DATA_DIR = Path(envstr("OPENRELAY_DATA_DIR", str(BASE_DIR / "var"))).resolve()
 DATA_DIR.mkdir(parents=True, exist_ok=True)
 
 SECRET_KEY = envstr("SECRET_KEY", DEV_SECRET_KEY)
-if SECRET_KEY == DEV_SECRET_KEY:
+# `manage.py up` warns once and marks its children, so the console says it once, not once a process.
+if SECRET_KEY == DEV_SECRET_KEY and not envbool("OPENRELAY_DEV_KEY_NOTED", False):
     logging.getLogger("openrelay").warning(
         "SECRET_KEY is not set: using the development default. Set SECRET_KEY in production."
     )
@@ -290,6 +291,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": envstr("OPENRELAY_LOG_LEVEL", "INFO")},
     "loggers": {
         "django.server": {"level": "WARNING"},
+        # Django logs every 4xx answer as a warning ("Not Found: ..."): a client's mistake, answered in the
+        # error envelope, is no news to the operator (2,354 lines in 4 minutes of fuzzing under `up`); 5xx stay.
+        "django.request": {"level": "ERROR"},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
         # uvicorn gives its loggers handlers of its own before it loads the application; in json,

@@ -40,12 +40,13 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
     port, sim_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
     env["OPENRELAY_DATA_DIR"] = str(tmp_path)
+    console = tmp_path / "console.err"  # what up and its children write to the terminal's stderr
     process = subprocess.Popen(
         [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(sim_port)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=console.open("wb"),
         text=True,
         start_new_session=True,
     )
@@ -79,6 +80,8 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
             batch = client.batches.retrieve(batch.id)
         assert '"custom_id":"r1"' in client.files.content(batch.output_file_id).text
         assert batch.usage.total_tokens > 0
+        unknown = httpx.get(f"{base}/v1/batches/batch_unknown", headers={"Authorization": f"Bearer {key}"})
+        assert unknown.status_code == 404 and httpx.get(f"{base}/v1/batches").status_code == 401
         with httpx.Client(base_url=base) as browser:
             form = browser.get("/login")
             token = browser.cookies["csrftoken"]
@@ -99,6 +102,10 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
     assert process.returncode is not None
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{sim_port}/v1/models", timeout=2)
+    # The development SECRET_KEY is said once (not once a process), and clients' 4xx answers are not logged.
+    said = console.read_text()
+    assert said.count("SECRET_KEY is not set") == 1, said
+    assert "Not Found:" not in said and "Unauthorized:" not in said, said
 
 
 def _start_up(tmp_path, port, sim_port):

@@ -56,6 +56,7 @@ class Command(BaseCommand):
         key, key_note, password, password_note = self._credentials()
         # The children log warnings and errors only, so the banner stays the last thing printed.
         os.environ.setdefault("OPENRELAY_LOG_LEVEL", "WARNING")
+        os.environ["OPENRELAY_DEV_KEY_NOTED"] = "true"  # this process warned already (settings.py)
         children = []
         try:
             if not no_simulator:
