@@ -43,7 +43,7 @@ class BatchListView(APIView):
         operation_id="batches_create",
         summary="Create a batch",
         request={"application/json": openapi.ref("BatchCreate")},
-        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 413, 415, 429)},
+        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 413, 415, 429)},
     )
     def post(self, request):
         params = parse_create_params(json_body(request))
@@ -54,7 +54,7 @@ class BatchListView(APIView):
         operation_id="batches_list",
         summary="List batches",
         parameters=[openapi.LIST_LIMIT, openapi.AFTER],
-        responses={200: openapi.ref("BatchList"), **openapi.errors(400, 401)},
+        responses={200: openapi.ref("BatchList"), **openapi.errors(400, 401, 404)},
     )
     def get(self, request):
         return Response(newest_first_page(request, _batches(request), batch_object, "batch"))
@@ -119,7 +119,7 @@ class BatchResultsView(APIView):
         },
     )
     def get(self, request, batch_id):
-        kind = request.query_params.get("kind") or "output"
+        kind = request.query_params.get("kind", "output")  # `?kind=` is a value, not an absent parameter
         if kind not in RESULT_KINDS:
             raise ApiError(
                 f"Invalid 'kind': {kind[:50]!r}; expected 'output' or 'error'.", param="kind", code="invalid_value"

@@ -142,7 +142,7 @@ def _days_before(day, days):
 
 def _parse_date(params, name):
     raw = params.get(name)
-    if raw is None or raw == "":
+    if raw is None:  # `?start=` is a value (not a date), not an absent parameter
         return None
     try:
         # fromisoformat alone also takes "20261201" and week dates; the API promises YYYY-MM-DD.

@@ -3,8 +3,8 @@
 from django.utils import timezone
 
 from files.models import File
-from openrelay.api.errors import ApiError, NotFound
-from openrelay.api.pagination import cursor_page
+from openrelay.api.errors import NotFound
+from openrelay.api.pagination import cursor_page, unknown_cursor
 
 # OpenAI lists up to 10,000 files a page, and all of them when no limit is given.
 LIST_LIMIT_MAX = 10_000
@@ -31,5 +31,5 @@ def list_files(organization, *, purpose=None, limit=LIST_LIMIT_MAX, order="desc"
         after=after,
         order=order,
         cursors=File.objects.for_org(organization),
-        no_cursor=ApiError(f"No such File object: {after}", param="after", code="invalid_value"),
+        no_cursor=unknown_cursor("file", after),
     )

@@ -26,7 +26,7 @@ class FilesView(APIView):
         operation_id="files_list",
         summary="List files",
         parameters=[openapi.PURPOSE, openapi.FILE_LIMIT, openapi.ORDER, openapi.AFTER],
-        responses={200: openapi.ref("FileList"), **openapi.errors(400, 401)},
+        responses={200: openapi.ref("FileList"), **openapi.errors(400, 401, 404)},
     )
     def get(self, request):
         files, has_more = selectors.list_files(request.user.organization, **params.list_params(request.query_params))

@@ -16,7 +16,7 @@ def parse_endpoint(data, *, partial=False):
     data = request_object(data, ENDPOINT_FIELDS)
     parsed = {}
     for field in ENDPOINT_FIELDS:
-        if field not in data or (partial and data[field] is None):
+        if field not in data:  # a null is a value of the wrong type, not a field left out
             if not partial:
                 raise missing_parameter(field)
             continue

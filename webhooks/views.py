@@ -44,7 +44,7 @@ class WebhookEndpointListView(APIView):
         operation_id="webhook_endpoints_list",
         summary="List webhook endpoints",
         parameters=[openapi.LIST_LIMIT, openapi.AFTER],
-        responses={200: openapi.ref("WebhookEndpointList"), **openapi.errors(400, 401)},
+        responses={200: openapi.ref("WebhookEndpointList"), **openapi.errors(400, 401, 404)},
     )
     def get(self, request):
         return Response(newest_first_page(request, _endpoints(request), endpoint_object, "webhook endpoint"))

@@ -191,10 +191,12 @@ COMPONENTS = {
         "type": "object",
         "required": ["endpoint", "completion_window"],
         "description": "Give either input_file_id (an uploaded purpose=batch file) or inline requests.",
+        "oneOf": [{"required": ["input_file_id"]}, {"required": ["requests"]}],
         "properties": {
             "input_file_id": {"type": "string"},
             "requests": {
                 "type": "array",
+                "minItems": 1,
                 "maxItems": 50000,
                 "items": {"type": "object", "description": "One JSONL request object: custom_id, method, url, body."},
             },
@@ -241,6 +243,13 @@ _ENDPOINT_PROPERTIES = {
     "updated_at": {"type": "integer"},
 }
 _ENDPOINT_REQUIRED = ["id", "object", "name", "url", "event_types", "created_at"]
+_WEBHOOK_URL = {
+    "type": "string",
+    "pattern": "^https?://[^/?#\\s]+",
+    "maxLength": 2048,
+    "description": "An http(s) URL whose host resolves; private addresses are refused "
+    "unless OPENRELAY_ALLOW_PRIVATE_URLS is set.",
+}
 
 COMPONENTS.update(
     {
@@ -256,12 +265,7 @@ COMPONENTS.update(
             "required": ["name", "url", "event_types"],
             "properties": {
                 "name": {"type": "string", "minLength": 1, "maxLength": 200},
-                "url": {
-                    "type": "string",
-                    "maxLength": 2048,
-                    "description": "http(s) URL; private addresses are refused "
-                    "unless OPENRELAY_ALLOW_PRIVATE_URLS is set.",
-                },
+                "url": _WEBHOOK_URL,
                 "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
             },
             "additionalProperties": False,
@@ -270,7 +274,7 @@ COMPONENTS.update(
             "type": "object",
             "properties": {
                 "name": {"type": "string", "minLength": 1, "maxLength": 200},
-                "url": {"type": "string", "maxLength": 2048},
+                "url": _WEBHOOK_URL,
                 "event_types": {"type": "array", "minItems": 1, "items": _EVENT_TYPE},
             },
             "additionalProperties": False,
@@ -441,4 +445,18 @@ def add_components(result, generator, request, public):
     schemas = result.setdefault("components", {}).setdefault("schemas", {})
     for name, schema in COMPONENTS.items():
         schemas.setdefault(name, schema)
+    _require_bodies_with_required_fields(result)
     return result
+
+
+def _require_bodies_with_required_fields(result):
+    """A request body whose schema has required fields is itself required: without it the server answers
+    400 for the missing field, which the schema must not call a valid request."""
+    schemas = result["components"]["schemas"]
+    for operations in result.get("paths", {}).values():
+        for operation in operations.values():
+            body = operation.get("requestBody") if isinstance(operation, dict) else None
+            for media in (body or {}).get("content", {}).values():
+                name = media.get("schema", {}).get("$ref", "").rpartition("/")[2]
+                if schemas.get(name, {}).get("required"):
+                    body["required"] = True

@@ -4,7 +4,7 @@ and files (whose limits and default order OpenAI sets differently) all page thro
 
 from django.db.models import Q
 
-from openrelay.api.errors import ApiError
+from openrelay.api.errors import ApiError, NotFound
 from openrelay.api.lists import list_object
 from openrelay.api.params import invalid_choice
 
@@ -14,7 +14,7 @@ ORDERS = ("asc", "desc")
 
 def parse_limit(raw, *, default=LIST_LIMIT_DEFAULT, maximum=LIST_LIMIT_MAX):
     """A list route's `limit` query parameter: 1 to `maximum`, `default` when absent."""
-    if raw is None or raw == "":
+    if raw is None:
         return default
     try:
         limit = int(raw)
@@ -31,10 +31,16 @@ def parse_limit(raw, *, default=LIST_LIMIT_DEFAULT, maximum=LIST_LIMIT_MAX):
 
 def parse_order(raw, *, default="desc"):
     """A list route's `order` query parameter: asc (oldest first) or desc (newest first)."""
-    order = raw or default
+    order = default if raw is None else raw  # `?order=` is a value, not an absent parameter
     if order not in ORDERS:
         raise invalid_choice("order", order, ORDERS)
     return order
+
+
+def unknown_cursor(noun, after):
+    """An `after` that names no object of the caller's: a 404, as for the object itself. A 400 would say
+    the request is malformed, which a well-formed id is not; the schema cannot state which ids exist."""
+    return NotFound(f"No {noun} found with id '{after}' (the 'after' cursor).", param="after", code="not_found")
 
 
 def cursor_page(queryset, *, limit, after=None, order="desc", cursors=None, no_cursor):
@@ -65,6 +71,6 @@ def newest_first_page(request, queryset, present, noun):
         queryset,
         limit=parse_limit(request.query_params.get("limit")),
         after=after,
-        no_cursor=ApiError(f"Invalid 'after': no {noun} found with id '{after}'.", param="after", code="invalid_value"),
+        no_cursor=unknown_cursor(noun, after),
     )
     return list_object([present(row) for row in rows], has_more=has_more)

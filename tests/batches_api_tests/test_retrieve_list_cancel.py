@@ -134,8 +134,8 @@ class TestList:
     def test_it_refuses_an_unknown_cursor(self, alice, bob, gemma):
         other = _batch(bob)
         for after in ("batch_nope", other.public_id):
-            error = error_of(alice.client.get("/v1/batches", {"after": after}))
-            assert error["param"] == "after"
+            error = error_of(alice.client.get("/v1/batches", {"after": after}), 404)
+            assert (error["param"], error["code"], error["type"]) == ("after", "not_found", "not_found_error")
 
     def test_it_uses_a_constant_number_of_queries(self, alice, gemma, django_assert_num_queries):
         ids = self._make(alice, 12)

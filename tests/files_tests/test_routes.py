@@ -92,19 +92,20 @@ class TestList:
         assert _ids(alice.client.get("/v1/files", {"purpose": "fine-tune"})) == []
 
     @pytest.mark.parametrize(
-        "query, param",
+        "query, param, status",
         [
-            ({"limit": "0"}, "limit"),
-            ({"limit": "10001"}, "limit"),
-            ({"limit": "ten"}, "limit"),
-            ({"order": "newest"}, "order"),
-            ({"after": "file-doesnotexist"}, "after"),
+            ({"limit": "0"}, "limit", 400),
+            ({"limit": "10001"}, "limit", 400),
+            ({"limit": "ten"}, "limit", 400),
+            ({"order": "newest"}, "order", 400),
+            ({"order": ""}, "order", 400),
+            ({"after": "file-doesnotexist"}, "after", 404),  # the object the cursor names is not found
         ],
     )
-    def test_it_refuses_bad_parameters(self, alice, query, param):
-        error = assert_envelope(alice.client.get("/v1/files", query), 400)
+    def test_it_refuses_bad_parameters(self, alice, query, param, status):
+        error = assert_envelope(alice.client.get("/v1/files", query), status)
         assert error["param"] == param
-        assert error["type"] == "invalid_request_error"
+        assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
 
     def test_it_accepts_the_limit_bounds(self, alice):
         _make(alice, 2)
@@ -219,7 +220,7 @@ class TestIsolation:
                 "not_found_error",
             )
         assert _ids(alice.client.get("/v1/files")) == []
-        assert assert_envelope(alice.client.get("/v1/files", {"after": bobs}), 400)["param"] == "after"
+        assert assert_envelope(alice.client.get("/v1/files", {"after": bobs}), 404)["param"] == "after"
         assert File.objects.filter(public_id=bobs).exists()
         assert len(stored_files(file_storage[0])) == 1
         assert _ids(bob.client.get("/v1/files")) == [bobs]

@@ -63,6 +63,7 @@ PARAM_ROUTES = [
         "post",
         "/v1/batches",
         {"input_file_id": "{file}", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        400,
         "file_not_found",
     ),
     (
@@ -70,10 +71,12 @@ PARAM_ROUTES = [
         "post",
         "/v1/batches",
         {"input_file_id": "{output}", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        400,
         "file_not_found",
     ),
-    ("batch list after hers", "get", "/v1/batches?after={batch}", None, "invalid_value"),
-    ("file list after hers", "get", "/v1/files?after={file}", None, "invalid_value"),
+    # A cursor naming another organization's object is not found, as the object itself is.
+    ("batch list after hers", "get", "/v1/batches?after={batch}", None, 404, "not_found"),
+    ("file list after hers", "get", "/v1/files?after={file}", None, 404, "not_found"),
 ]
 
 
@@ -114,10 +117,12 @@ def test_another_organizations_ids_are_not_found(alice, bob, alices, name, metho
     _alice_is_untouched(alice, alices)
 
 
-@pytest.mark.parametrize("name, method, path, body, code", PARAM_ROUTES, ids=[r[0] for r in PARAM_ROUTES])
-def test_another_organizations_ids_as_parameters_are_refused(alice, bob, alices, name, method, path, body, code):
+@pytest.mark.parametrize("name, method, path, body, status, code", PARAM_ROUTES, ids=[r[0] for r in PARAM_ROUTES])
+def test_another_organizations_ids_as_parameters_are_refused(
+    alice, bob, alices, name, method, path, body, status, code
+):
     response = _call(bob.client, method, _fill(path, alices), _fill(body, alices))
-    assert_envelope(response, 400, code)
+    assert_envelope(response, status, code)
     _reveals_nothing(response, alices)
     _alice_is_untouched(alice, alices)
     assert not Batch.objects.filter(organization=bob.org).exists()
@@ -139,7 +144,7 @@ def _usage_route():
 
 ALL_ROUTES = (
     [(m, p, b) for _, m, p, b in API_ROUTES]
-    + [(m, p, b) for _, m, p, b, _ in PARAM_ROUTES]
+    + [(m, p, b) for _, m, p, b, _, _ in PARAM_ROUTES]
     + [
         ("get", "/v1/files", None),
         ("get", "/v1/batches", None),

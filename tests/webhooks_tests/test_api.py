@@ -168,5 +168,5 @@ def test_another_organizations_endpoints_are_not_found(alice, bob):
         assert response.json()["error"]["code"] == "webhook_endpoint_not_found"
     assert bob.client.get("/v1/webhook_endpoints").json()["data"] == []
     response = bob.client.get(f"/v1/webhook_endpoints?after={endpoint['id']}")
-    assert response.status_code == 400 and response.json()["error"]["param"] == "after"
+    assert response.status_code == 404 and response.json()["error"]["param"] == "after"
     assert alice.client.get(base).json()["name"] == "n"
