@@ -108,7 +108,8 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
     assert "Not Found:" not in said and "Unauthorized:" not in said, said
 
 
-def _start_up(tmp_path, port, sim_port):
+def _start_up(tmp_path, port, sim_port, console=None):
+    """`manage.py up` on the embedded defaults; its stderr (and its children's) to `console` if given."""
     env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
     env["OPENRELAY_DATA_DIR"] = str(tmp_path)
     process = subprocess.Popen(
@@ -116,11 +117,34 @@ def _start_up(tmp_path, port, sim_port):
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=console.open("ab") if console else subprocess.DEVNULL,
         text=True,
         start_new_session=True,
     )
     return process, _read_banner(process, time.monotonic() + 60)[-1]
+
+
+def _submit_and_wait_for_progress(client, tag, done=64):
+    lines = b"".join(
+        b'{"custom_id": "%s%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
+        b'"openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "q%d [[latency:700]]"}]}}\n'
+        % (tag.encode(), i, i)
+        for i in range(600)
+    )
+    file = client.files.create(file=("in.jsonl", lines), purpose="batch")
+    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+    deadline = time.monotonic() + 60
+    while client.batches.retrieve(batch.id).request_counts.completed < done:
+        assert time.monotonic() < deadline, "no progress"
+        time.sleep(0.1)
+    return batch
+
+
+def _wait_for_text(path, text, timeout=30):
+    deadline = time.monotonic() + timeout
+    while text not in path.read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"{text!r} never said: {path.read_text(errors='replace')[-2000:]}"
+        time.sleep(0.05)
 
 
 def _record_statuses(tmp_path):
@@ -132,23 +156,16 @@ def _record_statuses(tmp_path):
 
 @pytest.mark.slow
 def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp_path):
-    """Ctrl-C reaches `up` (its children have sessions of their own): it stops the workers before
-    the simulator, so calls in flight finish or go back to pending; none fails."""
+    """Ctrl-C reaches `up` (its children have sessions of their own): it says what it stops, and stops
+    the workers before the simulator, so calls in flight finish or go back to pending; none fails. A
+    second Ctrl-C mid-stop stops the rest at once, in the same order, without a traceback; the next
+    start runs every record of both batches."""
     port, sim_port = free_port(), free_port()
-    process, key = _start_up(tmp_path, port, sim_port)
+    console = tmp_path / "console.err"
+    process, key = _start_up(tmp_path, port, sim_port, console)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
-        lines = b"".join(
-            b'{"custom_id": "r%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
-            b'"openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "q%d [[latency:700]]"}]}}\n' % (i, i)
-            for i in range(600)
-        )
-        file = client.files.create(file=("in.jsonl", lines), purpose="batch")
-        batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
-        deadline = time.monotonic() + 60
-        while client.batches.retrieve(batch.id).request_counts.completed < 64:
-            assert time.monotonic() < deadline, "no progress"
-            time.sleep(0.1)
+        first = _submit_and_wait_for_progress(client, "a")
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to its foreground group
         process.wait(timeout=60)
     finally:
@@ -157,15 +174,40 @@ def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp
     statuses = _record_statuses(tmp_path)
     assert statuses.get("failed", 0) == 0 and statuses.get("running", 0) == 0, statuses
     assert statuses.get("pending", 0) > 0, f"the batch finished before the stop; the test proves nothing: {statuses}"
+    said = console.read_text()
+    assert process.returncode == 0, said
+    for step in ("Stopping. Press Ctrl-C again", "Stopping the web server", "Stopping the workers", "Stopped."):
+        assert step in said, said
+    assert said.index("Stopping the workers") < said.index("Stopping the simulated model server"), said
+    assert "Traceback" not in said and "leaves the rotation" not in said, said
+
+    process, key = _start_up(tmp_path, port, sim_port, console)
+    try:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
+        second = _submit_and_wait_for_progress(client, "b", done=8)
+        os.killpg(process.pid, signal.SIGINT)
+        _wait_for_text(console, "Stopping the workers")
+        os.killpg(process.pid, signal.SIGINT)  # the impatient second Ctrl-C
+        started = time.monotonic()
+        process.wait(timeout=30)
+        stopped_in = time.monotonic() - started
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    said = console.read_text()
+    assert "Stopping at once" in said and "Traceback" not in said and "KeyboardInterrupt" not in said, said
+    assert stopped_in < 15, f"a second Ctrl-C took {stopped_in:.1f} s"
+    assert _record_statuses(tmp_path).get("failed", 0) == 0
 
     process, key = _start_up(tmp_path, port, sim_port)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
-        deadline = time.monotonic() + 60
-        while (done := client.batches.retrieve(batch.id)).status != "completed":
-            assert time.monotonic() < deadline, done
-            time.sleep(0.2)
-        assert (done.request_counts.completed, done.request_counts.failed) == (600, 0)
+        deadline = time.monotonic() + 90
+        for batch in (first, second):
+            while (done := client.batches.retrieve(batch.id)).status != "completed":
+                assert time.monotonic() < deadline, done
+                time.sleep(0.2)
+            assert (done.request_counts.completed, done.request_counts.failed) == (600, 0)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)

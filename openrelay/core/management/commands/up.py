@@ -216,16 +216,56 @@ class Command(BaseCommand):
     def _stop(self, children):
         """Stop the children in the reverse of their start: the web server, then the workers (whose
         engines finish or hand back their records within OPENRELAY_STOP_GRACE_S), and the simulator
-        last, so no record is ever sent to a model server that is already gone."""
-        for child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-            patience = settings.OPENRELAY_STOP_GRACE_S + 15 if "qcluster" in child.args else 10
-            try:
-                child.wait(timeout=patience)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        last, so no record is ever sent to a model server that is already gone. Each step is said as
+        it starts, since the workers' may take seconds; a second Ctrl-C (or SIGTERM) stops the rest
+        at once, in the same order: a worker killed mid-call leaves its records to its lease, and the
+        next start runs them (none is written off)."""
+        running = [child for child in reversed(children) if child.poll() is None]
+        if not running:
+            return
+        try:
+            self.stderr.write("Stopping. Press Ctrl-C again to stop at once.")
+            for child in running:
+                self._stop_one(child)
+        except KeyboardInterrupt:
+            for number in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(number, signal.SIG_IGN)  # nothing interrupts the kills below
+            self.stderr.write("Stopping at once: records in flight run again at the next start.")
+            for child in running:
+                _kill(child)
+        self.stderr.write("Stopped.")
+
+    def _stop_one(self, child):
+        name, detail, patience = _role(child)
+        if child.poll() is not None:
+            return
+        self.stderr.write(f"Stopping {name}{detail} (at most {patience:.0f} s)...")
+        child.send_signal(signal.SIGTERM)
+        try:
+            child.wait(timeout=patience)
+        except subprocess.TimeoutExpired:
+            self.stderr.write(f"{name[0].upper()}{name[1:]} did not stop in {patience:.0f} s: killed.")
+            _kill(child)
+
+
+def _role(child):
+    """(what the console calls a child, what stopping it does, how long it may take)."""
+    argv = " ".join(map(str, child.args))
+    if "qcluster" in argv:
+        return "the workers", ": calls in flight finish or go back to the queue", settings.OPENRELAY_STOP_GRACE_S + 15
+    if "openrelay.simulator" in argv:
+        return "the simulated model server", "", 10
+    return "the web server", "", 10
+
+
+def _kill(child):
+    """SIGKILL to the child's own process group (a cluster's forked workers too)."""
+    if child.poll() is None:
+        try:
+            os.killpg(child.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    child.wait()
 
 
 def _terminate_with_parent():
