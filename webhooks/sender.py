@@ -8,20 +8,23 @@ and the delivery tasks hand the delivery rows (written in the transaction that
 ended the batch) to this sender and return at once.
 
 Bounds, so one organization's hanging endpoints can't starve another's events:
-- a pool of OPENRELAY_WEBHOOK_CONCURRENCY threads per process (each attempt
+- OPENRELAY_WEBHOOK_CONCURRENCY threads per process (each attempt
   runs `services.deliver`, at most OPENRELAY_WEBHOOK_TIMEOUT_S on the wire);
 - at most OPENRELAY_WEBHOOK_ORG_CONCURRENCY of one organization's deliveries
   in that pool at once; the rest wait in the organization's own queue, not
   the pool's, so another organization's delivery takes the next free thread.
 
 A process that dies with deliveries queued here loses nothing: the rows are
-pending, and the retry sweep (tasks.deliver_due) sends them once due.
+pending, and the retry sweep (tasks.deliver_due) sends them once due. So the
+threads are daemons: a worker process that stops does not wait for endpoints
+(concurrent.futures' pool would join its threads at exit, every queued attempt
+run first, each up to the timeout).
 """
 
 import logging
 import threading
 from collections import Counter, defaultdict, deque
-from concurrent.futures import ThreadPoolExecutor
+from queue import SimpleQueue
 
 from django.conf import settings
 from django.db import connections
@@ -32,11 +35,13 @@ logger = logging.getLogger("webhooks")
 class Sender:
     def __init__(self, *, threads, per_org):
         self.per_org = per_org
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="openrelay-webhooks")
+        self._jobs = SimpleQueue()  # (organization id, pk, first_only), each with its organization's slot
         self._lock = threading.Lock()
         self._sending = Counter()  # organization id -> its deliveries in the pool
         self._waiting = defaultdict(deque)  # organization id -> its pks waiting for a slot of theirs
         self._held = set()  # pks in the pool or waiting: a sweep hands none over twice
+        for n in range(threads):
+            threading.Thread(target=self._work, name=f"openrelay-webhooks-{n}", daemon=True).start()
 
     def submit(self, org_id, pk, first_only):
         """Queue one delivery's attempt; False if this process holds it already."""
@@ -46,14 +51,14 @@ class Sender:
             self._held.add(pk)
             if self._sending[org_id] < self.per_org:
                 self._sending[org_id] += 1
-                self._pool.submit(self._send, org_id, pk, first_only)
+                self._jobs.put((org_id, pk, first_only))
             else:
                 self._waiting[org_id].append((pk, first_only))
         return True
 
-    def held(self):
-        with self._lock:
-            return len(self._held)
+    def _work(self):
+        while True:
+            self._send(*self._jobs.get())
 
     def _send(self, org_id, pk, first_only):
         from webhooks import services  # services imports this module
@@ -71,7 +76,7 @@ class Sender:
             self._held.discard(pk)
             waiting = self._waiting[org_id]
             if waiting:
-                self._pool.submit(self._send, org_id, *waiting.popleft())
+                self._jobs.put((org_id, *waiting.popleft()))
                 return
             del self._waiting[org_id]
             self._sending[org_id] -= 1
