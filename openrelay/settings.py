@@ -231,6 +231,12 @@ OPENRELAY_CONTROL_HOSTS = envlist("OPENRELAY_CONTROL_HOSTS")
 OPENRELAY_ALLOW_PRIVATE_URLS = envbool("OPENRELAY_ALLOW_PRIVATE_URLS", False)
 # One webhook delivery attempt: connect, send, read the answer.
 OPENRELAY_WEBHOOK_TIMEOUT_S = envfloat("OPENRELAY_WEBHOOK_TIMEOUT_S", 10.0, minimum=0.1)
+# Deliveries are sent off the closer on a worker process's own threads (webhooks.sender): this
+# many at once per process, at most ORG_CONCURRENCY of them one organization's.
+OPENRELAY_WEBHOOK_CONCURRENCY = envint("OPENRELAY_WEBHOOK_CONCURRENCY", 8, minimum=1)
+OPENRELAY_WEBHOOK_ORG_CONCURRENCY = envint("OPENRELAY_WEBHOOK_ORG_CONCURRENCY", 2, minimum=1)
+# POST /v1/webhook_endpoints/{id}/test calls in flight per organization in one web process (429 past it).
+OPENRELAY_WEBHOOK_TEST_CONCURRENCY = envint("OPENRELAY_WEBHOOK_TEST_CONCURRENCY", 2, minimum=1)
 
 # GET /metrics is off until this is set; scrapers send it as "Authorization: Bearer <token>".
 OPENRELAY_METRICS_TOKEN = envstr("OPENRELAY_METRICS_TOKEN", "")

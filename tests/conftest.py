@@ -17,5 +17,6 @@ pytest_plugins = [
     "tests.fixtures.tool_executor",  # executor_server, executor
     "tests.fixtures.workflow_callback",  # callback_server, callback
     "tests.fixtures.webhook_receiver",  # receiver, verifier
+    "tests.fixtures.hanging_server",  # hanging
     "tests.fixtures.mcp_servers",  # official_server, stateless_server, auth_server
 ]

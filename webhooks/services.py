@@ -3,13 +3,19 @@
 Events are born in the transaction of the batch's terminal transition
 (batches.lifecycle calls batch_finished), one delivery row per subscribed
 endpoint, so an event exists exactly when the batch's status does. After
-the commit a task sends each; a failed attempt waits for the retry sweep
-(tasks.deliver_due, every minute) on a growing back-off.
+the commit the worker process's sender (webhooks.sender: bounded threads,
+per organization too) sends each, so no close waits on a user's server; a
+failed attempt waits for the retry sweep (tasks.deliver_due, every minute)
+on a growing back-off.
 """
 
 import asyncio
 import logging
+import math
+import threading
 import time
+from collections import Counter
+from contextlib import contextmanager
 from datetime import timedelta
 
 import orjson
@@ -21,7 +27,7 @@ from django.utils import timezone
 from openrelay.api.errors import ApiError
 from openrelay.lib.outbound import OutboundClient, OutboundError
 from openrelay.lib.redaction import redact
-from webhooks import signing
+from webhooks import sender, signing
 from webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
 
 logger = logging.getLogger("webhooks")
@@ -70,14 +76,48 @@ def rotate_secret(endpoint, *, keep_old):
 
 
 def send_test(endpoint, event_type):
-    """POST a sample event of `event_type` now; return the status code the endpoint answered."""
+    """POST a sample event of `event_type` now; return the status code the endpoint answered.
+
+    The caller waits for the endpoint (that is the point of a test), holding one of the web
+    process's view slots (OPENRELAY_WEB_CONCURRENCY) meanwhile: 40 tests of an endpoint that
+    never answers took every slot and held /healthz and every tenant's calls ~9 s. So tests in
+    flight are bounded, per organization and per process, and one past a bound is a 429.
+    """
     event_id = new_event_id()
     payload = _event_payload(event_id, event_type, int(time.time()), "batch_test")
+    with _test_slot(endpoint.organization_id):
+        try:
+            return _post(endpoint, payload.decode(), event_id)
+        except OutboundError as exc:
+            message = redact(exc.message, _live_secrets(endpoint))
+            raise ApiError(f"The test delivery failed: {message}", param=None, code="webhook_delivery_failed") from None
+
+
+_tests_lock = threading.Lock()
+_tests_in_flight = Counter()  # organization id -> its test deliveries in flight in this process
+
+
+@contextmanager
+def _test_slot(org_id):
+    per_org = settings.OPENRELAY_WEBHOOK_TEST_CONCURRENCY
+    in_process = max(1, settings.OPENRELAY_WEB_CONCURRENCY // 4)  # the other 3/4 of the slots stay free
+    with _tests_lock:
+        if _tests_in_flight[org_id] >= per_org or _tests_in_flight.total() >= in_process:
+            raise ApiError(
+                f"Too many test deliveries in flight (at most {per_org} per organization); "
+                "try again when one has finished.",
+                code="webhook_tests_busy",
+                status=429,
+                headers={"Retry-After": str(math.ceil(settings.OPENRELAY_WEBHOOK_TIMEOUT_S))},
+            )
+        _tests_in_flight[org_id] += 1
     try:
-        return _post(endpoint, payload.decode(), event_id)
-    except OutboundError as exc:
-        message = redact(exc.message, _live_secrets(endpoint))
-        raise ApiError(f"The test delivery failed: {message}", param=None, code="webhook_delivery_failed") from None
+        yield
+    finally:
+        with _tests_lock:
+            _tests_in_flight[org_id] -= 1
+            if not _tests_in_flight[org_id]:
+                del _tests_in_flight[org_id]
 
 
 # ---------------------------------------------------------------------------
@@ -107,7 +147,8 @@ def batch_finished(batch, status, now):
         for endpoint in endpoints
     )
     pks = [d.pk for d in deliveries]
-    transaction.on_commit(lambda: _send_after_commit(pks), robust=True)
+    org_id = batch.organization_id
+    transaction.on_commit(lambda: _send_after_commit(org_id, pks), robust=True)
 
 
 def _event_payload(event_id, event_type, created_at, batch_id):
@@ -117,12 +158,12 @@ def _event_payload(event_id, event_type, created_at, batch_id):
     )
 
 
-def _send_after_commit(pks):
+def _send_after_commit(org_id, pks):
     if settings.WORKER_PROCESS:
-        # A worker just closed the batch: send now. A queued task would wait
-        # behind other batches' tasks, which hold workers for up to a slice.
+        # A worker just closed the batch (the engine's closer, or a sweep): the sender sends,
+        # on threads of its own, so the closer goes on to the next batch at once.
         for pk in pks:
-            deliver_pk(pk)
+            sender.sender().submit(org_id, pk, first_only=True)
         return
     # A web process (a create whose every line was rejected) doesn't make its client wait.
     from django_q.tasks import async_task
@@ -135,15 +176,17 @@ def _send_after_commit(pks):
 # Delivery
 
 
-def deliver_pk(pk):
-    """The first attempt of a delivery (after the commit that made it), unless someone made it already."""
+def deliver_pk(pk, *, first_only=True):
+    """An attempt of a delivery by pk: its first (after the commit that made it) unless someone made
+    it already, or (first_only=False) a due retry."""
     delivery = WebhookDelivery.objects.select_related("endpoint").filter(pk=pk).first()
     if delivery is None:
         return "gone"  # its endpoint was deleted
-    return deliver(delivery, first_only=True)
+    # A retry may have waited in the sender's queue while another process sent it: only if still due.
+    return deliver(delivery, first_only=first_only, due_only=not first_only)
 
 
-def deliver(delivery, now=None, first_only=False):
+def deliver(delivery, now=None, first_only=False, due_only=False):
     """One attempt: a 2xx delivers; anything else schedules the next attempt or, out of attempts, fails.
 
     The delivery is taken first (`sending_until`, conditional on nobody
@@ -157,6 +200,8 @@ def deliver(delivery, now=None, first_only=False):
     )
     if first_only:
         free = free.filter(attempts=0)
+    if due_only:
+        free = free.filter(next_attempt_at__lte=now)
     if not free.update(sending_until=lease):
         return "taken"
     delivery.refresh_from_db(fields=["attempts", "status"])  # as the one sender now holding it

@@ -9,6 +9,7 @@ raises it: these checks, the record checks, the JSONL scan and the engine.
 from urllib.parse import urlsplit
 
 from openrelay.api.params import invalid_choice, invalid_type, missing_parameter
+from openrelay.lib.outbound import OutboundError, check_url
 
 MAX_CALLBACK_URL = 2048
 
@@ -101,6 +102,8 @@ def _check_url(url, code, param):
         host = parts.hostname
     except ValueError:
         host, parts = None, None
+    if parts is None and len(url) <= MAX_CALLBACK_URL:
+        _refuse_host_form(url, code, param)  # "[name:with.colon]": the guard's own words
     if (
         parts is None
         or parts.scheme not in ("http", "https")
@@ -113,7 +116,18 @@ def _check_url(url, code, param):
             f"Invalid '{param}': expected an absolute http(s) URL with a host (at most {MAX_CALLBACK_URL} characters).",
             param,
         )
+    _refuse_host_form(url, code, param)
     return url
+
+
+def _refuse_host_form(url, code, param):
+    """What the outbound guard refuses whatever the host resolves to (brackets holding no IPv6
+    literal, an invalid IDNA label, a legacy numeric spelling), refused at create rather than
+    failing the record when it runs. Addresses are still judged when the URL is called."""
+    try:
+        check_url(url, allow_private=True)
+    except OutboundError as exc:
+        raise RecordRejected(code, f"Invalid '{param}': {exc.message}.", param) from None
 
 
 def _limits(value, limits, code, param):

@@ -10,7 +10,8 @@ read the answer back in their result file.
 The guard has three layers:
 
 * ``check_url`` rejects what is wrong before any I/O: schemes other than
-  http(s), credentials in the URL, and IP literals in blocked ranges.
+  http(s), credentials in the URL, IP literals in blocked ranges, brackets
+  that hold no IPv6 literal, and host labels that are not valid IDNA.
   aiohttp never calls the resolver for an IP literal, so this is the only
   place literals are checked.
 * ``GuardedResolver`` checks every address a host name resolves to. aiohttp
@@ -204,6 +205,12 @@ def _check_host(host: str, origin: str, *, allow_private: bool) -> None:
     except ValueError:
         if _NUMERIC_HOST.fullmatch(host):
             raise BlockedHost(origin) from None  # a legacy IPv4 spelling (not dotted-quad)
+        if ":" in host:
+            # Brackets that hold no IPv6 literal ("http://[name:with.colon]/"): yarl keeps the
+            # text as the host, and aiohttp takes a host with a colon for an address literal, so
+            # it never asks the resolver, and getaddrinfo found the name in a hosts file and
+            # connected to loopback past the guard. No DNS name has a colon: refused always.
+            raise BlockedHost(origin) from None
         return  # a name: the resolver checks what it resolves to
     if not allow_private and is_blocked_address(addr):
         raise BlockedHost(origin)
@@ -225,7 +232,11 @@ def check_url(url: str | URL, *, allow_private: bool) -> URL:
     # user or password at all (even "http://:@host") is refused.
     if parsed.raw_user is not None or parsed.raw_password is not None:
         raise BlockedURL("URL must not contain credentials (user:password@)")
-    _check_host(parsed.host or parsed.raw_host, _origin(parsed), allow_private=allow_private)
+    try:
+        host = parsed.host or parsed.raw_host
+    except ValueError:  # UnicodeError: a label "xn--" that is not valid punycode (xn--zz.com)
+        raise BlockedURL("URL host is not a valid internationalized (IDNA) name") from None
+    _check_host(host, _origin(parsed), allow_private=allow_private)
     return parsed
 
 
