@@ -4,7 +4,8 @@ Everything is read from the database, so every web process shows the same
 figures whichever engines made them:
 - health, since when and the last error: the Deployment rows (engines write
   every change, batches.engine.calls.health);
-- calls in flight, calls answered and failed in the last minute, and the
+- calls in flight, calls answered and failed by the deployment in the last minute (a record's own
+  4xx is not the deployment failing: batches.engine.calls.callcount), and the
   adaptive concurrency limit (batches.engine.calls.flow), by deployment: the sum
   over the live engines' `Engine.calls`, which each engine publishes with
   its heartbeat (every 0.5 s); a dead engine's figures drop out with its
@@ -13,7 +14,9 @@ figures whichever engines made them:
   queued (neither finished nor leased) and finished in the last minute, by
   model and organization: the running batches' rows and their running
   records (the batch/status/line index), and their progress samples
-  (batches.progress: the last minute's samples are always kept).
+  (batches.progress: the last minute's samples are always kept). Calls of the last
+  minute include a batch that just finished; records done count running batches
+  only, and the page says so beside the two columns.
 
 Calls and records differ: a tool-calling or workflow record makes several
 calls, and a record waiting for its user's server holds none.
@@ -64,8 +67,9 @@ class Calls:
 
 def state(deployment, calls):
     """A deployment's state as an operator reads it: "down" (out of the rotation, probed until it
-    answers; batches.engine.calls.health), "failing" (in the rotation, but calls failed in the last
-    minute), "up", or "disabled"."""
+    answers; batches.engine.calls.health), "failing" (in the rotation, but it failed calls in the
+    last minute: no answer, 5xx, 401/403, the time limit; batches.engine.calls.callcount), "up",
+    or "disabled"."""
     from openrelay.core.models import DeploymentHealth
 
     if not deployment.enabled:

@@ -4,8 +4,10 @@ The list is keyset-paged by (created_at, pk), newest first, like the API's.
 """
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.db.models.fields.json import KeyTextTransform
 
@@ -128,3 +130,36 @@ def failures(batch_pk):
             failed += n
     codes = sorted(by_code.values(), key=lambda entry: (-entry["count"], entry["code"]))
     return Failures(codes, failed, unrun)
+
+
+def failures_with(read):
+    """`read()` (a Batch, or None) and that batch's failures (or None), as of one moment.
+
+    The engines write a batch's records and its rolled-up counters in one
+    transaction (batches.engine.store); read apart, the failed tile and the
+    failures card showed two moments (15 vs 16 failed while a batch ran).
+    """
+    with _one_moment():
+        batch = read()
+        return batch, None if batch is None else failures(batch.pk)
+
+
+@contextmanager
+def _one_moment():
+    """Reads that see one committed state: a read-only REPEATABLE READ transaction on PostgreSQL
+    (READ COMMITTED gives each statement its own); a deferred one on SQLite, whose WAL keeps a
+    reader on the snapshot of its first read (atomic() would BEGIN IMMEDIATE, the settings'
+    transaction_mode, and hold writers off). Inside a transaction already, the reads share it."""
+    if connection.in_atomic_block:
+        yield
+    elif connection.vendor == "postgresql":
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            yield
+    else:
+        with connection.cursor() as cursor:
+            cursor.execute("BEGIN DEFERRED")
+            try:
+                yield
+            finally:
+                cursor.execute("COMMIT")

@@ -36,7 +36,7 @@ from batches import operator, progress, selectors, services
 from batches.engine import results
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import PRESENTER_RELATED, batch_object
-from batches.validation.params import ENDPOINTS, PRIORITIES, parse_create_params
+from batches.validation.params import ENDPOINTS, MAX_METADATA_PAIRS, PRIORITIES, parse_create_params
 from files import selectors as file_selectors
 from files import services as file_services
 from files.models import File, Purpose
@@ -59,6 +59,8 @@ TIMELINE = (
     ("expired_at", "Expired"),
     ("cancelled_at", "Cancelled"),
 )
+# Empty metadata rows the new-batch form shows; its script adds more, up to MAX_METADATA_PAIRS.
+METADATA_ROWS = 2
 CANCELLABLE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS)
 RETRYABLE = (BatchStatus.COMPLETED, BatchStatus.EXPIRED, BatchStatus.CANCELLED)
 
@@ -121,13 +123,16 @@ def staff_required(view):
     return wrapped
 
 
-def _batch_or_404(request, batch_id):
-    batch = (
+def _batch_query(request, batch_id):
+    return (
         Batch.objects.for_org(request.organization)
         .select_related(*PRESENTER_RELATED, "input_file")
         .filter(public_id=batch_id)
-        .first()
     )
+
+
+def _batch_or_404(request, batch_id):
+    batch = _batch_query(request, batch_id).first()
     if batch is None:
         raise Http404("No such batch.")
     return batch
@@ -311,10 +316,12 @@ def _filters(request):
 @require_GET
 @member_required
 def batch_detail(request, batch_id):
-    batch = _batch_or_404(request, batch_id)
+    # The tiles (the batch's counters) and the failures card (its records) as of one moment.
+    batch, failures = selectors.failures_with(_batch_query(request, batch_id).first)
+    if batch is None:
+        raise Http404("No such batch.")
     obj = batch_object(batch)
     rejections = (obj["errors"] or {}).get("data") or []
-    failures = selectors.failures(batch.pk)
     now = timezone.now()
     return render(
         request,
@@ -336,6 +343,7 @@ def batch_detail(request, batch_id):
             "accepted": obj["request_counts"]["total"],
             "just_created": request.GET.get("created") == "1",
             "retryable": retryable(obj),
+            "retry_label": retry_label(failures.failed, failures.unrun),
             "server_now": int(now.timestamp()),
             "nav": "batches",
         },
@@ -343,8 +351,18 @@ def batch_detail(request, batch_id):
 
 
 def retryable(batch):
-    """A finished batch with error-file records can run them again as a new batch."""
+    """A finished batch with error-file records (failed, expired or cancelled: request_counts
+    counts them all failed) can run them again as a new batch."""
     return batch["status"] in RETRYABLE and batch["request_counts"]["failed"] > 0
+
+
+def retry_label(failed, not_run):
+    """What the retry button reruns, as dashboard.js `retryLabel` says it too."""
+    if not not_run:
+        return f"Retry {failed:,} failed record{'s' if failed != 1 else ''}"
+    if not failed:
+        return f"Retry {not_run:,} record{'s' if not_run != 1 else ''} not run"
+    return f"Retry {failed + not_run:,} records ({failed:,} failed, {not_run:,} not run)"
 
 
 def failures_fragment(batch_id, failures):
@@ -463,6 +481,7 @@ def _create_batch(request, upload):
                 "endpoint": fields.get("endpoint") or None,
                 "completion_window": "24h",
                 "priority": fields.get("priority") or None,
+                "metadata": _form_metadata(fields),
             }
         )
         return services.create_batch(organization=request.organization, **vars(params))
@@ -472,8 +491,30 @@ def _create_batch(request, upload):
         raise
 
 
+def _form_metadata(fields):
+    """The form's key/value rows as the API's `metadata` object (None when every row is empty);
+    parse_create_params checks it as it checks the API's (batches.validation.params.parse_metadata)."""
+    metadata = {}
+    for key, value in _metadata_rows(fields):
+        if not key and not value:
+            continue
+        if not key:
+            raise ApiError(f"Metadata value '{value[:64]}' has no key: give each value a key.", param="metadata")
+        if key in metadata:
+            raise ApiError(f"Metadata key '{key[:64]}' is given twice: give each key once.", param="metadata")
+        metadata[key] = value
+    return metadata or None
+
+
+def _metadata_rows(fields):
+    keys = fields.getlist("metadata_key") if hasattr(fields, "getlist") else []
+    values = fields.getlist("metadata_value") if hasattr(fields, "getlist") else []
+    return [(key.strip(), value) for key, value in zip(keys, values, strict=False)]
+
+
 def _new_batch_page(request, *, selected=None, error=None, status=200, fields=None):
     fields = fields or {}
+    rows = [row for row in _metadata_rows(fields) if row[0] or row[1]]
     choices = File.objects.for_org(request.organization).live().filter(purpose=Purpose.BATCH).order_by("-created_at")
     return render(
         request,
@@ -485,6 +526,9 @@ def _new_batch_page(request, *, selected=None, error=None, status=200, fields=No
             "selected": selected or fields.get("input_file_id"),
             "endpoint": fields.get("endpoint") or ENDPOINTS[0],
             "priority": fields.get("priority") or PRIORITIES[0],
+            # What was typed comes back after an error; at least METADATA_ROWS rows to fill.
+            "metadata_rows": rows + [("", "")] * max(0, METADATA_ROWS - len(rows)),
+            "max_metadata": MAX_METADATA_PAIRS,
             "error": error,
             "nav": "new",
         },

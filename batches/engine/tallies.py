@@ -32,7 +32,7 @@ from collections import Counter, defaultdict
 
 from django.db import connection
 
-from batches.engine.calls.callcount import CallCount
+from batches.engine.calls.callcount import CallCount, deployment_failed
 from batches.models import Engine, Tally
 
 # Model calls take 10 ms (a small model, warm) to the 30-minute limit.
@@ -66,7 +66,7 @@ def call(deployment_id, result, seconds):
     with _lock:
         _calls[deployment_id, answer, bucket] += 1
         _call_us[deployment_id] += int(seconds * 1_000_000)
-        _minute[deployment_id].add(answer == "2xx")
+        _minute[deployment_id].add(not deployment_failed(answer, result.status_code))
 
 
 def _named_calls():

@@ -59,6 +59,13 @@
     return rate === null || rate === undefined ? "\u2014" : rate.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 }) + "/s";
   }
 
+  // What the retry button reruns (batches/dashboard/views.py `retry_label` says the same).
+  function retryLabel(failed, notRun) {
+    if (!notRun) return "Retry " + int(failed) + " failed record" + (failed !== 1 ? "s" : "");
+    if (!failed) return "Retry " + int(notRun) + " record" + (notRun !== 1 ? "s" : "") + " not run";
+    return "Retry " + int(failed + notRun) + " records (" + int(failed) + " failed, " + int(notRun) + " not run)";
+  }
+
   // notRun: of the failed records, those a cancel or an expiry closed before they ran.
   function display(batch, notRun) {
     notRun = notRun || 0;
@@ -81,6 +88,8 @@
       completed: int(counts.completed),
       failed: int(failed),
       not_run: int(notRun),
+      failed_n: failed,
+      retry_label: retryLabel(failed, notRun),
       tokens: int(usage.total_tokens),
       input_tokens: int(usage.input_tokens),
       cached_tokens: int((usage.input_tokens_details || {}).cached_tokens),
@@ -168,13 +177,13 @@
     el.querySelectorAll("[data-not-run]").forEach(function (node) {
       node.hidden = notRun <= 0;
     });
+    // The failures card's badges show the tiles' own figures; the socket sends a snapshot that
+    // moves them only with the card read as of the same moment (consumers.BatchConsumer).
+    el.querySelectorAll("[data-badge]").forEach(function (node) {
+      node.hidden = (node.dataset.badge === "failed" ? shown.failed_n : notRun) <= 0;
+    });
     if (typeof message.failures === "string") {
       el.querySelectorAll("[data-failures]").forEach(function (node) { node.innerHTML = message.failures; });
-      el.querySelectorAll('[data-field="failed_total"]').forEach(function (node) {
-        const total = message.failures_total || 0;
-        node.textContent = int(total);
-        node.hidden = total <= 0;
-      });
     }
   }
 
@@ -417,6 +426,30 @@
       }
     });
   });
+
+  // The new-batch form's metadata: one more key/value row a click, up to the API's 16 pairs.
+  document.querySelectorAll("[data-add-pair]").forEach(function (button) {
+    const fieldset = button.closest("[data-metadata]");
+    const max = Number(button.dataset.max);
+    function update() { button.hidden = fieldset.querySelectorAll("[data-pair]").length >= max; }
+    button.addEventListener("click", function () {
+      const rows = fieldset.querySelectorAll("[data-pair]");
+      const row = rows[rows.length - 1].cloneNode(true);
+      row.querySelectorAll("input").forEach(function (input) { input.value = ""; });
+      button.before(row);
+      row.querySelector("input").focus();
+      update();
+    });
+    update();
+  });
+
+  // The post-create banner shows once: drop ?created=1 so a reload doesn't bring it back.
+  const query = new URLSearchParams(location.search);
+  if (query.has("created")) {
+    query.delete("created");
+    const rest = query.toString();
+    history.replaceState(history.state, "", location.pathname + (rest ? "?" + rest : "") + location.hash);
+  }
 
   document.querySelectorAll("form[data-new-batch]").forEach(function (form) {
     form.addEventListener("submit", function () {

@@ -11,7 +11,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from batches.dashboard import consumers, events
-from batches.models import Batch
+from batches.models import Batch, Record, RecordStatus
 from batches.presenters import batch_object
 from openrelay.asgi import application
 from tests.dashboard_tests.conftest import make_batch
@@ -52,6 +52,14 @@ def snapshot(batch, **counts):
     obj = batch_object(batch)
     obj["request_counts"] = {**obj["request_counts"], **counts}
     return {"type": events.EVENT_TYPE, "batch": obj}
+
+
+def add_records(batch, status, code, n):
+    start = batch.records.count()
+    Record.objects.bulk_create(
+        Record(batch=batch, line=start + i, custom_id=f"{code}-{i}", offset=0, length=1, status=status, error_code=code)
+        for i in range(n)
+    )
 
 
 async def nothing(ws, timeout):
@@ -270,6 +278,9 @@ def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_fee
     batch = make_batch(
         alice.org, status="cancelled", total=100, completed=30, failed=70, progress=[[1000.0, 0, 0], [1010.0, 30, 5]]
     )
+    # The batch page's socket reads the not-run count from the records, with the failures card.
+    add_records(batch, RecordStatus.FAILED, "http_400", 5)
+    add_records(batch, RecordStatus.CANCELLED, "batch_cancelled", 65)
     cookie, pushed = session_of(alice_user), snapshot(batch)
 
     async def test():

@@ -1,14 +1,21 @@
 """Calls a deployment answered in the last minute, and how many failed: what the operator page shows.
 
 Per-second buckets (60 of them), so counting a call is two additions and
-the memory is fixed whatever the rate. A failed call is one that did not
-come back 2xx: the server failed under it (connection, 5xx, 401/403), it
-passed the time limit, or the model answered 4xx (429 included).
+the memory is fixed whatever the rate. A failed call is one the deployment
+failed (`deployment_failed`): no answer (connection), 5xx, 401/403 (its key),
+or past the time limit. A record's own 4xx (a bad request, 404, 429's back
+pressure) is the record's failure, not the deployment's: counted as a call
+only, or a deployment answering every user error correctly read "failing".
 """
 
 import time
 
 WINDOW_S = 60
+
+
+def deployment_failed(answer, status_code):
+    """`answer`: batches.engine.tallies.answer_class of the call."""
+    return answer in ("failed", "time_limit", "5xx") or status_code in (401, 403)
 
 
 class CallCount:
