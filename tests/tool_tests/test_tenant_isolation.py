@@ -10,6 +10,7 @@ timeout_ms: "The tool executor timed out", with the executor never called.
 """
 
 import asyncio
+import gc
 import threading
 import time
 from types import SimpleNamespace
@@ -79,6 +80,9 @@ class EngineThread:
         self.engine.request_stop()
         self.thread.join(timeout=30)
         assert not self.thread.is_alive()
+        # The engine's threads (its closer) end without closing their database connections; collected
+        # here, or PostgreSQL refuses to drop the test database while they are open.
+        gc.collect()
 
 
 def tool_record(text, **tool_config):
