@@ -237,6 +237,14 @@ OPENRELAY_WEBHOOK_CONCURRENCY = envint("OPENRELAY_WEBHOOK_CONCURRENCY", 8, minim
 OPENRELAY_WEBHOOK_ORG_CONCURRENCY = envint("OPENRELAY_WEBHOOK_ORG_CONCURRENCY", 2, minimum=1)
 # POST /v1/webhook_endpoints/{id}/test calls in flight per organization in one web process (429 past it).
 OPENRELAY_WEBHOOK_TEST_CONCURRENCY = envint("OPENRELAY_WEBHOOK_TEST_CONCURRENCY", 2, minimum=1)
+# Calls to user URLs from one engine (openrelay/lib/outbound.py): an organization has at most
+# PER_ORGANIZATION in flight and a host (scheme, name, port) at most PER_HOST, set above it so one
+# organization alone never fills a host. A call waits up to SLOT_WAIT_S for its slots before its
+# own timeout starts. An MCP record runs at most TOOL_PARALLEL_CALLS of a turn's calls at once.
+OPENRELAY_OUTBOUND_PER_ORGANIZATION = envint("OPENRELAY_OUTBOUND_PER_ORGANIZATION", 32, minimum=1)
+OPENRELAY_OUTBOUND_PER_HOST = envint("OPENRELAY_OUTBOUND_PER_HOST", 64, minimum=1)
+OPENRELAY_OUTBOUND_SLOT_WAIT_S = envfloat("OPENRELAY_OUTBOUND_SLOT_WAIT_S", 300.0, minimum=0.01)
+OPENRELAY_TOOL_PARALLEL_CALLS = envint("OPENRELAY_TOOL_PARALLEL_CALLS", 8, minimum=1)
 
 # GET /metrics is off until this is set; scrapers send it as "Authorization: Bearer <token>".
 OPENRELAY_METRICS_TOKEN = envstr("OPENRELAY_METRICS_TOKEN", "")

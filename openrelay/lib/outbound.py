@@ -30,6 +30,13 @@ address, a name that does not resolve, a numeric or zone-id trick) is one
 internal names exist.
 ``OPENRELAY_ALLOW_PRIVATE_URLS`` turns the address checks off for local
 development and tests; the scheme, credential and redirect rules stay.
+
+One client serves every organization on an engine, so what one organization's
+servers hold must not be what another's calls wait for. ``Slots`` bounds the
+calls in flight per tenant (an organization) and per host, and a call takes its
+slots before its clock starts: its ``timeout_s`` counts from when it is sent,
+and a wait for a slot that outlasts its own bound is an error of its own
+(kind ``busy``), never the server's timeout.
 """
 
 from __future__ import annotations
@@ -39,9 +46,10 @@ import ipaddress
 import os
 import re
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import orjson
@@ -56,16 +64,21 @@ __all__ = [
     "OutboundClient",
     "OutboundError",
     "OutboundResponse",
+    "Slots",
     "check_url",
     "is_blocked_address",
     "redact_headers",
 ]
 
-Kind = Literal["blocked", "invalid", "timeout", "transport", "too_large", "malformed"]
+Kind = Literal["blocked", "invalid", "timeout", "transport", "too_large", "malformed", "busy"]
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 DEFAULT_MAX_RESPONSE_BYTES = 10 * 1024 * 1024
+# The defaults of OPENRELAY_OUTBOUND_PER_ORGANIZATION, _PER_HOST and _SLOT_WAIT_S (settings.py).
+DEFAULT_PER_TENANT = 32
+DEFAULT_PER_HOST = 64
+DEFAULT_SLOT_WAIT_S = 300.0
 USER_AGENT = "OpenRelay-Batch"
 _CHUNK = 64 * 1024
 
@@ -329,6 +342,22 @@ def _allow_private_setting() -> bool:
         return False
 
 
+_Number = TypeVar("_Number", int, float)
+
+
+def _limit_setting(name: str, default: _Number) -> _Number:
+    """A limit from Django's settings, or ``default`` without Django (like _allow_private_setting)."""
+    try:
+        from django.conf import settings
+        from django.core.exceptions import ImproperlyConfigured
+    except ImportError:
+        return default
+    try:
+        return type(default)(getattr(settings, name, default))
+    except ImproperlyConfigured:
+        return default
+
+
 # Header names are RFC 9110 tokens; values may not break the header line.
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
@@ -368,6 +397,81 @@ def _transport_error(origin: str, exc: BaseException) -> OutboundError:
     return OutboundError(f"{origin}: request failed ({type(exc).__name__})", kind="transport")
 
 
+class _Semaphores:
+    """A semaphore of ``limit`` per key, made on first use and dropped once no call holds or
+    waits for it: an engine meets new hosts for as long as it runs."""
+
+    def __init__(self, limit: int, what: str) -> None:
+        self.limit = limit
+        self.what = what  # whose slots, for the message when none comes free
+        self._semaphores: dict[Hashable, asyncio.Semaphore] = {}
+        self._users: dict[Hashable, int] = {}
+
+    async def acquire(self, key: Hashable) -> None:
+        semaphore = self._semaphores.get(key)
+        if semaphore is None:
+            semaphore = self._semaphores[key] = asyncio.Semaphore(self.limit)
+        self._users[key] = self._users.get(key, 0) + 1
+        try:
+            await semaphore.acquire()
+        except BaseException:
+            self._leave(key)
+            raise
+
+    def release(self, key: Hashable) -> None:
+        self._semaphores[key].release()
+        self._leave(key)
+
+    def _leave(self, key: Hashable) -> None:
+        users = self._users[key] - 1
+        if users:
+            self._users[key] = users
+        else:
+            del self._users[key], self._semaphores[key]
+
+
+class Slots:
+    """Calls in flight through one client: at most ``per_tenant`` of one tenant, ``per_host`` to one origin.
+
+    A call takes its tenant's slot, then its origin's, before its timeout
+    starts. These are the limits because aiohttp's own (the connector's
+    ``limit`` and ``limit_per_host``) wait inside the request, so inside the
+    caller's timeout: with one limit of 100 for every organization, one
+    organization's 160 hanging MCP calls filled it and another's 5 tool calls
+    timed out after 5 s without being sent (issue 42). The connector is
+    unlimited; the per-tenant slots keep any one tenant to its share, and a
+    per-host limit above them means no tenant fills a host alone.
+    """
+
+    def __init__(self, *, per_tenant: int, per_host: int) -> None:
+        self.tenants = _Semaphores(per_tenant, "the organization's {n} outbound slots on this engine")
+        self.hosts = _Semaphores(per_host, "this engine's {n} connections to the host")
+
+    @asynccontextmanager
+    async def hold(self, tenant: Hashable | None, origin: str, wait_s: float) -> AsyncIterator[None]:
+        """Hold a slot of ``tenant`` (None: no tenant limit) and of ``origin`` while the block runs.
+
+        Raises OutboundError(kind="busy") when they don't come free within ``wait_s``.
+        """
+        held: list[tuple[_Semaphores, Hashable]] = []
+        try:
+            waiting = self.tenants
+            try:
+                async with asyncio.timeout(wait_s):
+                    for waiting, key in ((self.tenants, tenant), (self.hosts, origin)):
+                        if key is not None:
+                            await waiting.acquire(key)
+                            held.append((waiting, key))
+            except TimeoutError:
+                whose = waiting.what.format(n=waiting.limit)
+                message = f"{origin}: not sent: none of {whose} came free within {wait_s:g}s"
+                raise OutboundError(message, kind="busy") from None
+            yield
+        finally:
+            for semaphores, key in reversed(held):
+                semaphores.release(key)
+
+
 class OutboundClient:
     """One aiohttp session for user URLs, per event loop.
 
@@ -380,19 +484,27 @@ class OutboundClient:
         *,
         allow_private: bool | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        limit: int = 100,
+        per_tenant: int | None = None,
+        per_host: int | None = None,
+        slot_wait_s: float | None = None,
     ) -> None:
         if allow_private is None:
             allow_private = _allow_private_setting()
         self.allow_private = allow_private
         self.max_response_bytes = max_response_bytes
-        self._limit = limit
+        # Limits not given come from settings (OPENRELAY_OUTBOUND_*), as allow_private does.
+        self.slots = Slots(
+            per_tenant=per_tenant or _limit_setting("OPENRELAY_OUTBOUND_PER_ORGANIZATION", DEFAULT_PER_TENANT),
+            per_host=per_host or _limit_setting("OPENRELAY_OUTBOUND_PER_HOST", DEFAULT_PER_HOST),
+        )
+        self.slot_wait_s = slot_wait_s or _limit_setting("OPENRELAY_OUTBOUND_SLOT_WAIT_S", DEFAULT_SLOT_WAIT_S)
         self._session: aiohttp.ClientSession | None = None
         self._resolver: GuardedResolver | None = None
 
     async def __aenter__(self) -> OutboundClient:
         self._resolver = GuardedResolver(allow_private=self.allow_private)
-        connector = aiohttp.TCPConnector(resolver=self._resolver, limit=self._limit)
+        # No limits here: Slots are the limits, taken before a call's clock starts.
+        connector = aiohttp.TCPConnector(resolver=self._resolver, limit=0, limit_per_host=0)
         self._session = aiohttp.ClientSession(
             connector=connector,
             # HTTP(S)_PROXY would make aiohttp resolve the proxy, not the
@@ -422,14 +534,18 @@ class OutboundClient:
         headers: Mapping[str, str] | None = None,
         timeout_s: float,
         accept: str = "application/json",
+        tenant: Hashable | None = None,
+        slot_wait_s: float | None = None,
     ) -> OutboundResponse:
         """POST ``payload`` as JSON; any status comes back, 3xx included.
 
-        Raises OutboundError with kind blocked, invalid, timeout, transport
-        or too_large. ``timeout_s`` bounds the whole call: resolving,
-        connecting, sending and reading the body.
+        Raises OutboundError with kind blocked, invalid, timeout, transport,
+        too_large or busy. ``timeout_s`` bounds the call once its slots are
+        held (Slots; ``tenant`` is whose they are, an organization, or None):
+        resolving, connecting, sending and reading the body. The wait for the
+        slots is bounded by ``slot_wait_s`` (the client's by default) instead.
         """
-        return await self._request("POST", url, _serialize(payload), headers, timeout_s, accept)
+        return await self._request("POST", url, _serialize(payload), headers, timeout_s, accept, tenant, slot_wait_s)
 
     async def post_raw(
         self,
@@ -439,9 +555,11 @@ class OutboundClient:
         headers: Mapping[str, str] | None = None,
         timeout_s: float,
         accept: str = "application/json",
+        tenant: Hashable | None = None,
+        slot_wait_s: float | None = None,
     ) -> OutboundResponse:
         """POST JSON text that is already bytes (it was signed as such), like post_json."""
-        return await self._request("POST", url, body, headers, timeout_s, accept)
+        return await self._request("POST", url, body, headers, timeout_s, accept, tenant, slot_wait_s)
 
     async def delete(
         self,
@@ -450,9 +568,11 @@ class OutboundClient:
         headers: Mapping[str, str] | None = None,
         timeout_s: float,
         accept: str = "application/json",
+        tenant: Hashable | None = None,
+        slot_wait_s: float | None = None,
     ) -> OutboundResponse:
         """DELETE ``url`` (no body), under the same guard, limits and errors as post_json."""
-        return await self._request("DELETE", url, None, headers, timeout_s, accept)
+        return await self._request("DELETE", url, None, headers, timeout_s, accept, tenant, slot_wait_s)
 
     async def _request(
         self,
@@ -462,15 +582,25 @@ class OutboundClient:
         headers: Mapping[str, str] | None,
         timeout_s: float,
         accept: str,
+        tenant: Hashable | None,
+        slot_wait_s: float | None,
     ) -> OutboundResponse:
         if self._session is None:
             raise RuntimeError("OutboundClient is used outside 'async with'")
         target = check_url(url, allow_private=self.allow_private)
         origin = _origin(target)
         request_headers = _request_headers(headers, accept, has_body=body is not None)
+        wait_s = self.slot_wait_s if slot_wait_s is None else slot_wait_s
+        async with self.slots.hold(tenant, origin, wait_s):
+            return await self._timed(method, target, body, request_headers, origin, timeout_s)
+
+    async def _timed(
+        self, method: str, target: URL, body: bytes | None, headers: CIMultiDict[str], origin: str, timeout_s: float
+    ) -> OutboundResponse:
+        """One call under ``timeout_s``, its slots already held: the clock starts here."""
         try:
             async with asyncio.timeout(timeout_s):
-                return await self._send(method, target, body, request_headers, origin)
+                return await self._send(method, target, body, headers, origin)
         except BlockedHost:
             raise BlockedHost(origin) from None  # the resolver knows no origin
         except OutboundError:

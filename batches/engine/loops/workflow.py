@@ -217,7 +217,11 @@ class WorkflowLoop:
             headers["Authorization"] = authorization
         try:
             response = await self.ctx.outbound.post_json(
-                self.config["url"], payload, headers=headers, timeout_s=self.config["timeout_ms"] / 1000
+                self.config["url"],
+                payload,
+                headers=headers,
+                timeout_s=self.config["timeout_ms"] / 1000,
+                tenant=self.ctx.organization_id,  # the call holds one of the organization's outbound slots
             )
             if not response.ok:
                 raise self._callback_failed(f"answered HTTP {response.status}")

@@ -10,6 +10,8 @@ through openrelay.lib.outbound (the guard for user-supplied URLs).
 from dataclasses import dataclass
 from typing import Protocol
 
+from django.conf import settings
+
 
 class ToolExecutionFailed(Exception):
     """The executor failed; the record fails with code tool_execution_failed.
@@ -37,11 +39,16 @@ class Executor(Protocol):
 
 
 def make_executor(ctx, custom_id, tool_config):
-    """The executor for a record's normalized tool_config (one per record loop)."""
+    """The executor for a record's normalized tool_config (one per record loop).
+
+    Its calls hold the record's organization's outbound slots (openrelay.lib.outbound.Slots).
+    """
+    tenant = ctx.organization_id
     if tool_config.get("type", "http") == "mcp":
         from batches.engine.tools.mcp import McpExecutor
 
-        return McpExecutor(ctx.outbound, custom_id, tool_config)
+        parallel = settings.OPENRELAY_TOOL_PARALLEL_CALLS
+        return McpExecutor(ctx.outbound, custom_id, tool_config, tenant=tenant, parallel=parallel)
     from batches.engine.tools.http_executor import HttpExecutor
 
-    return HttpExecutor(ctx.outbound, custom_id, tool_config)
+    return HttpExecutor(ctx.outbound, custom_id, tool_config, tenant=tenant)

@@ -30,9 +30,10 @@ MAX_QUOTED_ID = 100
 
 
 class HttpExecutor:
-    def __init__(self, outbound, custom_id, tool_config):
+    def __init__(self, outbound, custom_id, tool_config, tenant=None):
         self.outbound = outbound
         self.custom_id = custom_id
+        self.tenant = tenant  # whose outbound slots the call holds (the organization)
         self.url = tool_config["url"]
         self.context = tool_config.get("context")
         self.timeout_s = tool_config["timeout_ms"] / 1000
@@ -46,7 +47,9 @@ class HttpExecutor:
         # The round's Idempotency-Key: the same when a resumed record sends this round again.
         headers = {**self.headers, "Idempotency-Key": key} if key else self.headers
         try:
-            response = await self.outbound.post_json(self.url, payload, headers=headers, timeout_s=self.timeout_s)
+            response = await self.outbound.post_json(
+                self.url, payload, headers=headers, timeout_s=self.timeout_s, tenant=self.tenant
+            )
         except OutboundError as exc:
             raise ToolExecutionFailed(_describe(exc, self.timeout_s, self.outbound)) from None
         if not response.ok:
@@ -64,6 +67,9 @@ class HttpExecutor:
 def _describe(exc, timeout_s, outbound):
     if exc.kind == "timeout":
         return f"The tool executor timed out: no answer within {timeout_s:g}s."
+    if exc.kind == "busy":
+        # The wait for a slot is this engine's, not the executor's: its timeout never started.
+        return f"The tool executor was never called: {exc.message}."
     if exc.kind == "too_large":
         return f"The tool executor's response is over the size cap ({outbound.max_response_bytes} bytes)."
     if exc.kind == "blocked":

@@ -24,8 +24,13 @@ negotiated protocol version (sent as ``MCP-Protocol-Version``). Choices:
   newline keeps them apart). Other item types are skipped. ``isError: true``
   is delivered the same way: the model sees the error text and can react.
 * The calls of one turn run concurrently (they are independent by the
-  model's contract); the first failure cancels the rest and fails the
-  record. Arguments are checked for all calls before any is sent.
+  model's contract), at most ``parallel`` at once
+  (OPENRELAY_TOOL_PARALLEL_CALLS); the others wait their turn within the
+  record. The first failure cancels the rest and fails the record.
+  Arguments are checked for all calls before any is sent. Every request
+  also holds one of the organization's outbound slots (``tenant``;
+  openrelay.lib.outbound.Slots), so a turn of 64 calls on a server that
+  never answers holds ``parallel`` of them, not the engine.
 * When the record's loop ends, close() ends the session with ``DELETE``
   and the session id (the spec's SHOULD), so servers don't keep one session
   per record until their idle expiry (30 minutes in the official SDK). It is
@@ -50,7 +55,7 @@ import codecs
 import itertools
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any, TypeGuard
@@ -72,6 +77,7 @@ CLIENT_NAME = "openrelay-batch-worker"
 NO_HANDSHAKE_STATUSES = (404, 405)
 MAX_SERVER_TEXT = 300
 DEFAULT_TIMEOUT_MS = 30_000
+DEFAULT_PARALLEL = 8  # OPENRELAY_TOOL_PARALLEL_CALLS' default
 CLOSE_TIMEOUT_S = 5.0
 
 _SESSION_ID = re.compile(r"[\x21-\x7e]+")
@@ -90,9 +96,19 @@ CLIENT_VERSION = _client_version()
 class McpExecutor:
     """Runs one record's tool calls against one MCP server, across rounds."""
 
-    def __init__(self, outbound: OutboundClient, custom_id: str, tool_config: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        outbound: OutboundClient,
+        custom_id: str,
+        tool_config: dict[str, Any],
+        *,
+        tenant: Hashable | None = None,
+        parallel: int = DEFAULT_PARALLEL,
+    ) -> None:
         self.outbound = outbound
         self.custom_id = custom_id
+        self.tenant = tenant  # whose outbound slots the requests hold (the organization)
+        self.parallel = parallel
         self.url = tool_config["url"]
         self.authorization = tool_config.get("authorization") or None
         self.context = tool_config.get("context")
@@ -110,7 +126,13 @@ class McpExecutor:
         await self._ensure_session()
         # Each tools/call's Idempotency-Key: the round's key and the call's place in the turn.
         keys = [idempotency_key(f"{key}:call:{index}") if key else None for index in range(len(calls))]
-        tasks = [asyncio.create_task(self._call(*call, key=call_key)) for call, call_key in zip(calls, keys)]
+        turns = asyncio.Semaphore(self.parallel)
+
+        async def in_turn(call: tuple[str, str, dict[str, Any]], call_key: str | None) -> ToolResult:
+            async with turns:
+                return await self._call(*call, key=call_key)
+
+        tasks = [asyncio.create_task(in_turn(call, call_key)) for call, call_key in zip(calls, keys)]
         try:
             return list(await asyncio.gather(*tasks))
         except BaseException:
@@ -122,8 +144,14 @@ class McpExecutor:
     async def close(self) -> None:
         try:
             if self.session_id:
+                # Best effort, so the wait for a slot is as short as the call.
                 await self.outbound.delete(
-                    self.url, headers=self._headers(), timeout_s=min(self.timeout_s, CLOSE_TIMEOUT_S), accept=ACCEPT
+                    self.url,
+                    headers=self._headers(),
+                    timeout_s=min(self.timeout_s, CLOSE_TIMEOUT_S),
+                    accept=ACCEPT,
+                    tenant=self.tenant,
+                    slot_wait_s=CLOSE_TIMEOUT_S,
                 )
         except OutboundError:
             pass  # best effort: the server expires the session on its own
@@ -232,7 +260,7 @@ class McpExecutor:
         headers = {**self._headers(), "Idempotency-Key": key or secrets.token_hex(16)}
         try:
             return await self.outbound.post_json(
-                self.url, message, headers=headers, timeout_s=self.timeout_s, accept=ACCEPT
+                self.url, message, headers=headers, timeout_s=self.timeout_s, accept=ACCEPT, tenant=self.tenant
             )
         except OutboundError as exc:
             # Outbound messages name only the origin, never a header.
