@@ -207,6 +207,9 @@ OPENRELAY_MAX_HEADER_BYTES = envint("OPENRELAY_MAX_HEADER_BYTES", 64 * 1024, min
 # ... and the time it may take to arrive; past it 408 and the connection closed (openrelay.web.webserver).
 OPENRELAY_HEADER_TIMEOUT_S = envfloat("OPENRELAY_HEADER_TIMEOUT_S", 10.0, minimum=0.1)
 
+# How long a web process reuses an API key's row it has read (openrelay.core.auth); 0: read it every request.
+OPENRELAY_API_KEY_CACHE_S = envfloat("OPENRELAY_API_KEY_CACHE_S", 5.0, minimum=0)
+
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["openrelay.core.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
