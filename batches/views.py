@@ -54,7 +54,8 @@ class BatchListView(APIView):
         operation_id="batches_create",
         summary="Create a batch",
         request={"application/json": openapi.ref("BatchCreate")},
-        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 413, 415, 429)},
+        parameters=[openapi.IDEMPOTENCY_KEY],
+        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 409, 413, 415, 429, 503)},
     )
     def post(self, request):
         key = idempotency.key_of(request)

@@ -40,7 +40,8 @@ class FilesView(APIView):
         operation_id="files_create",
         summary="Upload a batch input file",
         request={"multipart/form-data": openapi.ref("FileUpload")},
-        responses={200: openapi.ref("File"), **openapi.errors(400, 401, 413, 415)},
+        parameters=[openapi.IDEMPOTENCY_KEY],
+        responses={200: openapi.ref("File"), **openapi.errors(400, 401, 409, 413, 415, 503)},
     )
     def post(self, request):
         # request._request: the multipart body is parsed by Django with the
