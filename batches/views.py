@@ -1,5 +1,6 @@
 """The Batches API: thin views over batches.services and batches.presenters."""
 
+import orjson
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
@@ -17,6 +18,7 @@ from openrelay.api.negotiation import IgnoreAcceptNegotiation
 from openrelay.api.pagination import newest_first_page
 from openrelay.api.parsers import json_body
 from openrelay.api.throttles import BatchCreateThrottle
+from openrelay.core import idempotency
 
 
 def _batches(request):
@@ -31,6 +33,15 @@ def _get_batch(request, batch_id):
     return batch
 
 
+def _body_print(request, body):
+    """The same create: its JSON with keys sorted (so their order doesn't matter), or its bytes as sent
+    when orjson can't write it back (nesting past 254 levels: a create refuses that record anyway)."""
+    try:
+        return idempotency.fingerprint(orjson.dumps(body, option=orjson.OPT_SORT_KEYS))
+    except TypeError:
+        return idempotency.fingerprint(request.body)
+
+
 class BatchListView(APIView):
     def get_throttles(self):
         # Creating is rate limited per organization; listing is not.
@@ -43,11 +54,21 @@ class BatchListView(APIView):
         operation_id="batches_create",
         summary="Create a batch",
         request={"application/json": openapi.ref("BatchCreate")},
-        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 413, 415, 429)},
+        parameters=[openapi.IDEMPOTENCY_KEY],
+        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 409, 413, 415, 429, 503)},
     )
     def post(self, request):
-        params = parse_create_params(json_body(request))
-        batch = services.create_batch(organization=request.user.organization, **vars(params))
+        key = idempotency.key_of(request)
+        body = json_body(request)
+        params = parse_create_params(body)
+        batch = idempotency.once(
+            request.user.organization,
+            "batches",
+            key,
+            _body_print(request, body) if key is not None else None,
+            lambda: services.create_batch(organization=request.user.organization, **vars(params)),
+            lambda public_id: _batches(request).filter(public_id=public_id).first(),
+        )
         return Response(batch_object(batch))
 
     @extend_schema(

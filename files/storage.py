@@ -14,6 +14,14 @@ holds one range of a batch's input, not the file (django-storages' own file
 object downloads the whole object on the first read). Sequential readers
 (create's validation, content downloads) use the backend's file, which
 spools to a temporary file past SPOOL_BYTES instead of memory.
+
+A store that is down or hangs must cost a request seconds, not minutes:
+every S3 call has a connect and a read timeout and a bounded number of
+attempts (OPENRELAY_STORAGE_CONNECT_TIMEOUT_S 5, _READ_TIMEOUT_S 30,
+_ATTEMPTS 2; botocore's own defaults are 60 s, 60 s and 5 legacy attempts,
+so a hung store held an upload past 90 s), and the API answers what they
+raise with a 503 `storage_unavailable` (openrelay.api.handlers); /readyz
+checks the bucket (openrelay.web.probes).
 """
 
 from urllib.parse import parse_qs, urlsplit
@@ -29,7 +37,7 @@ _S3_QUERY = {
 }
 
 
-def storage_from_url(url, default_location):
+def storage_from_url(url, default_location, *, connect_timeout_s=5.0, read_timeout_s=30.0, attempts=2):
     """STORAGES["default"] for an OPENRELAY_STORAGE_URL value (pure: settings call it)."""
     if not url:
         return {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": default_location}}
@@ -53,7 +61,22 @@ def storage_from_url(url, default_location):
         "querystring_auth": True,
     }
     options.update({_S3_QUERY[key]: value for key, value in query.items()})
+    options["client_config"] = _client_config(options, connect_timeout_s, read_timeout_s, attempts)
     return {"BACKEND": S3_BACKEND, "OPTIONS": options}
+
+
+def _client_config(options, connect_timeout_s, read_timeout_s, attempts):
+    # A client_config replaces the one django-storages would build from addressing_style and
+    # signature_version, so they go in here too.
+    from botocore.config import Config
+
+    return Config(
+        s3={"addressing_style": options.get("addressing_style")},
+        signature_version=options.get("signature_version"),
+        connect_timeout=connect_timeout_s,
+        read_timeout=read_timeout_s,
+        retries={"total_max_attempts": attempts, "mode": "standard"},  # the first try included
+    )
 
 
 class RangedReader:

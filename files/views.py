@@ -1,17 +1,21 @@
 """The Files routes: thin views over files.uploads, files.selectors and files.services."""
 
+import hashlib
+
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from files import params, selectors, services
+from files.models import File
 from files.presenters import present_deleted, present_file, present_file_list
 from files.responses import download_response
 from files.uploads import receive_upload
 from openrelay.api import openapi
 from openrelay.api.errors import ApiError
 from openrelay.api.negotiation import IgnoreAcceptNegotiation
+from openrelay.core import idempotency
 
 UPLOAD_HINT = (
     "Upload a file with a multipart POST to /v1/files, with the fields 'purpose' and 'file' "
@@ -36,13 +40,15 @@ class FilesView(APIView):
         operation_id="files_create",
         summary="Upload a batch input file",
         request={"multipart/form-data": openapi.ref("FileUpload")},
-        responses={200: openapi.ref("File"), **openapi.errors(400, 401, 413, 415)},
+        parameters=[openapi.IDEMPOTENCY_KEY],
+        responses={200: openapi.ref("File"), **openapi.errors(400, 401, 409, 413, 415, 503)},
     )
     def post(self, request):
         # request._request: the multipart body is parsed by Django with the
         # streaming, size-capped handler of files.uploads, not by DRF's parsers.
         upload = receive_upload(request._request)
         try:
+            key = idempotency.key_of(request)
             purpose = params.upload_purpose(upload.fields)
             if upload.file is None and upload.problem is None:
                 raise ApiError(
@@ -56,10 +62,30 @@ class FilesView(APIView):
         except ApiError:
             upload.close()
             raise
-        file = services.create_uploaded_file(
-            organization=request.user.organization, upload=upload.file, purpose=purpose, expires_after_s=expires_after_s
-        )
+        organization = request.user.organization
+        try:
+            file = idempotency.once(
+                organization,
+                "files",
+                key,
+                _upload_print(upload.file, purpose, expires_after_s) if key is not None else None,
+                lambda: services.create_uploaded_file(
+                    organization=organization, upload=upload.file, purpose=purpose, expires_after_s=expires_after_s
+                ),
+                lambda public_id: File.objects.for_org(organization).live().filter(public_id=public_id).first(),
+            )
+        finally:
+            upload.close()  # a repeat or a refusal stored nothing: its temporary file goes now
         return Response(present_file(file))
+
+
+def _upload_print(file, purpose, expires_after_s):
+    """The same upload: its bytes' sha256, purpose, filename and expiry (hashing 200 MB takes ~0.3 s)."""
+    digest = hashlib.sha256()
+    for chunk in file.chunks():
+        digest.update(chunk)
+    file.seek(0)
+    return idempotency.fingerprint(digest.digest(), purpose.encode(), file.name.encode(), b"%r" % expires_after_s)
 
 
 class FileView(APIView):

@@ -174,8 +174,21 @@ else:
 
 # Where file bytes live: a local folder, or s3://bucket/prefix?endpoint_url=... (files.storage).
 OPENRELAY_STORAGE_URL = envstr("OPENRELAY_STORAGE_URL", "")
+# Each S3 call's bounds: a down or hung store answers 503 in seconds (files.storage).
+OPENRELAY_STORAGE_CONNECT_TIMEOUT_S = envfloat("OPENRELAY_STORAGE_CONNECT_TIMEOUT_S", 5.0, minimum=0.1)
+OPENRELAY_STORAGE_READ_TIMEOUT_S = envfloat("OPENRELAY_STORAGE_READ_TIMEOUT_S", 30.0, minimum=0.1)
+OPENRELAY_STORAGE_ATTEMPTS = envint("OPENRELAY_STORAGE_ATTEMPTS", 2, minimum=1)
+# /readyz's look at the bucket: its timeout, and how long its answer is reused (openrelay.web.probes).
+OPENRELAY_READYZ_STORAGE_TIMEOUT_S = envfloat("OPENRELAY_READYZ_STORAGE_TIMEOUT_S", 2.0, minimum=0.1)
+OPENRELAY_READYZ_STORAGE_CACHE_S = envfloat("OPENRELAY_READYZ_STORAGE_CACHE_S", 5.0, minimum=0)
 STORAGES = {
-    "default": storage_from_url(OPENRELAY_STORAGE_URL, str(DATA_DIR / "files")),
+    "default": storage_from_url(
+        OPENRELAY_STORAGE_URL,
+        str(DATA_DIR / "files"),
+        connect_timeout_s=OPENRELAY_STORAGE_CONNECT_TIMEOUT_S,
+        read_timeout_s=OPENRELAY_STORAGE_READ_TIMEOUT_S,
+        attempts=OPENRELAY_STORAGE_ATTEMPTS,
+    ),
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 STATIC_URL = "/static/"
@@ -192,6 +205,11 @@ FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "tmp")
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("OPENRELAY_MAX_JSON_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
 # A request's head (request line and headers) in all; past it 431 (openrelay.web.webserver).
 OPENRELAY_MAX_HEADER_BYTES = envint("OPENRELAY_MAX_HEADER_BYTES", 64 * 1024, minimum=1024)
+# ... and the time it may take to arrive; past it 408 and the connection closed (openrelay.web.webserver).
+OPENRELAY_HEADER_TIMEOUT_S = envfloat("OPENRELAY_HEADER_TIMEOUT_S", 10.0, minimum=0.1)
+
+# How long a web process reuses an API key's row it has read (openrelay.core.auth); 0: read it every request.
+OPENRELAY_API_KEY_CACHE_S = envfloat("OPENRELAY_API_KEY_CACHE_S", 5.0, minimum=0)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["openrelay.core.auth.ApiKeyAuthentication"],

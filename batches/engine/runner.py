@@ -4,8 +4,8 @@ The unit of scheduling is the record. Every engine (batches.engine.process
 starts one in each django-q2 worker process) reads the running batches from
 the database every POLL_S, claims records of each with short leases, and
 runs them on one asyncio loop: one lane per model, whose slot coroutines
-pick the next record fairly (expedited first, then the organization with
-the fewest records running on the model, then its least-served batch) and
+pick the next record fairly (the organization with the fewest records
+running on the model, then its expedited batches, then its least-served) and
 whose CallGate hands out the model's call slots just as fairly. Results
 flush in bulk, several batches a trip, on one database thread; batches are
 closed (finalized, expired, cancelled) on a second one, so a close never
@@ -204,13 +204,15 @@ class Lane:
         return self.org_active[org] < bound / max(1, len(organizations))
 
     def pick(self, caps):
-        """The batch whose queued record starts next, or None: expedited batches first, then the
-        organization with the fewest records running here, then its least-served batch."""
+        """The batch whose queued record starts next, or None: the organization with the fewest
+        records running here, then its expedited batches, then its least-served batch. Expedited
+        goes first within an organization's fair share, never across organizations (issue 42:
+        one tenant's expedited batches held another's standard batch to 29 s)."""
         best, best_key = None, None
         for run in self.batches.values():
             if not run.queue or not run.workable:
                 continue
-            key = (not run.expedited, self.org_active[run.organization_id], run.active, run.served)
+            key = (self.org_active[run.organization_id], not run.expedited, run.active, run.served)
             if best_key is None or key < best_key:
                 best, best_key = run, key
         if best is None or not self.room_for(best, caps):

@@ -9,8 +9,9 @@ Three levels, each in one place here:
   heartbeat.
 - Between organizations, inside an engine: the model's call slots
   (`CallGate`) go to the waiting organization with the fewest calls in
-  flight on the model, within its cap (`OrgCaps`); expedited batches'
-  calls go first.
+  flight on the model, within its cap (`OrgCaps`); within an organization,
+  its expedited batches' calls go first (never ahead of another
+  organization's fair share).
 - Between one organization's batches: the batch with the fewest calls in
   flight goes next (round robin when they are even).
 
@@ -209,8 +210,8 @@ class CallGate:
         self.caps.take(ticket.organization_id)
 
     def dispatch(self):
-        """Hand free slots to waiters: expedited first, then the organization with the fewest
-        calls on this model (within its cap), then that organization's least-served batch."""
+        """Hand free slots to waiters: the organization with the fewest calls on this model (within
+        its cap), then its expedited batches, then its least-served batch."""
         while self.waiting:
             if self._free_upstream() is None:
                 return
@@ -225,14 +226,14 @@ class CallGate:
             future.set_result(upstream)
 
     def _next(self):
+        org = self._fewest_calls(self._queues[True], self._queues[False])
+        if org is None:
+            return None
         for expedited in (True, False):
             orgs = self._queues[expedited]
-            if not orgs:
+            by_batch = orgs.get(org)
+            if by_batch is None:
                 continue
-            org = self._fewest_calls(orgs)
-            if org is None:
-                continue
-            by_batch = orgs[org]
             if len(by_batch) == 1:
                 batch_pk = next(iter(by_batch))
             else:
@@ -247,18 +248,19 @@ class CallGate:
             return entry
         return None
 
-    def _fewest_calls(self, orgs):
+    def _fewest_calls(self, *waiting):
         """The waiting organization (not at its cap) with the fewest calls in flight on this model, or None.
 
         A plain loop: this runs on every slot's release, and with one
-        organization waiting (the common case) it is one lookup.
+        organization waiting (the common case) it is a lookup or two.
         """
         allows, calls = self.caps.allows, self.org_calls
         best, fewest = None, None
-        for org in orgs:
-            if not allows(org):
-                continue
-            n = calls.get(org, 0)
-            if fewest is None or n < fewest:
-                best, fewest = org, n
+        for orgs in waiting:
+            for org in orgs:
+                if not allows(org):
+                    continue
+                n = calls.get(org, 0)
+                if fewest is None or n < fewest:
+                    best, fewest = org, n
         return best

@@ -55,6 +55,19 @@ class Conflict(ApiError):
         super().__init__(message, **kwargs)
 
 
+class StorageUnavailable(ApiError):
+    """The object store holding files is down or hung (openrelay.api.handlers tells it from botocore's errors)."""
+
+    status = 503
+
+    def __init__(self):
+        super().__init__(
+            "File storage is not reachable right now; nothing was stored or changed. Try again in a few seconds.",
+            code="storage_unavailable",
+            headers={"Retry-After": "5"},
+        )
+
+
 def envelope(message, *, type="invalid_request_error", param=None, code=None):
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 

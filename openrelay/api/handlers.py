@@ -1,9 +1,14 @@
 """DRF's exception handler: ApiError and DRF's own exceptions in the one error envelope."""
 
+import logging
+import sys
+
 from rest_framework import exceptions as drf_exceptions
 from rest_framework.response import Response
 
-from openrelay.api.errors import ApiError, envelope, error_type, method_not_allowed
+from openrelay.api.errors import ApiError, StorageUnavailable, envelope, error_type, method_not_allowed
+
+logger = logging.getLogger("openrelay.api")
 
 
 def _drf_message(detail):
@@ -19,6 +24,10 @@ def _drf_message(detail):
 
 
 def api_exception_handler(exc, context):
+    if _storage_unavailable(exc):
+        # The error's text can name the endpoint and bucket: the log gets it, the client doesn't.
+        logger.warning("file storage unavailable: %s: %s", type(exc).__name__, exc)
+        exc = StorageUnavailable()
     if isinstance(exc, ApiError):
         return Response(exc.envelope(), status=exc.status, headers=exc.headers)
     if isinstance(exc, drf_exceptions.MethodNotAllowed):
@@ -53,3 +62,17 @@ def _drf_code(detail):
         return _drf_code(detail[0])
     code = getattr(detail, "code", None)
     return {"invalid": "invalid_value", "required": "missing_required_parameter"}.get(code, code)
+
+
+def _storage_unavailable(exc):
+    """Does `exc` say the S3 store is down or hung (files.storage: connect and read timeouts, bounded
+    attempts), rather than a mistake of ours? Only botocore talks to a store, so its error says so."""
+    if "botocore" not in sys.modules:
+        return False  # nothing has talked to S3 in this process
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    if isinstance(exc, (ConnectionError, HTTPClientError)):  # refused, DNS, connect and read timeouts, resets
+        return True
+    if isinstance(exc, ClientError):  # the store's own 5xx (500, 503 SlowDown)
+        return exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
+    return False

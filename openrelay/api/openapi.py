@@ -395,6 +395,14 @@ def errors(*statuses):
 # Every authenticated route may answer these.
 COMMON_ERRORS = (401,)
 
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    description="Up to 255 characters. A repeat with the same key and request within 24 hours answers the "
+    "first object again; the same key with another request is 409 idempotency_key_reused.",
+)
+
 LIST_LIMIT = OpenApiParameter(
     "limit",
     {"type": "integer", "minimum": 1, "maximum": 100},

@@ -1,13 +1,16 @@
 """Bearer authentication with `or_` API keys."""
 
 import hmac
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
+from django.db.models.signals import post_delete, post_save
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
-from openrelay.core.models import KEY_PREFIX, LOOKUP_LENGTH, ApiKey, hash_key
+from openrelay.core.models import KEY_PREFIX, LOOKUP_LENGTH, ApiKey, Organization, hash_key
 
 # last_used_at is informative; writing it on every request would make every
 # read a write, so it is refreshed at most once a minute.
@@ -27,15 +30,42 @@ class ApiPrincipal:
     is_authenticated = True
 
 
+# A polling client sends the same key on every request: its row (and organization) is read
+# once per OPENRELAY_API_KEY_CACHE_S (5 s) in each process instead of on every request, a
+# query and about a quarter of a batch GET's time. A save or delete of a key or an
+# organization in this process empties the cache; one in another process (a revoke in the
+# admin) takes effect there within the cache time.
+_known = {}  # sha256 of a key -> (its active ApiKey, monotonic time it was read)
+_KNOWN_MAX = 10_000
+
+
 def authenticate_key(plaintext):
     """Return the active ApiKey for a plaintext key, or None."""
     if not plaintext.startswith(KEY_PREFIX) or len(plaintext) <= LOOKUP_LENGTH:
         return None
-    key = ApiKey.objects.active().select_related("organization").filter(lookup=plaintext[:LOOKUP_LENGTH]).first()
-    if key is None or not hmac.compare_digest(key.hashed, hash_key(plaintext)):
-        return None
+    hashed, now = hash_key(plaintext), time.monotonic()
+    known = _known.get(hashed)
+    if known is not None and now - known[1] < settings.OPENRELAY_API_KEY_CACHE_S:
+        key = known[0]
+    else:
+        key = ApiKey.objects.active().select_related("organization").filter(lookup=plaintext[:LOOKUP_LENGTH]).first()
+        if key is None or not hmac.compare_digest(key.hashed, hashed):
+            _known.pop(hashed, None)
+            return None
+        if len(_known) >= _KNOWN_MAX:
+            _known.clear()
+        _known[hashed] = (key, now)
     _touch(key)
     return key
+
+
+def _forget_keys(**kwargs):
+    _known.clear()
+
+
+for _model in (ApiKey, Organization):
+    post_save.connect(_forget_keys, sender=_model, dispatch_uid=f"forget-keys-{_model.__name__}-save")
+    post_delete.connect(_forget_keys, sender=_model, dispatch_uid=f"forget-keys-{_model.__name__}-delete")
 
 
 def _touch(key):

@@ -177,3 +177,24 @@ class Price(models.Model):
     def effective_cached_input_per_mtok(self):
         """What a cached input token costs: the operator's cached price, or else the input price."""
         return self.input_per_mtok if self.cached_input_per_mtok is None else self.cached_input_per_mtok
+
+
+class IdempotencyKey(models.Model):
+    """An `Idempotency-Key` a create was sent with (openrelay.core.idempotency): what it made, for 24 h."""
+
+    organization = models.ForeignKey(Organization, models.CASCADE, related_name="idempotency_keys")
+    route = models.CharField(max_length=16)  # "batches", "files"
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64)  # sha256 of what the request asked for
+    resource_id = models.CharField(max_length=64, blank=True)  # "" while the first request runs
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Two requests with one key at once: the second's insert fails here, whatever the timing.
+            models.UniqueConstraint(fields=["organization", "route", "key"], name="idempotency_key_once")
+        ]
+        indexes = [models.Index(fields=["organization", "created_at"], name="idempotency_key_age")]
+
+    def __str__(self):
+        return f"{self.route} {self.key} -> {self.resource_id or '(running)'}"

@@ -2,8 +2,10 @@
 
 /healthz says the process answers requests (it touches nothing else, so a
 database outage never gets web processes restarted). /readyz says this
-process can serve: the database answers a query and the task broker a ping;
-otherwise 503 naming what is not reachable, never why (an error's text can
+process can serve: the database answers a query, the task broker a ping and
+(on S3) the bucket a HEAD within OPENRELAY_READYZ_STORAGE_TIMEOUT_S (2 s, one
+attempt; its answer reused for OPENRELAY_READYZ_STORAGE_CACHE_S, 5 s, so
+probes every second cost the store one request in five); otherwise 503 naming what is not reachable, never why (an error's text can
 hold hosts, users or paths), which goes to the log instead.
 
 Answered by a middleware ahead of every other one: a probe carries the
@@ -12,7 +14,11 @@ session, CSRF or host routing.
 """
 
 import logging
+import threading
+import time
 
+from django.conf import settings
+from django.core.files.storage import storages
 from django.db import connections
 from django.http import JsonResponse
 
@@ -45,7 +51,47 @@ def broker_ready():
         return False
 
 
-CHECKS = {"database": database_ready, "broker": broker_ready}
+_storage_seen = {"at": None, "ready": True, "client": None}
+_storage_lock = threading.Lock()
+
+
+def storage_ready():
+    """The bucket answers a HEAD (cached: see the module's docstring); a local folder is not checked."""
+    storage = storages["default"]
+    if getattr(storage, "bucket_name", None) is None:  # not S3 (importing boto3 to ask costs ~0.3 s)
+        return True
+    with _storage_lock:
+        at = _storage_seen["at"]
+        if at is not None and time.monotonic() - at < settings.OPENRELAY_READYZ_STORAGE_CACHE_S:
+            return _storage_seen["ready"]
+        ready = _head_bucket(storage)
+        _storage_seen.update(at=time.monotonic(), ready=ready)
+        return ready
+
+
+def _head_bucket(storage):
+    from botocore.config import Config
+
+    timeout = settings.OPENRELAY_READYZ_STORAGE_TIMEOUT_S
+    config = storage.client_config.merge(
+        Config(connect_timeout=timeout, read_timeout=timeout, retries={"total_max_attempts": 1})
+    )
+    try:
+        client = _storage_seen["client"]
+        if client is None or client[0] is not storage:  # made once: a boto3 client costs ~50 ms to build
+            session = storage._create_session()
+            made = session.client(
+                "s3", region_name=storage.region_name, endpoint_url=storage.endpoint_url, config=config
+            )
+            client = _storage_seen["client"] = (storage, made)
+        client[1].head_bucket(Bucket=storage.bucket_name)
+        return True
+    except Exception as exc:  # noqa: BLE001 - any error (timeout, refused, 403, 404) means "not ready"
+        logger.warning("readiness: file storage is not reachable: %s", type(exc).__name__)
+        return False
+
+
+CHECKS = {"database": database_ready, "broker": broker_ready, "storage": storage_ready}
 
 
 def readiness():

@@ -11,6 +11,12 @@ the cap and one read (256 KB) of it. HeaderCap, around the ASGI application,
 answers the same 431 under any server (daphne; uvicorn started without
 these protocols), once that server has read the head.
 
+A head must also arrive in time: OPENRELAY_HEADER_TIMEOUT_S (10 s) after a
+connection opens, or after a request's first byte on a kept-alive one, a head
+still incomplete gets a 408 and the connection closed. uvicorn has no such
+deadline (only keep-alive's, between requests): 2,000 connections that each
+sent half a head were all held, for as long as their senders liked.
+
 `head_bytes` is the one measure: the request line, the "name: value"
 lines, each with its CRLF, and the blank line that ends the head.
 """
@@ -33,32 +39,71 @@ def _cap():
     return settings.OPENRELAY_MAX_HEADER_BYTES
 
 
-def _body():
-    return orjson.dumps(
-        {
-            "error": {
-                "message": f"The request's headers are larger than {_cap()} bytes in all; send fewer or shorter ones.",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "request_headers_too_large",
-            }
-        }
+def _body(message=None, code="request_headers_too_large"):
+    message = message or f"The request's headers are larger than {_cap()} bytes in all; send fewer or shorter ones."
+    return orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}})
+
+
+def _raw(status_line, body):
+    return b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (
+        status_line,
+        len(body),
+        body,
     )
 
 
 def _raw_431():
-    body = _body()
-    return (
-        b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
-    )
+    return _raw(b"431 Request Header Fields Too Large", _body())
+
+
+def _raw_408():
+    timeout = settings.OPENRELAY_HEADER_TIMEOUT_S
+    message = f"The request's head (request line and headers) did not arrive within {timeout:g} seconds."
+    return _raw(b"408 Request Timeout", _body(message, "request_head_timeout"))
+
+
+class _HeadDeadline:
+    """Mixed into both protocols: 408 and close when a head is not complete in time (see above).
+    `_head_pending()` says whether the connection is waiting for the rest of a head."""
+
+    _head_timer = None
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm_head_deadline()  # a connection that sends nothing is held no longer than one sending slowly
+
+    def connection_lost(self, exc):
+        self._disarm_head_deadline()
+        super().connection_lost(exc)
+
+    def data_received(self, data):
+        super().data_received(data)
+        if self._head_pending():
+            self._arm_head_deadline()
+        else:
+            self._disarm_head_deadline()
+
+    def _arm_head_deadline(self):
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(settings.OPENRELAY_HEADER_TIMEOUT_S, self._head_too_slow)
+
+    def _disarm_head_deadline(self):
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self):
+        self._head_timer = None
+        if self._head_pending() and not self.transport.is_closing():
+            self.transport.write(_raw_408())
+            self.transport.close()
 
 
 class _HeadTooLarge(Exception):
     """Raised in a parser callback: the parser stops, the server's error path answers (431 here)."""
 
 
-class HttpToolsProtocol(_HttpToolsProtocol):
+class HttpToolsProtocol(_HeadDeadline, _HttpToolsProtocol):
     """uvicorn's httptools protocol, counting each head's bytes as they arrive."""
 
     def __init__(self, *args, **kwargs):
@@ -68,8 +113,13 @@ class HttpToolsProtocol(_HttpToolsProtocol):
         self._began = False
         self._head_bytes = 0
         self._too_large = False
+        self._fresh = True  # no byte of a request yet
+
+    def _head_pending(self):
+        return self._in_head or self._fresh
 
     def data_received(self, data):
+        self._fresh = False
         self._began = False
         super().data_received(data)
         # Counted when the whole read belongs to one head; the read a head begins in is
@@ -124,12 +174,15 @@ class _CappedConnection(h11.Connection):
         return event
 
 
-class H11Protocol(_H11Protocol):
-    """uvicorn's h11 protocol with the same cap and answer."""
+class H11Protocol(_HeadDeadline, _H11Protocol):
+    """uvicorn's h11 protocol with the same cap, deadline and answers."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.conn = _CappedConnection(h11.SERVER, _cap())
+
+    def _head_pending(self):
+        return self.conn.their_state is h11.IDLE
 
     def send_400_response(self, msg):
         if not self.conn.too_large:

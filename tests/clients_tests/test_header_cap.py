@@ -4,6 +4,7 @@ httptools protocol) and with h11 refuses while reading, holding no more than the
 uvicorn without those protocols gets the 431 from the application (HeaderCap); daphne's own
 parser refuses heads over 16 KB (a 400, or the connection dropped) before the application sees them."""
 
+import contextlib
 import socket
 import threading
 from pathlib import Path
@@ -115,3 +116,42 @@ def test_daphne_refuses_big_heads_itself(django_db_setup, tmp_path_factory):
         assert _ask(port, _head(8 * 1024 * 1024))[0] in (400, None)
     finally:
         process.stop()
+
+
+@pytest.fixture(params=["uvicorn httptools (up)", "uvicorn h11"])
+def impatient_server(request, django_db_setup, tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("OPENRELAY_HEADER_TIMEOUT_S", "1")
+    yield from _serve(SERVERS[request.param], tmp_path_factory)
+
+
+def _answer_and_close(sock):
+    """What the server sends before it closes the connection ({sock}'s timeout bounds the wait)."""
+    answer = b""
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("sent", [b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ", b""])
+def test_a_head_that_does_not_arrive_in_time_is_408_and_closed(impatient_server, sent):
+    # The red team's slow client: half a head (or nothing), then silence. uvicorn alone held it forever.
+    port, _ = impatient_server
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(sent)
+        answer = _answer_and_close(sock)  # returns once the server closes; 30 s if it never does
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]["code"] == "request_head_timeout"
+
+
+def test_a_kept_alive_connection_gets_the_deadline_again_for_its_next_head(impatient_server):
+    port, _ = impatient_server
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        answer = b""
+        for served in (1, 2):  # two whole requests, each within the deadline: both served
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            while answer.count(b"HTTP/1.1 200 ") < served:
+                answer += sock.recv(65536)
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        answer += _answer_and_close(sock)
+    assert answer.count(b"HTTP/1.1 200 ") == 2 and answer.count(b"HTTP/1.1 408 ") == 1, answer

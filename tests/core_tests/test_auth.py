@@ -35,6 +35,27 @@ class TestAuth:
         response = alice.client.get("/v1/batches")
         assert response.status_code == 401
 
+    def test_a_known_key_revoked_in_this_process_is_refused_at_once(self, alice):
+        assert alice.client.get("/v1/batches").status_code == 200  # the key is now known for 5 s
+        ApiKey.objects.get(organization=alice.org).revoke()
+        assert alice.client.get("/v1/batches").status_code == 401
+
+    def test_a_known_key_is_read_again_after_the_cache_time(self, alice, settings, django_assert_num_queries):
+        # A revoke in another process (a row changed under this one) counts once the cache time passes.
+        alice.client.get("/v1/batches")
+        ApiKey.objects.filter(organization=alice.org).update(revoked_at="2026-01-01T00:00:00Z")  # no signal
+        assert alice.client.get("/v1/batches").status_code == 200  # within the cache time
+        settings.OPENRELAY_API_KEY_CACHE_S = 0
+        assert alice.client.get("/v1/batches").status_code == 401
+
+    def test_an_organizations_change_is_seen_at_once(self, alice):
+        from openrelay.core import auth
+
+        alice.client.get("/v1/batches")
+        alice.org.workflows_enabled = True
+        alice.org.save(update_fields=["workflows_enabled"])
+        assert auth._known == {}  # emptied: the next request reads the key and its organization again
+
     def test_it_accepts_good_key_and_updates_last_used(self, alice):
         key = ApiKey.objects.get(organization=alice.org)
         assert key.last_used_at is None

@@ -83,6 +83,35 @@ def test_the_gate_serves_organizations_evenly_expedited_first_and_within_caps():
     asyncio.run(scenario())
 
 
+def test_the_gate_puts_expedited_first_only_within_an_organizations_fair_share():
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        gate.upstreams = [_Slot(2)]
+        urgent, plain, other = Ticket(1, 100, expedited=True), Ticket(2, 100), Ticket(3, 200)
+        held = [await gate.acquire(urgent), await gate.acquire(urgent)]  # a's expedited batch took the model
+        order = []
+
+        async def wait(ticket, name):
+            order.append((name, await gate.acquire(ticket)))
+
+        waiters = [asyncio.create_task(wait(urgent, f"urgent{i}")) for i in range(3)]
+        waiters += [asyncio.create_task(wait(plain, "plain")), asyncio.create_task(wait(other, "other"))]
+        await asyncio.sleep(0)
+        gate.release(urgent, held.pop())
+        await asyncio.sleep(0)
+        # Another organization's standard batch gets its share ahead of a's expedited ones ...
+        assert [name for name, _ in order] == ["other"]
+        gate.release(urgent, held.pop())
+        await asyncio.sleep(0)
+        # ... and within a's share, a's expedited batch goes before its standard one.
+        assert [name for name, _ in order] == ["other", "urgent0"]
+        for task in waiters:
+            task.cancel()
+        await asyncio.gather(*waiters, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_waiter_gives_nothing_away():
     async def scenario():
         gate = CallGate(OrgCaps())
@@ -202,6 +231,23 @@ def test_an_expedited_batch_goes_before_standard_ones(alice, model):
             # All 8 slots were the expedited batch's as they came free: two rounds of 0.3 s.
             assert took < 3.0, took
             assert status_of(standard) == "in_progress"
+
+
+def test_one_organizations_expedited_batches_leave_another_its_fair_share(alice, model):
+    # The red team's case: A's expedited batches held B's standard batch to 29 s (expedited went
+    # first across organizations). Now organizations share first, expedited goes first within one.
+    bob = make_persona("bob-org")
+    with run_in_thread(SimulatorConfig(latency_ms=200, record=False)) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=16)
+        urgent = [make_batch(alice.org, [chat(f"a{n}-{i}") for i in range(400)]) for n in range(3)]
+        Batch.objects.filter(pk__in=[b.pk for b in urgent]).update(priority="expedited")
+        with Engines(1):
+            wait_for(lambda: sum(_completed(b) for b in urgent) >= 32, 30, "the expedited batches to fill the model")
+            standard = make_batch(bob.org, [chat(f"b{i}") for i in range(10)])
+            took = wait_for(lambda: status_of(standard) == "completed", 30, "the other organization's batch")
+            # Half the model is bob's at once: 10 records of 0.2 s are one round (alice's 1,200 take 15 s).
+            assert took < 2.5, took
+            assert all(status_of(b) == "in_progress" for b in urgent)
 
 
 @pytest.fixture
