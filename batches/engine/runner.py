@@ -235,6 +235,7 @@ class Engine:
         self.liveness = liveness.Liveness(self.owner)
         self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
         self.resuming = False  # dead engines' records were freed: claim them before taking their shares
+        self.freed = {}  # batch pk -> records freed of a batch not joined yet (a new engine's first beat)
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
         self.closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-close")
         self.batches = {}
@@ -451,6 +452,7 @@ class Engine:
         if lane is None:
             lane = await self._open_lane(row["model_id"])
         run = BatchRun(row, lane, self.outbound, self.checkpoints)
+        run.resume = self.freed.pop(run.pk, 0)
         lane.batches[run.pk] = run
         self.batches[run.pk] = run
         self._wake()  # claim its first records now, not after the loop's next sleep
@@ -646,6 +648,8 @@ class Engine:
             if run is not None:
                 run.resume += n
                 run.recheck_at = run.expired_check_at = 0.0
+            else:
+                self.freed[pk] = self.freed.get(pk, 0) + n
         if freed:
             logger.info("took over %s records of dead engines", sum(freed.values()))
             self._wake()
