@@ -10,8 +10,9 @@ for each other's death with every heartbeat (0.5 s) instead:
   an engine whose row is in the table but whose lock is free is dead. A
   slow engine keeps its lock however slow it is: it is never taken for
   dead. After a server restart every lock is free at once; an engine that
-  has not beaten since the restart gets RESTART_GRACE_S to take its lock
-  again before it counts as dead.
+  has not beaten since the restart gets a lease (OPENRELAY_LEASE_S) to take
+  its lock again before it counts as dead: no later than its leases would
+  have run out, and engines retrying their connection (dbretry) take seconds.
 - Elsewhere (SQLite, one machine): an engine on this host whose process is
   gone (or a zombie) is dead once its heartbeat is DEAD_PID_S old; one on
   another host once its heartbeat is OPENRELAY_ENGINE_DEAD_S old.
@@ -41,7 +42,6 @@ from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 
 # The advisory lock's first key: ours, so a row of pg_locks with another is someone else's.
 LOCK_SPACE = 0x4F52454E  # "OREN"
-RESTART_GRACE_S = 5.0
 # The batches whose records engines run (store.active_batches).
 ACTIVE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
 DEAD_PID_S = 1.0  # two missed heartbeats: guards against a host name shared across pid namespaces
@@ -101,7 +101,7 @@ class Liveness:
             (started,) = cursor.fetchone()
         if self.key not in held:
             self._hold()  # first beat, or our lock's connection dropped (a server restart)
-        settled = now - started >= timedelta(seconds=RESTART_GRACE_S)
+        settled = now - started >= timedelta(seconds=settings.OPENRELAY_LEASE_S)
         # An engine that beat since the server started held its lock then (it takes it before
         # it beats): a free lock now means its connection ended.
         return [row for row in rows if lock_key(row[0]) not in held and (row[3] > started or settled)]
