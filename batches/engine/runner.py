@@ -288,6 +288,7 @@ class Engine:
         finally:
             self.db_thread.shutdown(wait=True)
             self.closer.shutdown(wait=True)
+            self.liveness.close()  # here too: a shutdown cut short by the database never reaches _cleanup
         return self.worked
 
     async def _main(self):
