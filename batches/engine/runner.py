@@ -14,7 +14,8 @@ holds up claims.
 The database is the ledger: a record is an engine's only while its lease
 lives (renewed with the engine's heartbeat every LEASE_S / 4), every write
 is conditional on still holding it, and a dead engine's records are
-claimable by any engine once their lease runs out.
+taken over by a live engine within about a second of its death
+(batches.engine.liveness), by any engine once their lease runs out at worst.
 """
 
 import asyncio
