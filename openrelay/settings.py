@@ -276,8 +276,12 @@ OPENRELAY_MAX_MODEL_RESPONSE_BYTES = envint("OPENRELAY_MAX_MODEL_RESPONSE_BYTES"
 OPENRELAY_MODEL_IDLE_TIMEOUT_S = envfloat("OPENRELAY_MODEL_IDLE_TIMEOUT_S", 60.0, minimum=0.01)
 OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum=1)
 # A record is its engine's while the lease lives; engines renew theirs every
-# quarter of it, so a dead engine's records are claimable again within this.
+# quarter of it, so a dead engine's records are claimable again within this at worst (engines
+# find a dead one within about a second: batches/engine/liveness.py).
 OPENRELAY_LEASE_S = envint("OPENRELAY_LEASE_S", 10, minimum=1)
+# An engine on another host that has not beaten for this long is dead (SQLite; on PostgreSQL an
+# engine's death is its advisory lock's release, batches.engine.liveness).
+OPENRELAY_ENGINE_DEAD_S = envfloat("OPENRELAY_ENGINE_DEAD_S", 3.0, minimum=1)
 # How long a worker waits for a lost database connection to come back before its engine gives up.
 OPENRELAY_DB_OUTAGE_S = envint("OPENRELAY_DB_OUTAGE_S", 60, minimum=0)
 OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)

@@ -14,7 +14,8 @@ holds up claims.
 The database is the ledger: a record is an engine's only while its lease
 lives (renewed with the engine's heartbeat every LEASE_S / 4), every write
 is conditional on still holding it, and a dead engine's records are
-claimable by any engine once their lease runs out.
+taken over by a live engine within about a second of its death
+(batches.engine.liveness), by any engine once their lease runs out at worst.
 """
 
 import asyncio
@@ -36,13 +37,13 @@ from django.utils import timezone
 
 from batches import lifecycle, progress
 from batches.dashboard import events
-from batches.engine import dbretry, finish, samples, store, tallies
+from batches.engine import dbretry, finish, liveness, samples, store, tallies
 from batches.engine.calls import prefixes
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.loops import checkpoints, dispatch
 from batches.engine.outcomes import RecordOutcome
-from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
+from batches.engine.scheduler import CallGate, OrgCaps, Ticket, first_in_line, split
 from batches.models import Batch, BatchStatus, Priority
 from files.models import File
 from files.services import open_records
@@ -135,6 +136,8 @@ class BatchRun:
         self.cursor = 0  # the last line claimed: claims continue past it
         self.recheck_at = 0.0  # while > now, nothing is left to claim
         self.expired_check_at = 0.0  # when to look for dead engines' records again
+        self.resume = 0  # records a dead engine left here that this engine freed: claim them now
+        self.resumed_queued = 0  # of those, claimed and waiting here: they start without waiting for room
         self.active = 0
         self.served = 0  # records started here: the tie-break between an organization's batches
         self.started = 0
@@ -192,6 +195,8 @@ class Lane:
         capacity = gate.capacity
         if capacity <= 0:
             return False
+        if run.resumed_queued:
+            return True  # a dead engine's record: to the head of the gate's line (liveness)
         org = run.organization_id
         limit = caps.limits.get(org)
         if limit is not None and self.org_active[org] >= limit * RECORDS_PER_SLOT:
@@ -230,6 +235,10 @@ class Engine:
         self.poll_s = POLL_S if only is None else POLL_S / 4
         self.poll_now = False
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.liveness = liveness.Liveness(self.owner)
+        self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
+        self.resuming = False  # dead engines' records were freed: claim them before taking their shares
+        self.freed = {}  # batch pk -> records freed of a batch not joined yet (a new engine's first beat)
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
         self.closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-close")
         self.batches = {}
@@ -282,6 +291,7 @@ class Engine:
         finally:
             self.db_thread.shutdown(wait=True)
             self.closer.shutdown(wait=True)
+            self.liveness.close()  # here too: a shutdown cut short by the database never reaches _cleanup
         return self.worked
 
     async def _main(self):
@@ -310,6 +320,8 @@ class Engine:
             if now - last_beat >= HEARTBEAT_S:
                 last_beat = now
                 await self._heartbeat()
+            if self.resuming:
+                await self._take_over()
             if now - last_renew >= settings.OPENRELAY_LEASE_S / 4:
                 last_renew = now
                 await self.db(store.renew, self.owner, list(self.batches))
@@ -340,6 +352,7 @@ class Engine:
             if run.input is not None:
                 run.input.close()
         store.retire(self.owner)
+        self.liveness.close()
         connections.close_all()
 
     async def _watch(self):
@@ -443,6 +456,7 @@ class Engine:
         if lane is None:
             lane = await self._open_lane(row["model_id"])
         run = BatchRun(row, lane, self.outbound, self.checkpoints)
+        run.resume = self.freed.pop(run.pk, 0)
         lane.batches[run.pk] = run
         self.batches[run.pk] = run
         self._wake()  # claim its first records now, not after the loop's next sleep
@@ -588,7 +602,17 @@ class Engine:
     async def _heartbeat(self):
         upstreams = [u for lane in self.lanes.values() for u in lane.gate.upstreams if u.deployment_id is not None]
         holding = {str(u.deployment_id): max(u.part, u.share, u.in_use) for u in upstreams}
-        live = await self.db(lambda: store.heartbeat(self.owner, holding, host=socket.gethostname(), pid=os.getpid()))
+        try:
+            live, freed, limits = await self.db(self.liveness.beat, holding, not self.beaten)
+        except store.Fenced:
+            logger.error("engine %s was taken for dead and its records taken over; starting again", self.owner)
+            raise
+        self.beaten = True
+        for upstream in upstreams:
+            if limits.get(upstream.deployment_id):
+                upstream.absorb(limits[upstream.deployment_id])
+        self._resume(freed)
+        self.resuming = self.resuming or bool(freed)
         await self.db(tallies.publish, self.owner, tallies.take(upstreams))
         for upstream in upstreams:
             upstream.published = True
@@ -608,8 +632,31 @@ class Engine:
         for upstream in upstreams:
             if limits.get(upstream.deployment_id):
                 upstream.level_with(limits[upstream.deployment_id])
+        if not self.resuming:
+            for lane in self.lanes.values():
+                self._reconcile(lane, lane.rows)
+
+    async def _take_over(self):
+        """Claim and start what dead engines left, then take their shares: the slots they free
+        go to their records first (those wait at the head of the gate's line), not to ours."""
+        self.resuming = False
+        await self._trip(self._claims(time.monotonic()))
+        await asyncio.sleep(0)  # the new slots run up to the gate
         for lane in self.lanes.values():
             self._reconcile(lane, lane.rows)
+
+    def _resume(self, freed):
+        """Claim at once what dead engines left of our batches ({batch pk: records freed})."""
+        for pk, n in freed.items():
+            run = self.batches.get(pk)
+            if run is not None:
+                run.resume += n
+                run.recheck_at = run.expired_check_at = 0.0
+            else:
+                self.freed[pk] = self.freed.get(pk, 0) + n
+        if freed:
+            logger.info("took over %s records of dead engines", sum(freed.values()))
+            self._wake()
 
     # ------------------------------------------------------------ records
 
@@ -630,6 +677,8 @@ class Engine:
         """Take `run`'s next queued record and count it running (before its slot even starts,
         so the next pick sees it)."""
         record, raw = run.queue.popleft()
+        if record.resumed and run.resumed_queued:
+            run.resumed_queued -= 1
         lane = run.lane
         run.active += 1
         run.served += 1
@@ -645,6 +694,7 @@ class Engine:
             run, record, raw = work
             self.running[task] = (run, record)
             prefixes.current_key.set(record.prefix)
+            first_in_line.set(record.resumed)
             bound = logs.working_on(run.public_id, run.pk, record.line)
             try:
                 outcome = await self._execute(run, record, raw)
@@ -701,11 +751,11 @@ class Engine:
             if lane.gate.capacity <= 0 or limit == 0:
                 continue  # nothing to call it with here: other engines may take it
             run.adapt(now, self.hop_s)
-            if len(run.queue) <= run.target // 2:
+            if len(run.queue) <= run.target // 2 or run.resume:
                 expired = now >= run.expired_check_at
                 if expired:
                     run.expired_check_at = now + RECHECK_S
-                claims[run.pk] = (run.target - len(run.queue), run.cursor, expired)
+                claims[run.pk] = (max(run.target - len(run.queue), run.resume), run.cursor, expired)
         return claims
 
     def _flush_due(self, now, last_flush):
@@ -727,7 +777,15 @@ class Engine:
             records = claimed.get(pk, [])
             if run.closing:
                 continue  # closed while the claim ran: the closer marks these records
-            run.queue.extend(records)
+            run.resume = 0
+            resumed = [item for item in records if item[0].resumed]
+            run.resumed_queued += len(resumed)
+            if resumed and run.queue:
+                # A dead engine's records were in flight: they go first, not behind our claim-ahead.
+                fresh = [item for item in records if not item[0].resumed]
+                run.queue = prefixes.RecordQueue([*resumed, *run.queue, *fresh])
+            else:
+                run.queue.extend(records)
             if not run.shared_prefixes and run.queue.shared():
                 run.shared_prefixes = True
                 run.target = max(run.target, settings.OPENRELAY_PREFIX_WINDOW)  # claim the wider window at once

@@ -20,8 +20,13 @@ Work-conserving: a slot nobody else waits for goes to whoever waits.
 
 import asyncio
 from collections import defaultdict, deque
+from contextvars import ContextVar
 
 from batches.engine.calls import prefixes
+
+# Set by the engine for a record a dead engine had in flight (batches.engine.liveness): its
+# calls wait at the head of their batch's line, not behind the records claimed since.
+first_in_line = ContextVar("first_in_line", default=False)
 
 
 def split(total, rank, count):
@@ -165,7 +170,10 @@ class CallGate:
         queue = by_org.get(ticket.batch_pk)
         if queue is None:
             queue = by_org[ticket.batch_pk] = deque()
-        queue.append(entry)
+        if first_in_line.get():
+            queue.appendleft(entry)
+        else:
+            queue.append(entry)
         self.waiting += 1
         if self._free_upstream() is not None:
             # Room, but others wait (capped organizations): this waiter may be next.

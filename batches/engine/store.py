@@ -186,19 +186,27 @@ def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
         return cursor.fetchall()
 
 
-def heartbeat(owner, holding, *, host="", pid=0, lease_s=None):
+class Fenced(Exception):
+    """Another engine took this one for dead and took its records (batches.engine.liveness)."""
+
+
+def heartbeat(owner, holding, *, host="", pid=0, lease_s=None, first=True):
     """Prove `owner` alive and publish what it holds of each deployment; return the live
     engines as [(owner, holding, calls)], sorted by owner (an engine's rank is its place;
     `calls` is what each published last with batches.engine.tallies, its adaptive limits among them).
 
-    An engine whose heartbeat is older than one lease is dead: its records
-    are claimable again, and what it held goes back to the others.
+    An engine found dead (batches.engine.liveness), or whose heartbeat is older
+    than one lease, is out: its records are claimable again, and what it held
+    goes back to the others. After its `first` beat an engine whose row is gone
+    was fenced: Fenced is raised, and nothing is written.
     """
     now = timezone.now()
     lease_s = lease_s or settings.OPENRELAY_LEASE_S
-    Engine.objects.update_or_create(
-        owner=owner, defaults={"seen_at": now, "holding": holding, "host": host[:100], "pid": pid}
-    )
+    fields = {"seen_at": now, "holding": holding, "host": host[:100], "pid": pid}
+    if first:
+        Engine.objects.update_or_create(owner=owner, defaults=fields)
+    elif not Engine.objects.filter(owner=owner).update(**fields):
+        raise Fenced(owner)
     # Rows of engines long dead (kill -9) are dropped by whoever looks.
     Engine.objects.filter(seen_at__lt=now - timedelta(seconds=20 * lease_s)).delete()
     live = Engine.objects.filter(seen_at__gte=now - timedelta(seconds=lease_s))

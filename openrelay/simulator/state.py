@@ -9,6 +9,7 @@ server's loop writes it.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from typing import Any
@@ -40,7 +41,10 @@ class SimulatorState:
         with self._lock:
             self.request_count += 1
             if self.config.record:
-                self._recorded.append({"path": path, "headers": recordable_headers(headers), "body": body})
+                # `at`: when it came (time.monotonic(); tests in the same process time re-sends by it).
+                self._recorded.append(
+                    {"path": path, "headers": recordable_headers(headers), "body": body, "at": time.monotonic()}
+                )
 
     def requests(self, path: str | None = None) -> list[dict[str, Any]]:
         with self._lock:

@@ -180,6 +180,10 @@ class Upstream:
         self.flow.level_with(sum(others) / len(others))
         self.share = self.flow.limit
 
+    def absorb(self, calls):
+        self.flow.absorb(calls, self.in_use)
+        self.share = self.flow.limit
+
     def overloaded(self, sent_at, now):
         self.flow.overloaded(sent_at, now)
         self.share = self.flow.limit

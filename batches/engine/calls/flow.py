@@ -141,6 +141,15 @@ class FlowControl:
             self.value = (self.value + level) / 2
             self._clamp()
 
+    def absorb(self, calls, in_flight):
+        """Take over the calls a dead engine held here (batches.engine.liveness) on top of this
+        engine's own (its limit, or its calls in flight if more): the engines' calls still add up
+        to what the server took. Left to grow back by answers, the survivor of a kill -9 sent the
+        dead engine's calls again one 3 s call round per step."""
+        if self.adaptive:
+            self.value = max(self.value, in_flight) + calls
+            self._clamp()
+
     def metrics(self, waiting, running, kv_usage, now):
         """The server's own figures (waiting and running requests, KV-cache usage 0..1 or None)."""
         self.server = (now, waiting, running, kv_usage)

@@ -1,0 +1,168 @@
+"""How engines learn within a second or two that one of them died, and take its records.
+
+A lease (OPENRELAY_LEASE_S, 10 s) is the last resort: waiting it out cost a
+kill -9 10-23 s before the dead engine's records ran again. Engines look
+for each other's death with every heartbeat (0.5 s) instead:
+
+- PostgreSQL: each engine holds a session advisory lock, keyed by its owner
+  name, on a connection of its own. The server releases it the moment that
+  connection drops (a killed process's socket is closed by its kernel), so
+  an engine whose row is in the table but whose lock is free is dead. A
+  slow engine keeps its lock however slow it is: it is never taken for
+  dead. After a server restart every lock is free at once; an engine that
+  has not beaten since the restart gets a lease (OPENRELAY_LEASE_S) to take
+  its lock again before it counts as dead: no later than its leases would
+  have run out, and engines retrying their connection (dbretry) take seconds.
+- Elsewhere (SQLite, one machine): an engine on this host whose process is
+  gone (or a zombie) is dead once its heartbeat is DEAD_PID_S old; one on
+  another host once its heartbeat is OPENRELAY_ENGINE_DEAD_S old.
+
+Fencing: the engine that finds another dead deletes its Engine row, only if
+its heartbeat is still the one it read (compare-and-set), and in the same
+transaction ends the leases of its running records, which the ordinary
+claim of expired records then takes first. The shares it held go to the
+living at once (the dead row is gone from heartbeat's count). Should the
+"dead" engine be alive after all, its results cannot land (every write is
+conditional on lease_owner) and its next heartbeat finds its row gone
+(store.Fenced): it drops everything it holds and starts again under a new
+owner name.
+"""
+
+import hashlib
+import os
+import socket
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from batches.engine import store
+from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
+
+# The advisory lock's first key: ours, so a row of pg_locks with another is someone else's.
+LOCK_SPACE = 0x4F52454E  # "OREN"
+# The batches whose records engines run (store.active_batches).
+ACTIVE = (BatchStatus.VALIDATING, BatchStatus.IN_PROGRESS, BatchStatus.CANCELLING)
+DEAD_PID_S = 1.0  # two missed heartbeats: guards against a host name shared across pid namespaces
+
+
+def lock_key(owner):
+    """The engine's advisory lock's second key: 31 bits of a hash of its owner name."""
+    return int.from_bytes(hashlib.blake2b(owner.encode(), digest_size=4).digest(), "big") >> 1
+
+
+class Liveness:
+    """One engine's proof of life and its look at the others (on the engine's database thread)."""
+
+    def __init__(self, owner):
+        self.owner = owner
+        self.key = lock_key(owner)
+        self.host = socket.gethostname()
+        self.lock = None  # the psycopg connection holding our advisory lock (PostgreSQL)
+
+    def beat(self, holding, first):
+        """Hold our lock, reap the dead, then heartbeat: (live engines as store.heartbeat
+        gives them, {batch pk: records of dead engines now claimable}, {deployment pk: the
+        calls they held there})."""
+        freed, limits = self.reap()
+        live = store.heartbeat(self.owner, holding, host=self.host, pid=os.getpid(), first=first)
+        return live, freed, limits
+
+    def reap(self):
+        now = timezone.now()
+        rows = list(Engine.objects.exclude(owner=self.owner).values_list("owner", "host", "pid", "seen_at", "holding"))
+        if connection.vendor == "postgresql":
+            dead = self._dead_by_lock(rows, now)
+        else:
+            dead = [row for row in rows if self._dead_by_heartbeat(*row[1:4], now)]
+        freed, limits = {}, {}
+        for owner, _, _, seen, holding in dead:
+            taken = take_over(owner, seen, now)
+            if taken is None:
+                continue  # it beat meanwhile, or another engine took it over
+            for batch_pk, n in taken.items():
+                freed[batch_pk] = freed.get(batch_pk, 0) + n
+            # What it held of each deployment (at least its calls in flight there) is the living's now.
+            for deployment, calls in (holding or {}).items():
+                if calls:
+                    limits[int(deployment)] = limits.get(int(deployment), 0) + calls
+        return freed, limits
+
+    def _dead_by_lock(self, rows, now):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT objid::bigint FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2 "
+                "AND classid = %s AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                [LOCK_SPACE],
+            )
+            held = {key for (key,) in cursor.fetchall()}
+            cursor.execute("SELECT pg_postmaster_start_time()")
+            (started,) = cursor.fetchone()
+        if self.key not in held:
+            self._hold()  # first beat, or our lock's connection dropped (a server restart)
+        settled = now - started >= timedelta(seconds=settings.OPENRELAY_LEASE_S)
+        # An engine that beat since the server started held its lock then (it takes it before
+        # it beats): a free lock now means its connection ended.
+        return [row for row in rows if lock_key(row[0]) not in held and (row[3] > started or settled)]
+
+    def _hold(self):
+        import psycopg
+
+        self.close()
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        with connection.wrap_database_errors:  # Django's errors, so dbretry retries a lost server
+            self.lock = psycopg.connect(**params, autocommit=True, application_name="openrelay-engine-liveness")
+        # The server's side of a host that vanished (power, network): drop it, and the lock, in ~5 s,
+        # not after the kernel's 2 h keepalive.
+        self.lock.execute("SET tcp_keepalives_idle = 2; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3")
+        self.lock.execute("SET tcp_user_timeout = 5000")
+        (taken,) = self.lock.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_SPACE, self.key]).fetchone()
+        if not taken:
+            raise RuntimeError(f"engine {self.owner}: its liveness lock is held by another session")
+
+    def _dead_by_heartbeat(self, host, pid, seen, now):
+        missed = (now - seen).total_seconds()
+        if host == self.host and pid:
+            # Its process answers for it: a live one, however slow, is never taken for dead
+            # (one hung for good loses its records with its leases).
+            return missed >= DEAD_PID_S and not pid_alive(pid)
+        return missed >= settings.OPENRELAY_ENGINE_DEAD_S
+
+    def close(self):
+        if self.lock is not None:
+            self.lock.close()
+            self.lock = None
+
+
+def pid_alive(pid):
+    """Whether process `pid` runs on this host (a zombie, killed and not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc (macOS): kill's answer stands
+
+
+def take_over(owner, seen_at, now):
+    """Fence a dead engine: delete its row if its heartbeat is still `seen_at`, and make its
+    running records claimable now. Returns {batch pk: records freed}, or None if it beat
+    meanwhile or another engine took it over first."""
+    with transaction.atomic():
+        if not Engine.objects.filter(owner=owner, seen_at=seen_at).delete()[0]:
+            return None
+        # Through the running batches: lease_owner has no index of its own, (batch, status, line) serves this.
+        active = Batch.objects.filter(status__in=ACTIVE).values("pk")
+        records = Record.objects.filter(batch_id__in=active, status=RecordStatus.RUNNING, lease_owner=owner)
+        freed = {}
+        for batch_pk in records.values_list("batch_id", flat=True):
+            freed[batch_pk] = freed.get(batch_pk, 0) + 1
+        records.update(lease_expires_at=now - timedelta(seconds=1))
+    return freed
