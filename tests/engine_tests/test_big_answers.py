@@ -17,6 +17,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from batches.engine import store
+from batches.engine.calls import budget
 from batches.engine.calls.usage import Usage
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, Record
@@ -186,3 +187,25 @@ def test_flushes_in_opposite_orders_and_a_cancel_never_deadlock(transactional_db
     x.refresh_from_db()
     assert (x.status, x.completed_count, x.failed_count) == ("cancelling", 2, 2)
     assert Record.objects.filter(batch=y, status="succeeded").count() == 2
+
+
+def test_the_budget_queues_big_answers_in_order_and_lets_one_too_big_go_alone():
+    answers = budget.Budget(10 * MB)
+    granted = []
+    first, second = budget.Holding(answers), budget.Holding(answers)
+    assert first.take(6 * MB, lambda: granted.append("unused")) is None
+    waiting = second.take(6 * MB, lambda: granted.append("second"))
+    assert waiting is not None and answers.waiting
+    too_big = budget.Holding(answers)
+    too_big.take(30 * MB, lambda: granted.append("too big"))
+    first.release()  # flushed: the second fits now; the too-big one waits for an empty budget
+    assert granted == ["second"] and answers.held == 6 * MB
+    second.release()
+    assert granted == ["second", "too big"] and answers.held == 30 * MB
+    too_big.release()
+    cancelled = budget.Holding(answers)
+    answers.force(8 * MB)
+    token = cancelled.take(4 * MB, lambda: granted.append("cancelled"))
+    answers.cancel(token)  # its connection failed while it waited
+    answers.give_back(8 * MB)
+    assert granted == ["second", "too big"] and answers.held == 0 and not answers.waiting
