@@ -46,6 +46,10 @@ The measurements of issue 12 and the engine's (targets in TARGETS):
     cluster (150 ms x 64 model): the worst batch's create answer -> its first
     record finished, and the largest worker's peak RSS against one 100-record
     batch's run.
+15. big answers (issue 42): 16 embeddings answers of 2,048 x 3,072 floats
+    (~134 MB of JSON each) on the 2-worker cluster with the default answer
+    budget and flush size, organization B's 20 records beside them: all
+    finish, the largest cluster process's peak RSS, B's create -> completed.
 
 Clusters are stopped cleanly (SIGTERM, as systemd sends it), so their engines
 retire and the next cluster's engines split the deployments among
