@@ -41,6 +41,9 @@ def record_public_id(batch_pk, line):
 _SUCCEEDED = RecordStatus.SUCCEEDED.value
 _ERROR_FILE_STATUSES = frozenset(s.value for s in (RecordStatus.FAILED, RecordStatus.EXPIRED, RecordStatus.CANCELLED))
 _CHUNK = 2000
+# The most result text one fetch should carry: a fetch of _CHUNK rows of 130 MB embeddings answers
+# held them all (and their lines, joined and encoded: ~4 copies) in the closing worker.
+_CHUNK_BYTES = 8 * 1024 * 1024
 
 
 _FILE_STATUSES = {"output": (_SUCCEEDED,), "error": tuple(sorted(_ERROR_FILE_STATUSES))}
@@ -80,7 +83,12 @@ def render(batch, kinds=("output", "error"), code=None):
     )
     with connection.chunked_cursor() as cursor:
         cursor.execute(sql, [batch.pk, *statuses, *params])
-        while rows := cursor.fetchmany(_CHUNK):
+        # Rows a fetch: doubled up to _CHUNK while fetches stay small (ordinary results reach it
+        # in 11 fetches), cut to what fits _CHUNK_BYTES (at least one row) when results are big.
+        size = 1
+        while rows := cursor.fetchmany(size):
+            fetched = sum(len(row[5] or "") for row in rows)
+            size = max(1, min(_CHUNK, size * 2, size * _CHUNK_BYTES // max(1, fetched)))
             out, err = [], []
             for line, custom_id, status, status_code, request_id, body, code, message in rows:
                 # One f-string a line and one encode a chunk: bytes concatenation

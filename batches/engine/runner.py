@@ -38,7 +38,7 @@ from django.utils import timezone
 from batches import lifecycle, progress
 from batches.dashboard import events
 from batches.engine import dbretry, finish, liveness, samples, store, tallies
-from batches.engine.calls import prefixes
+from batches.engine.calls import budget, prefixes
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.loops import checkpoints, dispatch
@@ -133,6 +133,7 @@ class BatchRun:
         self.input = None
         self.queue = prefixes.RecordQueue()  # claimed (ClaimedRecord, line bytes), not started yet
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
+        self.holdings = []  # the answer bytes those hold (budget.Holding), given back once flushed
         self.cursor = 0  # the last line claimed: claims continue past it
         self.recheck_at = 0.0  # while > now, nothing is left to claim
         self.expired_check_at = 0.0  # when to look for dead engines' records again
@@ -261,6 +262,8 @@ class Engine:
         self.loop = None
         self.wake = None
         self.checkpoints = checkpoints.CheckpointWriter(self)
+        self.answers = budget.Budget(settings.OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES)
+        self.flushing = []  # the holdings of the outcomes the trip in flight writes
 
     # ------------------------------------------------------------ life
 
@@ -345,6 +348,12 @@ class Engine:
         await self.health.close()
         await asyncio.gather(*self.closes.values(), *filter(None, [self.announcing]), return_exceptions=True)
         await self.db(tallies.save, tallies.take()[0])  # the counts since the last heartbeat
+        if self.answers.waited:
+            logger.info(
+                "%d model answers waited for room in the answer budget (peak held: %d bytes)",
+                self.answers.waited,
+                self.answers.peak,
+            )
         await self.db(self._cleanup)
 
     def _cleanup(self):
@@ -696,9 +705,12 @@ class Engine:
             prefixes.current_key.set(record.prefix)
             first_in_line.set(record.resumed)
             bound = logs.working_on(run.public_id, run.pk, record.line)
+            holding = budget.Holding(self.answers)
+            budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it
             try:
                 outcome = await self._execute(run, record, raw)
             except asyncio.CancelledError:
+                holding.release()
                 if not run.closing:
                     self.handback.append(record.pk)  # stopping: back to pending for any engine
                 raise
@@ -710,9 +722,12 @@ class Engine:
                 self._end(run)
                 logs.done(bound)
             run.done.append((record, outcome))
+            run.holdings.append(holding)
             self.pending += 1
-            if not run.queue and not run.active:
-                self.flush_soon = True  # perhaps the batch's last records: closing waits on them
+            if (not run.queue and not run.active) or self.answers.waiting:
+                # Perhaps the batch's last records (closing waits on them), or answers wait for
+                # the room this flush gives back.
+                self.flush_soon = True
             if self.pending >= FLUSH_SIZE or len(run.queue) <= run.target // 2:
                 self._wake()
             work = None
@@ -766,6 +781,7 @@ class Engine:
         started = time.monotonic()
         trip = _Trip(self, outcomes, claims)
         written, claimed, finished = await self.db(trip)
+        self._release_flushed()
         tallies.flushed(outcomes, written, claimed)
         self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
         self.worked += sum(written.values())
@@ -810,6 +826,8 @@ class Engine:
         for run in self.batches.values():
             if run.done:
                 outcomes[run.pk], run.done = run.done, []
+                self.flushing += run.holdings
+                run.holdings = []
         self.pending = 0
         self.flush_soon = False
         return outcomes
@@ -818,10 +836,17 @@ class Engine:
         outcomes = self._take_outcomes()
         if outcomes:
             written, _, finished = await self.db(_Trip(self, outcomes, {}))
+            self._release_flushed()
             tallies.flushed(outcomes, written, {})
             self.worked += sum(written.values())
             if not self.stopping:
                 self._close_finished(finished)
+
+    def _release_flushed(self):
+        """The flushed answers' bytes go back to the budget: calls waiting for room read on."""
+        for holding in self.flushing:
+            holding.release()
+        self.flushing = []
 
     def _close_finished(self, pks):
         """Close the batches this engine's flush finished, whatever its rank: the close is

@@ -7,17 +7,20 @@ lost its lease (it stalled, the sweeper re-queued the record) can never
 write a second outcome for the record.
 """
 
+import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
 import orjson
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 from openrelay.core.models import Deployment
+
+logger = logging.getLogger("openrelay.engine")
 
 
 @dataclass
@@ -97,7 +100,10 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
     """
     now = timezone.now()
     claimed = {}
+    flushed = {pk: done for pk, done in outcomes.items() if done}
     with transaction.atomic():
+        # The batch rows first (lock_batches says why), before the claims lock any record.
+        lock_batches(flushed)
         for batch_pk, (limit, after_line, expired) in claims.items():
             records = _leased_until(batch_pk, owner, lease_until) if recover else []
             if limit > len(records):
@@ -105,9 +111,26 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
             if records:
                 records.sort(key=lambda record: record.line)
                 claimed[batch_pk] = records
-        # Last, so the batch rows its roll-ups lock are held only until the commit.
-        written, finished = _flush_all(owner, {pk: done for pk, done in outcomes.items() if done})
+        written, finished = _flush_all(owner, flushed)
     return written, claimed, finished
+
+
+def lock_batches(batch_pks):
+    """Lock batch rows in id order, before any record row: every transaction that writes both
+    (a flush, a claim with a flush, a cancellation's close) takes them in this order.
+
+    Flushes took the batch rows after their claims had locked records, and a
+    cancellation's close locked its records before it updated the batch: a
+    claim of a dead engine's expired record, or a close, then waited for a batch
+    row a flush held while the flush waited for that record (`deadlock detected`,
+    seen twice by the issue 42 review). SQLite runs one writer at a time.
+    """
+    if batch_pks and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {_q(Batch._meta.db_table)} WHERE id = ANY(%s) ORDER BY id FOR UPDATE",
+                [sorted(batch_pks)],
+            )
 
 
 def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
@@ -336,6 +359,7 @@ def flush(batch_pk, owner, outcomes):
     if not outcomes:
         return 0
     with transaction.atomic():
+        lock_batches([batch_pk])
         return _flush(batch_pk, owner, outcomes)
 
 
@@ -345,20 +369,96 @@ def _flush(batch_pk, owner, outcomes):
 
 def _flush_all(owner, outcomes):
     """Write the outcomes of several batches: ({batch pk: records written}, {pks of the
-    batches now finished})."""
+    batches now finished}), one statement per OPENRELAY_FLUSH_MAX_BYTES of results."""
     if not outcomes:
         return {}, set()
     finished_at = connection.ops.adapt_datetimefield_value(timezone.now())
-    if connection.vendor == "postgresql":
-        rows = [_result_row(claimed.pk, outcome) for done in outcomes.values() for claimed, outcome in done]
-        return _flush_postgresql(owner, rows, sorted(outcomes), finished_at)
-    # SQLite runs one writer at a time: there is no lock order to keep.
-    written, finished = {}, set()
+    written, finished = dict.fromkeys(outcomes, 0), set()
+    statements = 0
+    for chunk in _chunks(outcomes):
+        statements += 1
+        _add(written, finished, _write_isolating(owner, chunk, finished_at))
+    if statements > 1:
+        logger.info("flush of %d records split into %d statements", sum(map(len, outcomes.values())), statements)
+    return written, finished
+
+
+# A result whose JSON text passes this can't be sent (PostgreSQL refuses a message over 1 GB,
+# and a text value over 1 GB): it fails as unstorable. Answers are capped far below by default.
+MAX_RESULT_CHARS = 900 * 1024 * 1024
+
+
+def _chunks(outcomes):
+    """Lists of (batch pk, result row) carrying at most OPENRELAY_FLUSH_MAX_BYTES of result text
+    each (a larger result goes alone). Rows are made as their chunk is reached: a chunk's texts
+    are freed before the next one's are made.
+
+    Measured before the split (issue 42): one flush of several 130 MB embeddings
+    answers passed PostgreSQL's 1 GB message limit (`invalid message length`), the
+    connection died, and the engines retried the same flush and calls in a loop.
+    """
+    limit = settings.OPENRELAY_FLUSH_MAX_BYTES
+    chunk, size = [], 0
     for pk, done in outcomes.items():
-        written[pk], now_finished = _flush_executemany(pk, owner, [_result_row(c.pk, o) for c, o in done], finished_at)
+        for claimed, outcome in done:
+            row = _result_row(claimed.pk, outcome)
+            if len(row[4]) > MAX_RESULT_CHARS:
+                row = _unstorable(row, f"its {len(row[4])}-character result is larger than the database takes")
+            if chunk and size + len(row[4]) > limit:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append((pk, row))
+            size += len(row[4])
+    if chunk:
+        yield chunk
+
+
+def _write_isolating(owner, chunk, finished_at):
+    """Write a chunk in a savepoint. When the database refuses it, each of its rows is written
+    alone, and a row refused alone is written failed (`result_not_stored`), not billed: one
+    record that breaks a flush no longer fails it (the engine died on it and ran the same
+    calls again on every restart)."""
+    try:
+        with transaction.atomic():
+            return _write(owner, chunk, finished_at)
+    except (OperationalError, InterfaceError):
+        raise  # a lost connection: dbretry's to retry
+    except (DatabaseError, ValueError, OverflowError) as exc:
+        if len(chunk) > 1:
+            written, finished = {}, set()
+            for item in chunk:
+                _add(written, finished, _write_isolating(owner, [item], finished_at))
+            return written, finished
+        (pk, row) = chunk[0]
+        logger.error("record %s of batch %s could not be stored: %s", row[0], pk, type(exc).__name__)
+        return _write(owner, [(pk, _unstorable(row, type(exc).__name__))], finished_at)
+
+
+def _write(owner, chunk, finished_at):
+    if connection.vendor == "postgresql":
+        return _flush_postgresql(owner, [row for _, row in chunk], sorted({pk for pk, _ in chunk}), finished_at)
+    # SQLite runs one writer at a time: there is no lock order to keep.
+    by_batch = {}
+    for pk, row in chunk:
+        by_batch.setdefault(pk, []).append(row)
+    written, finished = {}, set()
+    for pk, rows in by_batch.items():
+        written[pk], now_finished = _flush_executemany(pk, owner, rows, finished_at)
         if now_finished:
             finished.add(pk)
     return written, finished
+
+
+def _add(written, finished, result):
+    for pk, n in result[0].items():
+        written[pk] = written.get(pk, 0) + n
+    finished |= result[1]
+
+
+def _unstorable(row, reason):
+    """A result row the database refused, as a failed record without its result (billed nothing)."""
+    message = f"The record's result could not be stored ({reason}); it is not billed."
+    return (row[0], _FAILED, None, row[3], "", "result_not_stored", message, 0, 0, 0, 0, 0)
 
 
 def _result_row(pk, outcome):
@@ -382,7 +482,7 @@ def _result_row(pk, outcome):
 def _flush_postgresql(owner, rows, batch_pks, finished_at):
     """Every batch's records in one statement, rolled up into each batch's row.
 
-    The batch rows are locked first, in id order: engines flushing
+    The batch rows are locked first (lock_batches), in id order: engines flushing
     overlapping batches one statement each (in their own orders, holding
     each row to the commit) deadlocked, and PostgreSQL broke each tie only
     after its 1 s deadlock_timeout (15 stalls in one run of 100 batches on
@@ -424,7 +524,6 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
         # churned ("running and ours": 1 row) and chose a nested loop that
         # re-read the arrays once per record: 30 ms a flush of 256, growing.
         cursor.execute("SET LOCAL enable_nestloop = off")
-        cursor.execute(f"SELECT id FROM {batch} WHERE id = ANY(%b::bigint[]) ORDER BY id FOR UPDATE", [batch_pks])
         cursor.execute(sql, [*columns, finished_at, columns[0], batch_pks, owner, _RUNNING, _SUCCEEDED])
         rows = cursor.fetchall()
     return {pk: n for pk, n, _ in rows}, {pk for pk, _, finished in rows if finished}
@@ -501,6 +600,7 @@ def close_unfinished(batch_pk, status, code, message):
     now = timezone.now()
     unfinished = Record.objects.filter(batch_id=batch_pk, status__in=(RecordStatus.PENDING, RecordStatus.RUNNING))
     with transaction.atomic():
+        lock_batches([batch_pk])  # before the records: the order flushes keep
         billed = _bill_cut_workflows(batch_pk, unfinished, status, code, message, now)
         closed = unfinished.update(
             status=status,

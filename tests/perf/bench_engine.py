@@ -47,6 +47,10 @@ The measurements of issue 12 and the engine's (targets in TARGETS):
     cluster (150 ms x 64 model): the worst batch's create answer -> its first
     record finished, and the largest worker's peak RSS against one 100-record
     batch's run.
+15. big answers (issue 42, only with --only big_answers): 16 embeddings answers of 2,048 x 3,072 floats
+    (~134 MB of JSON each) on the 2-worker cluster with the default answer
+    budget and flush size, organization B's 20 records beside them: all
+    finish, the largest cluster process's peak RSS, B's create -> completed.
 
 Clusters are stopped cleanly (SIGTERM, as systemd sends it), so their engines
 retire and the next cluster's engines split the deployments among
@@ -123,6 +127,7 @@ TARGETS = {
     "flow_high": ">= 95% of max, <= 1% 503s",
     "flow_low": ">= 90% of max within 30 s",
     "prefix": ">= 1.5x faster, >= 3x cached share",
+    "big_answers": "all finish, worker < 3 GB, B < 30 s",
 }
 
 
@@ -139,7 +144,10 @@ PARTS = {
     "many": ("many_batches",),
     "flow": ("flow_too_high", "flow_too_low"),
     "prefix": ("prefix_aware",),
+    "big_answers": ("big_answers",),
 }
+# Parts a run without --only leaves out: big_answers takes ~20 minutes and ~7 GB at full size.
+OPT_IN = ("big_answers",)
 
 
 @dataclass
@@ -158,6 +166,9 @@ class Scale:
     recovery_records: int = 6_000  # 20 ms x 16: ~7.5 s of work at best
     many_batches: int = 100
     many_records: int = 100
+    # Issue 42: 16 embeddings answers of 2,048 x 3,072 floats (~130 MB of JSON each).
+    big_answers: int = 16
+    big_answer_inputs: int = 2_048
     quick: bool = False
 
     @classmethod
@@ -176,6 +187,7 @@ class Scale:
                 recovery_records=1_500,
                 many_batches=20,
                 many_records=20,
+                big_answer_inputs=64,
                 quick=True,
             )
         else:
@@ -660,10 +672,10 @@ class Api:
         response.raise_for_status()
         return response.json()["id"], elapsed
 
-    def create(self, file_id):
+    def create(self, file_id, endpoint=ENDPOINT):
         sent = time.time()
         response = self.client.post(
-            "/batches", json={"input_file_id": file_id, "endpoint": ENDPOINT, "completion_window": "24h"}
+            "/batches", json={"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
         )
         answered = time.time()
         response.raise_for_status()
@@ -1319,9 +1331,48 @@ class Bench:
 
         FlowRuns(self).prefix_aware()
 
+    # 15: big answers (issue 42: two workers reached 7.8 and 6.8 GB, 0 of 16 finished in 10 minutes)
+    def big_answers(self):
+        """16 embeddings answers of 2,048 x 3,072 floats on the default 2-worker cluster with the
+        default answer budget and flush size; organization B's 20 plain records created beside them."""
+        sc = self.scale
+        self.release_shared()
+        path = self.tmp / "embeddings.jsonl"
+        with open(path, "wb") as out:
+            for i in range(sc.big_answers):
+                body = {"model": MODEL_ZERO, "input": [f"{i} {n}" for n in range(sc.big_answer_inputs)]}
+                body["dimensions"] = 3072
+                line = {"custom_id": f"emb-{i}", "method": "POST", "url": "/v1/embeddings", "body": body}
+                out.write(orjson.dumps(line) + b"\n")
+        file_id, _ = self.api.upload(path)
+        _, small_file = self.file("big-answers-b.jsonl", sc.fair_records, MODEL_ZERO, api=self.api_b)
+        cluster = self.stack.start_cluster(2)
+        self.warm()
+        with PeakRss(cluster.pid, every_s=0.05) as rss:
+            batch, _, answered = self.api.create(file_id, endpoint="/v1/embeddings")
+            small, _, small_answered = self.api_b.create(small_file)
+            small_row = self.wait_done(small["id"], 600)
+            row = self.wait_done(batch["id"], 3600)
+        self.stack.stop_cluster(cluster)
+        took, small_took = row["completed_at"] - answered, small_row["completed_at"] - small_answered
+        peak_gb = rss.largest_mb / 1024
+        self.rows["big_answers"] = Row(
+            "big_answers",
+            15,
+            f"{sc.big_answers} embeddings answers of {sc.big_answer_inputs:,} x 3,072 beside org B's "
+            f"{sc.fair_records} records",
+            f"{row['completed']}/{sc.big_answers} in {took:.0f} s, largest process {peak_gb:.2f} GB",
+            TARGETS["big_answers"],
+            row["completed"] == sc.big_answers and peak_gb < 3 and small_took < 30,
+            f"B's create answer -> completed {small_took:.2f} s; 2-worker cluster, default budget and "
+            f"flush size (before them: workers at 7.8 and 6.8 GB, 0 of 16 in 10 minutes)",
+            {"seconds": took, "peak_gb": peak_gb, "b_seconds": small_took},
+        )
+        self.report(f"15: {row['completed']} big answers in {took:.0f} s, peak {peak_gb:.2f} GB; B {small_took:.2f} s")
+
     def steps(self, only=None):
         """The runs to do: all, or those of the measurements in `only` (see PARTS)."""
-        chosen = set(only or PARTS)
+        chosen = set(only or (part for part in PARTS if part not in OPT_IN))
         return [
             step for part, names in PARTS.items() if part in chosen for step in (getattr(self, name) for name in names)
         ]

@@ -23,6 +23,10 @@ it; a timer per call would cost more than the rest of the checks). Both
 fail the exchange with a TransportError, which the caller counts as a
 failed server. The caps cost two additions and a comparison per chunk.
 
+The engine's byte budget for answers it holds (batches.engine.calls.budget)
+is taken here, when an answer's head announces its length: a big answer that
+would pass it stops the connection reading until there is room.
+
 The standard proxy variables are honoured, as Python's urllib reads them:
 HTTP_PROXY for http:// servers (requests in absolute form), HTTPS_PROXY for
 https:// ones (a CONNECT tunnel, then TLS to the server through it), both
@@ -44,6 +48,7 @@ from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from batches.engine.calls import budget
 from openrelay.lib.outbound import valid_header
 
 # Idle connections older than this are closed instead of reused: uvicorn
@@ -295,6 +300,9 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.reusable = False
         self.idle_since = 0.0
+        self.holding: budget.Holding | None = None  # the record's, for the exchange in flight
+        self.reserved = 0  # budget bytes taken for the answer in flight
+        self.waiting_room: Callable[[], None] | None = None  # a queued budget take (reading paused)
         self._reset()
 
     def _reset(self) -> None:
@@ -358,6 +366,26 @@ class _Connection(asyncio.Protocol):
         elif encoding != "identity":
             self._fail(BadResponse(f"the model server answered in an encoding this worker can't read ({encoding})"))
             raise _Stop
+        if self.holding is not None and length.isdigit() and int(length) > budget.SMALL_BYTES:
+            self._reserve(int(length))
+
+    def _reserve(self, size: int) -> None:
+        """Take the answer's bytes from the budget, or stop reading until they are taken."""
+        assert self.holding is not None and self.transport is not None
+
+        def granted() -> None:
+            self.waiting_room = None
+            self.reserved = size
+            if not self.closed and self.transport is not None:
+                self.read_at = self.clock()
+                self.transport.resume_reading()
+
+        self.waiting_room = self.holding.take(size, granted)
+        if self.waiting_room is None:
+            self.reserved = size
+            return
+        self.transport.pause_reading()
+        self.read_at = 0.0  # waiting for room is not a silent server: cut_idle passes it by
 
     def on_body(self, body: bytes) -> None:
         self.wire_bytes += len(body)
@@ -398,6 +426,7 @@ class _Connection(asyncio.Protocol):
         self.waiter = waiter
         self.reusable = False
         self._reset()
+        self.holding = budget.current.get()
         self.transport.write(request)
         return await waiter
 
@@ -415,10 +444,15 @@ class _Connection(asyncio.Protocol):
             return
         self.reusable = keep_alive and not self.closed
         self.read_at = 0.0
+        if self.holding is not None:
+            # The record holds the answer now (until its flush): what it took, made exact.
+            self.holding.force(len(self.body) - self.reserved)
+            self.reserved = 0
         self.waiter.set_result(Response(self.parser.get_status_code(), self.headers, self.body))
 
     def _fail(self, exc: TransportError) -> None:
         self.reusable = False
+        self._give_back()
         # The failure (in the waiter) and this connection keep each other until a GC pass: let the
         # body go now, or every failed attempt would hold up to a cap's worth of memory.
         self.body = bytearray()
@@ -433,9 +467,21 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self.reusable = False
         self.read_at = 0.0
+        self._give_back()
         self.body = bytearray()
         if self.transport is not None:
             self.transport.abort()
+
+    def _give_back(self) -> None:
+        """An answer that will not be held: its budget bytes (or its place in line) go back."""
+        if self.holding is None:
+            return
+        if self.waiting_room is not None:
+            self.holding.budget.cancel(self.waiting_room)
+            self.waiting_room = None
+        if self.reserved:
+            self.holding.give_back(self.reserved)
+            self.reserved = 0
 
 
 class _Stop(Exception):

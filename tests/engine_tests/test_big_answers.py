@@ -1,0 +1,211 @@
+"""Large legitimate answers (issue 42, finding 3), at small scale: an engine holds at most its byte
+budget of answers (a big one waits for room, reading paused), flushes are split by bytes, a record
+whose result the database refuses fails alone, and another organization's batch goes on meanwhile.
+
+Full size (16 embeddings answers of ~130 MB under the default budget) is tests/perf's bench row.
+"""
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from batches.engine import store
+from batches.engine.calls import budget
+from batches.engine.calls.usage import Usage
+from batches.engine.outcomes import RecordOutcome
+from batches.models import Batch, Record
+from batches.services import cancel_batch
+from tests.helpers import MODEL, chat, make_batch, read_lines, status_of, wait_for
+
+pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
+
+MB = 1024 * 1024
+EMBEDDINGS = "/v1/embeddings"
+INPUTS, DIMENSIONS = 128, 2048  # the simulator's answer: ~5.6 MB of JSON floats
+
+
+def embeddings(i):
+    return {"model": MODEL, "input": [f"text {i} {n}" for n in range(INPUTS)], "dimensions": DIMENSIONS}
+
+
+def _kb(pid, field):
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return 0
+
+
+def _workers(cluster):
+    return [p.pid for p in psutil.Process(cluster.process.pid).children(recursive=True)]
+
+
+@pytest.mark.slow
+def test_big_answers_finish_within_the_engines_budget_and_another_org_goes_on(model, alice, bob, clusters):
+    # One engine, 16 call slots: every answer could be in memory at once (the old code held them all).
+    cluster = clusters(
+        OPENRELAY_Q_WORKERS=1, OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES=12 * MB, OPENRELAY_FLUSH_MAX_BYTES=1024
+    )
+    warm = make_batch(alice.org, [chat("warm")])
+    wait_for(lambda: status_of(warm) == "completed", 60, "the warm-up batch")
+    before = {pid: _kb(pid, "VmRSS") for pid in _workers(cluster)}
+
+    big = make_batch(alice.org, [embeddings(i) for i in range(16)], endpoint=EMBEDDINGS)
+    started = time.monotonic()
+    small = make_batch(bob.org, [chat(f"q {i}") for i in range(20)])
+    wait_for(lambda: status_of(small) == "completed", 60, "bob's batch")
+    small_s = time.monotonic() - started
+    wait_for(lambda: status_of(big) == "completed", 180, "the big answers' batch")
+
+    grown_mb = max(_kb(pid, "VmHWM") - rss for pid, rss in before.items()) / 1024
+    big.refresh_from_db()
+    assert big.completed_count == 16 and big.failed_count == 0
+    lines = read_lines(big.output_file)
+    assert len(lines) == 16
+    data = lines[0]["response"]["body"]["data"]
+    assert len(data) == INPUTS and len(data[0]["embedding"]) == DIMENSIONS
+    # 16 answers of 5.6 MB, 16 call slots: the worker grew 701 MB before the budget (every answer
+    # held at once, parsed, then the close fetched every result at once), 137 MB with it.
+    assert grown_mb < 300, f"the worker grew {grown_mb:.0f} MB"
+    assert small_s < 30, f"bob's 20 records took {small_s:.1f} s"
+    cluster.terminate()
+    log = Path(cluster.log.name).read_text()
+    assert "split into" in log  # OPENRELAY_FLUSH_MAX_BYTES=1024: every flush of two records or more
+    assert "waited for room in the answer budget" in log
+
+
+def _claimed(batch, owner="w"):
+    return store.claim(batch.pk, owner, 10)
+
+
+def test_a_flush_is_split_by_bytes_and_writes_every_record(alice, model, settings, caplog):
+    settings.OPENRELAY_FLUSH_MAX_BYTES = 2048
+    batch = make_batch(alice.org, [chat(f"q {i}") for i in range(5)])
+    claimed = _claimed(batch)
+    body = {"text": "x" * 1500}
+    with caplog.at_level(logging.INFO, logger="openrelay.engine"):
+        written = store.flush(
+            batch.pk, "w", [(r, RecordOutcome(True, 200, "req", body, usage=Usage(3, 0, 2, 0))) for r in claimed]
+        )
+    assert written == 5
+    assert "flush of 5 records split into 5 statements" in caplog.text
+    batch.refresh_from_db()
+    assert (batch.completed_count, batch.input_tokens, batch.output_tokens) == (5, 15, 10)
+    assert Record.objects.filter(batch=batch, status="succeeded", response_body__contains="x" * 1500).count() == 5
+
+
+def test_a_record_whose_result_the_database_refuses_fails_alone(alice, model, caplog):
+    batch = make_batch(alice.org, [chat(f"q {i}") for i in range(4)])
+    claimed = _claimed(batch)
+    good = RecordOutcome(True, 200, "req", {"ok": True}, usage=Usage(3, 0, 2, 0))
+    # Usage past a 64-bit column: both databases refuse it (PostgreSQL bigint, SQLite INTEGER).
+    breaking = RecordOutcome(True, 200, "req", {"ok": True}, usage=Usage(2**64, 0, 2, 0))
+    outcomes = [(r, breaking if r.line == 2 else good) for r in claimed]
+    with caplog.at_level(logging.ERROR, logger="openrelay.engine"):
+        assert store.flush(batch.pk, "w", outcomes) == 4
+    assert "could not be stored" in caplog.text
+    records = {r.line: r for r in Record.objects.filter(batch=batch)}
+    assert {line: r.status for line, r in records.items()} == {
+        1: "succeeded",
+        2: "failed",
+        3: "succeeded",
+        4: "succeeded",
+    }
+    assert records[2].error_code == "result_not_stored" and records[2].prompt_tokens == 0
+    assert records[2].response_body == ""
+    batch = Batch.objects.get(pk=batch.pk)
+    assert (batch.completed_count, batch.failed_count, batch.input_tokens) == (3, 1, 9)
+
+
+def _waiting_for_locks():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else the view stays as first read in a transaction
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cursor.fetchone()[0]
+
+
+def _in_thread(errors, fn, *args):
+    def run():
+        try:
+            fn(*args)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_flushes_in_opposite_orders_and_a_cancel_never_deadlock(transactional_db, alice, model):
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite runs one writer at a time: there are no row locks to order")
+    x = make_batch(alice.org, [chat(f"x {i}") for i in range(4)])
+    y = make_batch(alice.org, [chat(f"y {i}") for i in range(4)])
+    Batch.objects.filter(pk__in=[x.pk, y.pk]).update(status="in_progress")
+    ok = RecordOutcome(True, 200, "req", {"ok": True}, usage=Usage(3, 0, 2, 0))
+    x1, y1 = store.claim(x.pk, "w1", 1)[0], store.claim(y.pk, "w1", 1)[0]
+    x2, y2 = store.claim(x.pk, "w2", 1)[0], store.claim(y.pk, "w2", 1)[0]
+    # w1 stalled past its lease on x1: w2's next claim looks for expired records and takes it.
+    Record.objects.filter(pk=x1.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=5))
+    lease = timezone.now() + timedelta(seconds=30)
+    errors = []
+    # Another transaction holds batch x while the three queue up behind it, in the order that
+    # deadlocked: w1's flush first (it gets x next), then w2's claim-and-flush, then a cancel.
+    with transaction.atomic():
+        list(Batch.objects.select_for_update().filter(pk=x.pk).values_list("pk"))
+        threads = [_in_thread(errors, store.trip, "w1", {y.pk: [(y1, ok)], x.pk: [(x1, ok)]}, {}, lease)]
+        wait_for(lambda: errors or _waiting_for_locks() >= 1, 30, "w1 flush to wait for batch x")
+        assert not errors, errors
+        w2 = ({x.pk: [(x2, ok)], y.pk: [(y2, ok)]}, {x.pk: (2, 0, True)}, lease)
+        threads.append(_in_thread(errors, store.trip, "w2", *w2))
+        wait_for(lambda: errors or _waiting_for_locks() >= 2, 30, "w2 trip to wait")
+        assert not errors, errors
+
+        def cancel():
+            cancel_batch(Batch.objects.get(pk=x.pk))
+            store.close_unfinished(x.pk, "cancelled", "batch_cancelled", "cancelled")
+
+        threads.append(_in_thread(errors, cancel))
+        wait_for(lambda: errors or _waiting_for_locks() >= 3, 30, "the cancel to wait")
+        assert not errors, errors
+    for thread in threads:
+        thread.join(60)
+    assert not errors, errors  # before the lock order: "deadlock detected" in one of the flushes
+    statuses = dict(Record.objects.filter(batch=x).values_list("pk", "status"))
+    assert statuses[x1.pk] == statuses[x2.pk] == "succeeded"
+    assert sorted(statuses.values()).count("cancelled") == 2
+    x.refresh_from_db()
+    assert (x.status, x.completed_count, x.failed_count) == ("cancelling", 2, 2)
+    assert Record.objects.filter(batch=y, status="succeeded").count() == 2
+
+
+def test_the_budget_queues_big_answers_in_order_and_lets_one_too_big_go_alone():
+    answers = budget.Budget(10 * MB)
+    granted = []
+    first, second = budget.Holding(answers), budget.Holding(answers)
+    assert first.take(6 * MB, lambda: granted.append("unused")) is None
+    waiting = second.take(6 * MB, lambda: granted.append("second"))
+    assert waiting is not None and answers.waiting
+    too_big = budget.Holding(answers)
+    too_big.take(30 * MB, lambda: granted.append("too big"))
+    first.release()  # flushed: the second fits now; the too-big one waits for an empty budget
+    assert granted == ["second"] and answers.held == 6 * MB
+    second.release()
+    assert granted == ["second", "too big"] and answers.held == 30 * MB
+    too_big.release()
+    cancelled = budget.Holding(answers)
+    answers.force(8 * MB)
+    token = cancelled.take(4 * MB, lambda: granted.append("cancelled"))
+    answers.cancel(token)  # its connection failed while it waited
+    answers.give_back(8 * MB)
+    assert granted == ["second", "too big"] and answers.held == 0 and not answers.waiting
