@@ -103,7 +103,8 @@ class CallGate:
 
     @property
     def capacity(self):
-        return sum(u.share for u in self.upstreams if u.healthy)
+        # A deployment out of the rotation offers one call while its canary is open (calls.health).
+        return sum(u.share if u.healthy else u.canary_open for u in self.upstreams)
 
     @property
     def in_use(self):
@@ -111,7 +112,7 @@ class CallGate:
 
     @property
     def free(self):
-        return sum(max(0, u.share - u.in_use) for u in self.upstreams if u.healthy)
+        return sum(max(0, u.share - u.in_use) if u.healthy else u.canary_open for u in self.upstreams)
 
     def close(self):
         if self in self.caps.gates:
@@ -134,7 +135,9 @@ class CallGate:
         over deployments in proportion to their concurrency)."""
         if len(self.upstreams) == 1:
             upstream = self.upstreams[0]
-            return upstream if upstream.healthy and upstream.in_use < upstream.share else None
+            if upstream.healthy:
+                return upstream if upstream.in_use < upstream.share else None
+            return upstream if upstream.canary_open else None
         if key is not None:
             home = prefixes.home_of(key, [u for u in self.upstreams if u.healthy and u.allotted > 0])
             if home is not None and home.in_use < home.share:
@@ -145,6 +148,8 @@ class CallGate:
                 free = 1.0 - upstream.in_use / upstream.share
                 if free > room:
                     best, room = upstream, free
+        if best is None:
+            best = next((u for u in self.upstreams if not u.healthy and u.canary_open), None)
         return best
 
     async def acquire(self, ticket):
@@ -173,7 +178,10 @@ class CallGate:
             return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
-                self.release(ticket, future.result())  # granted as we were cancelled: give it back
+                upstream = future.result()
+                if not upstream.healthy and upstream.canary:
+                    upstream.canary_open = True  # a canary never sent: another waiter's now
+                self.release(ticket, upstream)  # granted as we were cancelled: give it back
             else:
                 self._forget(entry)
             raise
@@ -203,6 +211,8 @@ class CallGate:
             self.dispatch()
 
     def _take(self, ticket, upstream):
+        if not upstream.healthy:
+            upstream.canary_open = False  # its one canary call
         upstream.in_use += 1
         ticket.calls += 1
         self.org_calls[ticket.organization_id] += 1
