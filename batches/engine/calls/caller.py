@@ -350,7 +350,7 @@ class ModelCaller:
             # A 503 that says when to come back is an overloaded server, like a 429; without
             # Retry-After it is a failed one (a proxy whose backend is down answers so).
             busy_answer = result.status_code == 429 or (result.status_code == 503 and result.message)
-            failure = self.health.judge(self.gate, upstream, result, faults, canary, busy_answer)
+            failure = self.health.judge(self.gate, upstream, result, faults, canary, busy_answer, sent)
             if failure:
                 if faults.count >= POISON_FAILURES:
                     if server_error(result):

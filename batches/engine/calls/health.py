@@ -30,6 +30,7 @@ one already found dead.
 
 import asyncio
 import logging
+import time
 
 from django.conf import settings
 
@@ -126,17 +127,20 @@ class Health:
         self.on_recovered = on_recovered
         self._probes = {}
         self._canaries = {}  # upstream -> the future its canary's outcome resolves (True: it succeeded)
-        self._runs = {}  # upstream -> the Faults of the calls that drew a 500 there since its last 2xx
+        # upstream -> (when its run began, the Faults of the calls that drew a 500 there since): a 2xx
+        # to a call sent after that ends the run (one sent before proves nothing of the server now).
+        self._runs = {}
 
-    def judge(self, gate, upstream, result, faults, canary, busy=False):
+    def judge(self, gate, upstream, result, faults, canary, busy=False, sent=0.0):
         """Why the call that got `result` must be sent again, or "" when `result` is the record's answer.
 
         A failure that is the record's counts in `faults`; one that is the deployment's takes it out.
-        `canary`: the call was the one let through to a deployment out of the rotation.
+        `canary`: the call was the one let through to a deployment out of the rotation; `sent`:
+        when it was sent (time.monotonic).
         """
         if result.ok:
-            if self._runs:
-                self._runs.pop(upstream, None)
+            if self._runs and upstream in self._runs and sent > self._runs[upstream][0]:
+                del self._runs[upstream]
             if canary:
                 self._canary_done(upstream, True)
             return ""
@@ -164,7 +168,7 @@ class Health:
     def _server_error(self, gate, upstream, faults, reason):
         """A 500 counts against its record, until another record draws one there before any 2xx:
         then the run is the deployment's (its 500s are forgiven) and it leaves the rotation."""
-        run = self._runs.setdefault(upstream, [])
+        run = self._runs.setdefault(upstream, (time.monotonic(), []))[1]
         faults.count += 1
         run.append(faults)
         if any(other is not faults for other in run):
