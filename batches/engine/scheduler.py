@@ -100,6 +100,10 @@ class CallGate:
         # expedited? -> organization id -> batch pk -> deque of (future, ticket, prefix key)
         self._queues = {True: {}, False: {}}
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
+        # Whether the slot `acquire` just returned is a deployment's canary (calls.health): read at once,
+        # as nothing runs between acquire's return and its caller's next line. The waiters granted one:
+        self.canary = False
+        self._canary_grants = set()
 
     @property
     def capacity(self):
@@ -157,6 +161,7 @@ class CallGate:
         if not self.waiting and self.caps.allows(ticket.organization_id):
             upstream = self._free_upstream(key)
             if upstream is not None:
+                self.canary = not upstream.healthy
                 self._take(ticket, upstream)
                 return upstream
         future = asyncio.get_running_loop().create_future()
@@ -175,12 +180,18 @@ class CallGate:
             # Room, but others wait (capped organizations): this waiter may be next.
             self.dispatch()
         try:
-            return await future
+            upstream = await future
+            # Not upstream.healthy now: a health change may have come between the grant and this.
+            self.canary = bool(self._canary_grants) and future in self._canary_grants
+            if self.canary:
+                self._canary_grants.discard(future)
+            return upstream
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
                 upstream = future.result()
-                if not upstream.healthy and upstream.canary:
-                    upstream.canary_open = True  # a canary never sent: another waiter's now
+                if future in self._canary_grants:
+                    self._canary_grants.discard(future)
+                    upstream.canary_open = upstream.canary  # a canary never sent: another waiter's now
                 self.release(ticket, upstream)  # granted as we were cancelled: give it back
             else:
                 self._forget(entry)
@@ -232,6 +243,8 @@ class CallGate:
                 continue  # its task was cancelled; its own handler finds nothing left to forget
             upstream = self._free_upstream(key)
             self._take(ticket, upstream)
+            if not upstream.healthy:
+                self._canary_grants.add(future)
             future.set_result(upstream)
 
     def _next(self):

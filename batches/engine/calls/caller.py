@@ -330,7 +330,7 @@ class ModelCaller:
         busy = 0
         while True:
             upstream = await self.gate.acquire(ticket)
-            canary = not upstream.healthy  # the one call let through to a deployment out of the rotation
+            canary = self.gate.canary  # the one call let through to a deployment out of the rotation
             sent = time.monotonic()
             try:
                 result = await self._attempt(upstream, endpoint, body)
