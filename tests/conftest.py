@@ -13,6 +13,7 @@ pytest_plugins = [
     "tests.fixtures.storage",  # tmp_storage
     "tests.fixtures.organizations",  # alice, bob, admin_user, sdk
     "tests.fixtures.simulator",  # sim_server, sim, fresh_sim, model
+    "tests.fixtures.model_proxy",  # model_proxy (a LiteLLM-shaped proxy)
     "tests.fixtures.clusters",  # clusters (real q2 clusters)
     "tests.fixtures.tool_executor",  # executor_server, executor
     "tests.fixtures.workflow_callback",  # callback_server, callback

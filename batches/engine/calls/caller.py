@@ -29,7 +29,7 @@ from django.conf import settings
 
 from batches.engine import tallies
 from batches.engine.calls.flow import FlowControl, MetricsReader
-from batches.engine.calls.health import Health, server_failed
+from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import DEFAULT_MAX_ANSWER_BYTES, IdleTimeout, Origin, TransportError
 from batches.engine.calls.usage import Usage  # the engine's modules import it from here too
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
@@ -142,6 +142,8 @@ class Upstream:
         self.published = False
         self.in_use = 0
         self.healthy = True
+        self.canary = False  # out of the rotation until a real call succeeds (health.Health)
+        self.canary_open = False  # the gate may hand its one canary call to a waiting record
         self.health_seen_at = None  # when this engine last changed or read the deployment's health
         self.last_error = ""
         self.headers = {"Content-Type": "application/json"}
@@ -251,9 +253,10 @@ class ModelCaller:
 
     Every call takes a slot at the model's CallGate (fair between
     organizations and batches, within each deployment's share). A
-    deployment that fails under a call (health.server_failed) leaves the
-    rotation and is probed until it answers again; the call waits for a
-    healthy deployment and is sent again there. A request that was in
+    deployment that fails under a call leaves the rotation and is probed
+    until it answers again, or sent one canary call at a time (health.Health
+    judges each result); the call waits for a healthy deployment (or the
+    canary slot) and is sent again there. A request that was in
     flight at POISON_FAILURES failures fails alone (it may be what takes
     the server down). A 429, or a 503 with Retry-After, is the server saying
     "later": the call waits Retry-After and tries again, up to `retries`
@@ -327,15 +330,18 @@ class ModelCaller:
     async def call(self, endpoint, body, ticket=None):
         """Send `body` to `endpoint` (e.g. "/v1/chat/completions") and return a CallResult."""
         ticket = ticket or self._ticket
-        failures = 0
+        faults = Faults()
         busy = 0
         while True:
             upstream = await self.gate.acquire(ticket)
+            canary = self.gate.canary  # the one call let through to a deployment out of the rotation
             sent = time.monotonic()
             try:
                 result = await self._attempt(upstream, endpoint, body)
             except BaseException:
                 self.gate.release(ticket, upstream)
+                if canary:
+                    self.health.canary_lost(self.gate, upstream)
                 raise
             now = time.monotonic()
             # Before the slot goes back, so the gate hands out slots by the limit it leads to.
@@ -348,17 +354,17 @@ class ModelCaller:
             # A 503 that says when to come back is an overloaded server, like a 429; without
             # Retry-After it is a failed one (a proxy whose backend is down answers so).
             busy_answer = result.status_code == 429 or (result.status_code == 503 and result.message)
-            failure = "" if busy_answer else server_failed(result)
+            failure = self.health.judge(self.gate, upstream, result, faults, canary, busy_answer, sent)
             if failure:
-                failures += 1
-                self.health.failed(self.gate, upstream, failure)
-                if failures >= POISON_FAILURES:
+                if faults.count >= POISON_FAILURES:
+                    if server_error(result):
+                        return result  # the server's own answer, like any other error answer
                     return CallResult(
                         kind="unavailable",
-                        message=f"The model server failed {failures} times while this request was in flight "
+                        message=f"The model server failed {faults.count} times while this request was in flight "
                         f"({failure}); it is not sent again.",
                     )
-                continue  # the gate hands out only healthy deployments: this waits for one
+                continue  # the gate hands out only healthy deployments (or a canary): this waits for one
             if busy_answer and busy < self.retries:
                 busy += 1
                 await asyncio.sleep(self._delay(result, busy))

@@ -24,7 +24,8 @@ def _cached_price(value):
 class Command(BaseCommand):
     help = (
         "Create or update a model in the catalog with one deployment (idempotent: the deployment is "
-        "found by base URL). Prices are USD per 1M tokens at the sync rate."
+        "found by base URL). Only the options given change; the rest stay as they are. Prices are USD "
+        "per 1M tokens at the sync rate."
     )
 
     def add_arguments(self, parser):
@@ -32,7 +33,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--base-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8001/v1"
         )
-        parser.add_argument("--upstream-model", default="", help="Model name sent upstream (default: the public name)")
+        parser.add_argument(
+            "--upstream-model",
+            default=None,
+            help="Model name sent upstream (a new deployment's default: the public name; '' sets it back to that)",
+        )
         parser.add_argument("--api-key", default=None, help="Upstream API key (stored, never displayed)")
         parser.add_argument("--concurrency", type=int, default=None, help="Max concurrent calls to this deployment")
         parser.add_argument("--input-price", type=_price, default=None)
@@ -43,15 +48,23 @@ class Command(BaseCommand):
             help="A discount for cached input tokens; 'none' clears it (billed at the input price)",
         )
         parser.add_argument("--output-price", type=_price, default=None)
-        parser.add_argument("--disable", action="store_true", help="Disable the model")
+        enabled = parser.add_mutually_exclusive_group()
+        enabled.add_argument("--disable", action="store_true", help="Disable the model")
+        enabled.add_argument("--enable", action="store_true", help="Enable a disabled model (a new one is enabled)")
 
     @transaction.atomic
-    def handle(self, name, base_url, upstream_model, api_key, concurrency, disable, **options):
+    def handle(self, name, base_url, upstream_model, api_key, concurrency, disable, enable, **options):
         if concurrency is not None and concurrency < 1:
             raise CommandError("--concurrency must be at least 1.")
-        model, _ = Model.objects.update_or_create(name=name, defaults={"enabled": not disable})
+        # An option left out keeps the stored value: `--concurrency 4` alone once reset the upstream
+        # model name to the public name, and the next batch failed on the proxy's "Invalid model name".
+        model, _ = Model.objects.get_or_create(name=name)
+        if disable or enable:
+            model.enabled = enable
+            model.save(update_fields=["enabled"])
         deployment, created = Deployment.objects.get_or_create(model=model, base_url=base_url)
-        deployment.upstream_model = upstream_model
+        if upstream_model is not None:
+            deployment.upstream_model = upstream_model
         if api_key is not None:
             deployment.api_key = api_key
         if concurrency is not None:
