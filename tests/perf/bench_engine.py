@@ -75,6 +75,7 @@ import httpx
 import orjson
 import psutil
 
+from openrelay.lib import children
 from tests.perf.common import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -513,7 +514,7 @@ class Stack:
         return {**self.base_env, **{k: str(v) for k, v in overrides.items()}}
 
     def manage(self, *args, **env):
-        result = subprocess.run(
+        result = children.run(
             [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=300
         )
         if result.returncode:
@@ -522,7 +523,7 @@ class Stack:
 
     def spawn(self, name, argv, **env):
         log = open(self.logs / f"{name}-{len(self.processes)}.log", "wb")
-        process = subprocess.Popen(
+        process = children.popen(
             argv, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
@@ -955,7 +956,7 @@ class Bench:
         }
 
     def _bare_client(self, path):
-        result = subprocess.run(
+        result = children.run(
             [
                 PYTHON,
                 "-m",
