@@ -611,9 +611,7 @@ class Stack:
         """Stop a cluster as docker and Kubernetes do (SIGTERM to qcluster) and wait until none of its
         engines counts as live, so the next cluster's engines split the deployments among themselves alone.
 
-        Not SIGTERM to the whole process group: q2's sentinel dies of it at once (its SIGTERM is
-        SIG_DFL) while waiting on its stop event, and qcluster then hangs in that event's set(),
-        waiting for the dead sleeper to wake (seen every time, for as long as anyone waited).
+        (SIGTERM to the whole process group stops it as cleanly: batches/management/commands/qcluster.py.)
         A clean stop deletes each engine's row; rows left behind count as live until their
         heartbeat is a lease old, and the wait says so.
         """
