@@ -9,6 +9,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from django.db.models import Count
 
 from batches.models import Record
 from openrelay.simulator.config import SimulatorConfig
@@ -49,11 +50,13 @@ def test_sigterm_to_a_clusters_group_mid_batch_hands_everything_back(alice, mode
         wait_for(lambda: succeeded(batch) >= 40, 30, "progress")
         started = time.monotonic()
         cluster.terminate_group(times=times, timeout=GRACE_S + 20)
-        assert time.monotonic() - started < GRACE_S + 5  # calls of 0.4 s finish well inside the grace
+        took = time.monotonic() - started
+        # Calls of 0.4 s finish well inside the grace; the margin is django-q2's own ordered stop.
+        assert took < GRACE_S + 5, f"the stop took {took:.1f} s; the log ends:\n{cluster.log_tail()}"
         done = succeeded(batch)
         assert done < 600, "the batch finished before the stop; the test proves nothing"
-        assert not Record.objects.filter(batch=batch, status="running").exists()
-        assert not Record.objects.filter(batch=batch, status="failed").exists()
+        left = dict(Record.objects.filter(batch=batch).values_list("status").annotate(n=Count("id")))
+        assert "running" not in left and "failed" not in left, f"{left}; the log ends:\n{cluster.log_tail()}"
         assert status_of(batch) == "in_progress"
         clusters()
         wait_for(lambda: status_of(batch) == "completed", 90, "the batch to complete on a new cluster")
