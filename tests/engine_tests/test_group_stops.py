@@ -11,6 +11,7 @@ import psutil
 import pytest
 from django.db.models import Count
 
+from batches.engine import process
 from batches.models import Record
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
@@ -28,7 +29,7 @@ def running(cluster):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("times", [1, 2])
-def test_sigterm_to_an_idle_clusters_group_stops_it_within_seconds(clusters, times):
+def test_sigterm_to_an_idle_clusters_group_stops_it_within_seconds(transactional_db, clusters, times):
     """The issue's measurement: the main process was still running 40 s later, beside a defunct sentinel."""
     cluster = running(clusters(OPENRELAY_STOP_GRACE_S=GRACE_S))
     assert len(cluster.processes()) >= 6  # qcluster, the sentinel, 2 workers, the pusher, the monitor
@@ -37,6 +38,18 @@ def test_sigterm_to_an_idle_clusters_group_stops_it_within_seconds(clusters, tim
     assert time.monotonic() - started < GRACE_S
     assert cluster.process.returncode == 0
     assert b"has stopped." in Path(cluster.log.name).read_bytes()
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_clusters_group_as_its_engines_start_stops_it_within_seconds(transactional_db, clusters):
+    """A stop that came while an engine was starting was lost: the worker waited out its 25 s."""
+    cluster = clusters(OPENRELAY_STOP_GRACE_S=GRACE_S)
+    log = Path(cluster.log.name)
+    wait_for(lambda: log.read_bytes().count(b"ready for work") >= 2, 60, "the workers to spawn", every=0.01)
+    started = time.monotonic()
+    cluster.terminate_group(timeout=GRACE_S + 20)
+    took = time.monotonic() - started
+    assert took < GRACE_S, f"the stop took {took:.1f} s; the log ends:\n{cluster.log_tail()}"
 
 
 @pytest.mark.slow
@@ -66,7 +79,7 @@ def test_sigterm_to_a_clusters_group_mid_batch_hands_everything_back(alice, mode
 
 
 @pytest.mark.slow
-def test_a_cluster_whose_qcluster_is_killed_leaves_no_process_behind(clusters):
+def test_a_cluster_whose_qcluster_is_killed_leaves_no_process_behind(transactional_db, clusters):
     """kill -9 of qcluster alone: its sentinel, and the workers, pusher and monitor the sentinel
     forked, die with their parents (openrelay/lib/children.py)."""
     cluster = running(clusters())
@@ -76,3 +89,23 @@ def test_a_cluster_whose_qcluster_is_killed_leaves_no_process_behind(clusters):
     cluster.process.wait(timeout=10)
     psutil.wait_procs(processes, timeout=10)
     assert not still_running(processes)
+
+
+def test_a_stop_that_comes_while_the_engine_starts_is_not_lost(transactional_db, settings):
+    """Engine.request_stop does nothing until the engine's loop runs: process.stop asks until the
+    engine's thread ends (it waited out its whole join timeout, once in 8 PostgreSQL runs)."""
+    settings.OPENRELAY_STOP_GRACE_S = 5
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        process.start()
+        thread = process._state["thread"]
+        while process._state["engine"] is None:
+            time.sleep(0)  # a deliberate spin: the stop must come between the engine's build and its loop
+        started = time.monotonic()
+        process.stop()
+        took = time.monotonic() - started
+        assert not thread.is_alive()
+        assert took < 5, f"the stop took {took:.1f} s"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        process._state.update(engine=None, thread=None, stopping=False)
