@@ -47,12 +47,13 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    # Before django_q: its `qcluster` command is ours (batches/management/commands/qcluster.py).
+    "batches",
     "django_q",
     "channels",
     "openrelay.core",
     "webhooks",
     "files",
-    "batches",
     "billing",
 ]
 

@@ -21,8 +21,14 @@ Stops are clean whichever way they come:
   within OPENRELAY_STOP_GRACE_S, the rest is handed back). A recycled
   worker leaves the same way.
 - SIGTERM to a worker process itself (q2's guard does it past a task's
-  timeout; systemd's default KillMode signals every process of the
-  service): the same clean stop, then the process exits.
+  timeout; systemd's default KillMode and `kill -TERM -- -<pgid>` signal
+  every process of the service): the same clean stop, then the process
+  exits. Twice is the same as once.
+
+Workers are forked with SIGTERM blocked (our `qcluster` command blocks it
+for q2's sentinel, which would otherwise die of a group's SIGTERM and hang
+the main process: batches/management/commands/qcluster.py says why); each
+worker unblocks it here once its handler is in place.
 """
 
 import asyncio
@@ -45,6 +51,7 @@ def on_spawn(sender=None, proc_name="", **kwargs):
     """django-q2's post_spawn: a worker process starts; give it its engine."""
     if settings.OPENRELAY_ENGINE:
         start()
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def start():
@@ -74,13 +81,24 @@ def _run():
 def stop():
     """Stop this process's engine cleanly and wait for it (at most the grace period and a margin)."""
     _state["stopping"] = True
-    engine, thread = _state["engine"], _state["thread"]
-    if engine is not None:
-        engine.request_stop()
-    if thread is not None and thread is not threading.current_thread():
-        thread.join(timeout=settings.OPENRELAY_STOP_GRACE_S + 15)
+    thread = _state["thread"]
+    deadline = time.monotonic() + settings.OPENRELAY_STOP_GRACE_S + 15
+    # Asked again until the thread ends: Engine.request_stop does nothing until the engine's loop
+    # runs, so a stop that came while the engine was starting (a SIGTERM just after the worker
+    # spawned) was lost, and the join waited out its whole 25 s (seen in 1 of 8 group-SIGTERM runs).
+    # A second request is a no-op (_begin_stop).
+    while True:
+        if (engine := _state["engine"]) is not None:
+            engine.request_stop()
+        if thread is None or thread is threading.current_thread() or not thread.is_alive():
+            return
+        if time.monotonic() > deadline:
+            return
+        thread.join(timeout=0.1)
 
 
 def _on_sigterm(signum, frame):
+    if _state["stopping"]:
+        return  # a second SIGTERM, or one during q2's own stop: the stop under way goes on
     stop()
     os._exit(0)

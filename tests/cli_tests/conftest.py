@@ -18,6 +18,7 @@ from django.conf import settings as django_settings
 from typer.testing import CliRunner
 
 from openrelay.cli.app import app
+from openrelay.lib import children
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.helpers import MODEL, ROOT, database_url, deploy
@@ -115,7 +116,7 @@ def worker(data_dir, model):
         "OPENRELAY_Q_WORKERS": "2",
         "OPENRELAY_ALLOW_PRIVATE_URLS": "true",
     }
-    process = subprocess.Popen(
+    process = children.popen(
         [sys.executable, "manage.py", "qcluster"],
         cwd=ROOT,
         env=env,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from batches.models import Batch
 from openrelay.core.models import Price
+from openrelay.lib import children
 from tests.cli_tests.conftest import CHAT, chat, wait_for, write_jsonl
 
 ORL = Path(sys.executable).parent / "orl"  # the console script `pip install -e .` made
@@ -66,7 +67,7 @@ def test_it_exits_3_when_the_batch_it_waits_for_is_cancelled(orl, alice, worker,
     path = write_jsonl(tmp_path / "in.jsonl", *(chat(f"r{i}", "slow [[latency:500]]") for i in range(40)))
     batch_id = json.loads(orl("--json", "batches", "create", "-f", path, "-e", CHAT).stdout)["id"]
     # The real console script, in its own process, with only the environment to configure it.
-    waiting = subprocess.Popen(
+    waiting = children.popen(
         [ORL, "batches", "wait", batch_id, "--poll-interval", "0.2"],
         env=orl.env(),
         stdout=subprocess.PIPE,

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings as django_settings
 
+from openrelay.lib import children
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.helpers import MODEL, ROOT, database_url, deploy, free_port
@@ -88,7 +89,7 @@ def child_env(data_dir):
 def start(name, argv, data_dir):
     log = data_dir / f"{name}.log"
     with log.open("wb") as out:
-        popen = subprocess.Popen(
+        popen = children.popen(
             [sys.executable, *argv],
             cwd=ROOT,
             env=child_env(data_dir),

@@ -11,6 +11,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from openrelay.lib import children
 from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +42,7 @@ def test_up_runs_web_workers_and_the_simulated_model(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
     env["OPENRELAY_DATA_DIR"] = str(tmp_path)
     console = tmp_path / "console.err"  # what up and its children write to the terminal's stderr
-    process = subprocess.Popen(
+    process = children.popen(
         [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(sim_port)],
         cwd=ROOT,
         env=env,
@@ -112,7 +113,7 @@ def _start_up(tmp_path, port, sim_port, console=None):
     """`manage.py up` on the embedded defaults; its stderr (and its children's) to `console` if given."""
     env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
     env["OPENRELAY_DATA_DIR"] = str(tmp_path)
-    process = subprocess.Popen(
+    process = children.popen(
         [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(sim_port)],
         cwd=ROOT,
         env=env,

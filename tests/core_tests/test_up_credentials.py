@@ -16,6 +16,7 @@ from django.contrib.auth import get_user_model
 from openrelay.core.auth import authenticate_key
 from openrelay.core.management.commands.up import CREDENTIALS_FILE, KEPT, Command
 from openrelay.core.models import ApiKey
+from openrelay.lib import children
 from tests.core_tests.test_up import EMBEDDED_ONLY, EMBEDDED_PASS_ONLY, ROOT
 from tests.helpers import free_port
 
@@ -82,7 +83,7 @@ def _run_up(data_dir):
     env = {k: v for k, v in os.environ.items() if k not in EMBEDDED_ONLY}
     env["OPENRELAY_DATA_DIR"] = str(data_dir)
     port = free_port()
-    process = subprocess.Popen(
+    process = children.popen(
         [sys.executable, "manage.py", "up", "--port", str(port), "--simulator-port", str(free_port())],
         cwd=ROOT,
         env=env,

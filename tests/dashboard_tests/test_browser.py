@@ -26,6 +26,7 @@ from playwright.sync_api import sync_playwright
 from batches.dashboard import events
 from batches.models import Batch
 from openrelay.core.models import Deployment, Membership, Model, Organization, Price
+from openrelay.lib import children
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch
@@ -81,7 +82,7 @@ class Processes:
     def start(self, name, argv):
         log = open(self.logs / f"{name}.log", "wb")
         self.started.append(
-            subprocess.Popen(argv, cwd=ROOT, env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
+            children.popen(argv, cwd=ROOT, env=self.env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT)
         )
         log.close()
 

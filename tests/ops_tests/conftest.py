@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from openrelay.lib import children
 from tests.helpers import ROOT, free_port
 
 
@@ -27,7 +28,7 @@ class WebProcess:
         self.port = free_port()
         env = {**os.environ, "OPENRELAY_DATA_DIR": str(data_dir), **{k: str(v) for k, v in env.items()}}
         self.log = open(Path(data_dir) / f"web-{self.port}.log", "wb")
-        self.process = subprocess.Popen(
+        self.process = children.popen(
             [
                 sys.executable,
                 "-m",

@@ -16,6 +16,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from files import storage
+from openrelay.lib import children
 from tests.fixtures.clusters import Cluster
 from tests.helpers import MODEL, free_port, make_persona, status_of, wait_for
 
@@ -35,7 +36,7 @@ def s3(tmp_path, monkeypatch):
     """moto_server on a free port with an empty bucket; yields the storage URL."""
     port = free_port()
     log = open(tmp_path / "moto.log", "wb")
-    process = subprocess.Popen(
+    process = children.popen(
         [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
         stdout=log,
         stderr=subprocess.STDOUT,

@@ -80,6 +80,7 @@ import httpx
 import orjson
 import psutil
 
+from openrelay.lib import children
 from tests.perf.common import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -534,7 +535,7 @@ class Stack:
         return {**self.base_env, **{k: str(v) for k, v in overrides.items()}}
 
     def manage(self, *args, **env):
-        result = subprocess.run(
+        result = children.run(
             [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env(**env), capture_output=True, text=True, timeout=300
         )
         if result.returncode:
@@ -543,7 +544,7 @@ class Stack:
 
     def spawn(self, name, argv, **env):
         log = open(self.logs / f"{name}-{len(self.processes)}.log", "wb")
-        process = subprocess.Popen(
+        process = children.popen(
             argv, cwd=ROOT, env=self.env(**env), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()
@@ -631,9 +632,7 @@ class Stack:
         """Stop a cluster as docker and Kubernetes do (SIGTERM to qcluster) and wait until none of its
         engines counts as live, so the next cluster's engines split the deployments among themselves alone.
 
-        Not SIGTERM to the whole process group: q2's sentinel dies of it at once (its SIGTERM is
-        SIG_DFL) while waiting on its stop event, and qcluster then hangs in that event's set(),
-        waiting for the dead sleeper to wake (seen every time, for as long as anyone waited).
+        (SIGTERM to the whole process group stops it as cleanly: batches/management/commands/qcluster.py.)
         A clean stop deletes each engine's row; rows left behind count as live until their
         heartbeat is a lease old, and the wait says so.
         """
@@ -976,7 +975,7 @@ class Bench:
         }
 
     def _bare_client(self, path):
-        result = subprocess.run(
+        result = children.run(
             [
                 PYTHON,
                 "-m",

@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from openrelay.lib import children
 from tests.perf.common import PeakRss, wait_http
 
 RECORDS = 50_000
@@ -60,7 +61,7 @@ def _free_port():
 
 
 def _manage(env, *args):
-    result = subprocess.run([PYTHON, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
+    result = children.run([PYTHON, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     return result.stdout.strip().splitlines()
 
 
@@ -128,7 +129,7 @@ def run(report=print, server="daphne", records=RECORDS):
         key = _manage(env, "create_org", "bench")[-1]
         port = _free_port()
         base = f"http://127.0.0.1:{port}"
-        process = subprocess.Popen(
+        process = children.popen(
             _server_command(server, port), cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
         try:

@@ -35,6 +35,7 @@ import aiohttp
 import httpx
 import orjson
 
+from openrelay.lib import children
 from tests.perf.common import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -107,7 +108,7 @@ class Gateway:
             connection.execute(sql)
 
     def manage(self, *args):
-        result = subprocess.run(
+        result = children.run(
             [PYTHON, "manage.py", *args], cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300
         )
         if result.returncode:
@@ -116,7 +117,7 @@ class Gateway:
 
     def spawn(self, name, argv):
         log = open(self.tmp / f"{name}.log", "wb")
-        process = subprocess.Popen(
+        process = children.popen(
             argv, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         log.close()

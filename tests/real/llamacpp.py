@@ -42,6 +42,8 @@ from pathlib import Path
 import httpx
 import openai
 
+from openrelay.lib import children
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llamacpp_build
 
@@ -77,7 +79,7 @@ def answers(url):
 @contextmanager
 def process(argv, log, **kwargs):
     with open(log, "wb") as out:
-        child = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
+        child = children.popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, **kwargs)
     try:
         yield child
     finally:

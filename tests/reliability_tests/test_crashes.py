@@ -23,6 +23,7 @@ from django.db import connection, connections
 
 from batches.models import Record
 from files.models import File
+from openrelay.lib import children
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.helpers import (
@@ -193,7 +194,7 @@ class WebServer:
     def __init__(self, data_dir):
         self.port = free_port()
         env = {**os.environ, "DATABASE_URL": database_url(), "OPENRELAY_DATA_DIR": str(data_dir)}
-        self.process = subprocess.Popen(
+        self.process = children.popen(
             [
                 sys.executable,
                 "-m",

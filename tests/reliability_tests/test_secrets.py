@@ -31,6 +31,7 @@ from django.urls import NoReverseMatch, reverse
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record
 from openrelay.core.models import Deployment, Model
+from openrelay.lib import children
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.fixtures.mcp_servers import SECRET as MCP_TOKEN
@@ -150,7 +151,7 @@ def _worker(tmp_path, log_path):
         "OPENRELAY_CALL_TIME_LIMIT_S": "10",
     }
     log = open(log_path, "wb")
-    process = subprocess.Popen(
+    process = children.popen(
         [sys.executable, "manage.py", "qcluster"],
         cwd=ROOT,
         env=env,

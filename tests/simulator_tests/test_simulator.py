@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from openrelay.lib import children
 from openrelay.simulator.answers import arguments_from_schema
 from openrelay.simulator.cli import add_arguments, config_from_options
 from openrelay.simulator.config import SimulatorConfig
@@ -469,7 +470,7 @@ def test_it_builds_the_config_from_command_line_flags():
 
 
 def test_it_runs_standalone_as_a_module():
-    process = subprocess.Popen(
+    process = children.popen(
         [sys.executable, "-m", "openrelay.simulator", "--port", "0"],
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,

@@ -12,7 +12,6 @@ of a key is stored nowhere else. When one can't be kept (the file is gone,
 the key was revoked) the banner says what was made instead.
 """
 
-import ctypes
 import json
 import os
 import secrets
@@ -30,6 +29,7 @@ from django.core.management.base import BaseCommand
 
 from openrelay.core.auth import authenticate_key
 from openrelay.core.models import ApiKey, Membership, Organization
+from openrelay.lib import children
 
 DEV_ORG = "dev"
 DEV_KEY_NAME = "printed by manage.py up"
@@ -183,13 +183,14 @@ class Command(BaseCommand):
     def _spawn(self, argv):
         # A session of its own: Ctrl-C in the terminal reaches this command alone, which then
         # stops the children in order (a simulator that stopped first failed the calls in flight).
-        # Should this command die without stopping them (kill -9), they get SIGTERM from the kernel.
-        return subprocess.Popen(
+        # Should this command die without stopping them (kill -9), they get SIGTERM from the kernel:
+        # the workers hand their records back first (openrelay/lib/children.py).
+        return children.popen(
             argv,
             cwd=settings.BASE_DIR,
             env=os.environ.copy(),
             start_new_session=True,
-            preexec_fn=_terminate_with_parent,
+            death_signal=signal.SIGTERM,
         )
 
     def _banner(self, host, port, model, key, key_note, password, password_note):
@@ -266,11 +267,3 @@ def _kill(child):
         except ProcessLookupError:
             pass
     child.wait()
-
-
-def _terminate_with_parent():
-    """In the child, before exec: SIGTERM when the parent dies (Linux's PR_SET_PDEATHSIG)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the children outlive a killed `up`, as any process group's would

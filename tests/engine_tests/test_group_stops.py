@@ -1,0 +1,111 @@
+"""A cluster stops cleanly however SIGTERM reaches it: to every process at once (systemd's default
+KillMode=control-group, `kill -TERM -- -<pgid>`), twice, or to qcluster alone (test_workers.py);
+and a cluster killed outright leaves none of its processes behind."""
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db.models import Count
+
+from batches.engine import process
+from batches.models import Record
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
+from tests.fixtures.clusters import still_running
+from tests.helpers import assert_exactly_once, chat, make_batch, status_of, succeeded, wait_for
+
+GRACE_S = 10
+
+
+def running(cluster):
+    """q2 logs "Q Cluster <name> [<queue>] running." once its sentinel has started every process."""
+    wait_for(lambda: b"running." in Path(cluster.log.name).read_bytes(), 60, "the cluster to run")
+    return cluster
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("times", [1, 2])
+def test_sigterm_to_an_idle_clusters_group_stops_it_within_seconds(transactional_db, clusters, times):
+    """The issue's measurement: the main process was still running 40 s later, beside a defunct sentinel."""
+    cluster = running(clusters(OPENRELAY_STOP_GRACE_S=GRACE_S))
+    assert len(cluster.processes()) >= 6  # qcluster, the sentinel, 2 workers, the pusher, the monitor
+    started = time.monotonic()
+    cluster.terminate_group(times=times, timeout=GRACE_S + 20)
+    assert time.monotonic() - started < GRACE_S
+    assert cluster.process.returncode == 0
+    assert b"has stopped." in Path(cluster.log.name).read_bytes()
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_clusters_group_as_its_engines_start_stops_it_within_seconds(transactional_db, clusters):
+    """A stop that came while an engine was starting was lost: the worker waited out its 25 s."""
+    cluster = clusters(OPENRELAY_STOP_GRACE_S=GRACE_S)
+    log = Path(cluster.log.name)
+    wait_for(lambda: log.read_bytes().count(b"ready for work") >= 2, 60, "the workers to spawn", every=0.01)
+    started = time.monotonic()
+    cluster.terminate_group(timeout=GRACE_S + 20)
+    took = time.monotonic() - started
+    assert took < GRACE_S, f"the stop took {took:.1f} s; the log ends:\n{cluster.log_tail()}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("times", [1, 2])
+def test_sigterm_to_a_clusters_group_mid_batch_hands_everything_back(alice, model, clusters, times):
+    """Mid-batch, the same group SIGTERM never ended within 60 s."""
+    with run_in_thread(SimulatorConfig(latency_ms=400)) as slow:
+        model.deployments.update(base_url=slow.base_url, max_concurrency=32)
+        batch = make_batch(alice.org, [chat(f"q{i}") for i in range(600)])
+        cluster = clusters(OPENRELAY_STOP_GRACE_S=GRACE_S)
+        wait_for(lambda: succeeded(batch) >= 40, 30, "progress")
+        started = time.monotonic()
+        cluster.terminate_group(times=times, timeout=GRACE_S + 20)
+        took = time.monotonic() - started
+        # Calls of 0.4 s finish well inside the grace; the margin is django-q2's own ordered stop.
+        assert took < GRACE_S + 5, f"the stop took {took:.1f} s; the log ends:\n{cluster.log_tail()}"
+        done = succeeded(batch)
+        assert done < 600, "the batch finished before the stop; the test proves nothing"
+        left = dict(Record.objects.filter(batch=batch).values_list("status").annotate(n=Count("id")))
+        assert "running" not in left and "failed" not in left, f"{left}; the log ends:\n{cluster.log_tail()}"
+        assert status_of(batch) == "in_progress"
+        clusters()
+        wait_for(lambda: status_of(batch) == "completed", 90, "the batch to complete on a new cluster")
+    out, err = assert_exactly_once(batch, 600)
+    assert not err
+    assert not Record.objects.filter(batch=batch, attempts__gt=2).exists()
+
+
+@pytest.mark.slow
+def test_a_cluster_whose_qcluster_is_killed_leaves_no_process_behind(transactional_db, clusters):
+    """kill -9 of qcluster alone: its sentinel, and the workers, pusher and monitor the sentinel
+    forked, die with their parents (openrelay/lib/children.py)."""
+    cluster = running(clusters())
+    processes = cluster.processes()
+    assert len(processes) >= 6
+    os.kill(cluster.process.pid, signal.SIGKILL)
+    cluster.process.wait(timeout=10)
+    psutil.wait_procs(processes, timeout=10)
+    assert not still_running(processes)
+
+
+def test_a_stop_that_comes_while_the_engine_starts_is_not_lost(transactional_db, settings):
+    """Engine.request_stop does nothing until the engine's loop runs: process.stop asks until the
+    engine's thread ends (it waited out its whole join timeout, once in 8 PostgreSQL runs)."""
+    settings.OPENRELAY_STOP_GRACE_S = 5
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        process.start()
+        thread = process._state["thread"]
+        while process._state["engine"] is None:
+            time.sleep(0)  # a deliberate spin: the stop must come between the engine's build and its loop
+        started = time.monotonic()
+        process.stop()
+        took = time.monotonic() - started
+        assert not thread.is_alive()
+        assert took < 5, f"the stop took {took:.1f} s"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        process._state.update(engine=None, thread=None, stopping=False)
