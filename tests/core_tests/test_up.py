@@ -125,20 +125,22 @@ def _start_up(tmp_path, port, sim_port, console=None):
     return process, _read_banner(process, time.monotonic() + 60)[-1]
 
 
-def _submit_and_wait_for_progress(client, tag, done=64):
+def _submit(client, tag, count, latency_ms):
     lines = b"".join(
         b'{"custom_id": "%s%d", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
-        b'"openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "q%d [[latency:700]]"}]}}\n'
-        % (tag.encode(), i, i)
-        for i in range(600)
+        b'"openrelay/gemma-4-31b", "messages": [{"role": "user", "content": "q%d [[latency:%d]]"}]}}\n'
+        % (tag.encode(), i, i, latency_ms)
+        for i in range(count)
     )
     file = client.files.create(file=("in.jsonl", lines), purpose="batch")
-    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
-    deadline = time.monotonic() + 60
-    while client.batches.retrieve(batch.id).request_counts.completed < done:
-        assert time.monotonic() < deadline, "no progress"
+    return client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h")
+
+
+def _wait(predicate, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.1)
-    return batch
 
 
 def _wait_for_text(path, text, timeout=30):
@@ -166,7 +168,8 @@ def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp
     process, key = _start_up(tmp_path, port, sim_port, console)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
-        first = _submit_and_wait_for_progress(client, "a")
+        first = _submit(client, "a", 600, latency_ms=700)
+        _wait(lambda: client.batches.retrieve(first.id).request_counts.completed >= 64, "progress")
         os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends to its foreground group
         process.wait(timeout=60)
     finally:
@@ -185,7 +188,9 @@ def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp
     process, key = _start_up(tmp_path, port, sim_port, console)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
-        second = _submit_and_wait_for_progress(client, "b", done=8)
+        # Calls of 8 s: the workers' graceful stop waits for them, so the second Ctrl-C comes mid-stop.
+        second = _submit(client, "b", 40, latency_ms=8000)
+        _wait(lambda: _record_statuses(tmp_path).get("running", 0) > 0, "calls in flight")
         os.killpg(process.pid, signal.SIGINT)
         _wait_for_text(console, "Stopping the workers")
         os.killpg(process.pid, signal.SIGINT)  # the impatient second Ctrl-C
@@ -204,11 +209,11 @@ def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
         deadline = time.monotonic() + 90
-        for batch in (first, second):
+        for batch, total in ((first, 600), (second, 40)):
             while (done := client.batches.retrieve(batch.id)).status != "completed":
                 assert time.monotonic() < deadline, done
                 time.sleep(0.2)
-            assert (done.request_counts.completed, done.request_counts.failed) == (600, 0)
+            assert (done.request_counts.completed, done.request_counts.failed) == (total, 0)
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
