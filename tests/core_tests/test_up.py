@@ -118,7 +118,7 @@ def _start_up(tmp_path, port, sim_port, console=None):
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=console.open("ab") if console else subprocess.DEVNULL,
+        stderr=console.open("wb") if console else subprocess.DEVNULL,
         text=True,
         start_new_session=True,
     )
@@ -148,6 +148,17 @@ def _wait_for_text(path, text, timeout=30):
     while text not in path.read_text(errors="replace"):
         assert time.monotonic() < deadline, f"{text!r} never said: {path.read_text(errors='replace')[-2000:]}"
         time.sleep(0.05)
+
+
+def _running(tmp_path, batch_id):
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "openrelay.sqlite3") as db:
+        query = (
+            "SELECT COUNT(*) FROM batches_record r JOIN batches_batch b ON b.id = r.batch_id "
+            "WHERE b.public_id = ? AND r.status = 'running'"
+        )
+        return db.execute(query, (batch_id,)).fetchone()[0]
 
 
 def _record_statuses(tmp_path):
@@ -185,12 +196,13 @@ def test_ctrl_c_on_up_mid_batch_writes_nothing_off_and_a_restart_finishes_it(tmp
     assert said.index("Stopping the workers") < said.index("Stopping the simulated model server"), said
     assert "Traceback" not in said and "leaves the rotation" not in said, said
 
+    console = tmp_path / "console-2.err"  # its own: the first start's lines must not answer the waits below
     process, key = _start_up(tmp_path, port, sim_port, console)
     try:
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=key, max_retries=5)
         # Calls of 8 s: the workers' graceful stop waits for them, so the second Ctrl-C comes mid-stop.
         second = _submit(client, "b", 40, latency_ms=8000)
-        _wait(lambda: _record_statuses(tmp_path).get("running", 0) > 0, "calls in flight")
+        _wait(lambda: _running(tmp_path, second.id) > 0, "its calls in flight")  # not the first batch's
         os.killpg(process.pid, signal.SIGINT)
         _wait_for_text(console, "Stopping the workers")
         os.killpg(process.pid, signal.SIGINT)  # the impatient second Ctrl-C

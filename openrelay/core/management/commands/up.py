@@ -17,7 +17,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,8 +49,10 @@ class Command(BaseCommand):
         parser.add_argument("--model", default=DEFAULT_MODEL, help="Public name of the simulated model.")
 
     def handle(self, host, port, simulator_port, no_simulator, model, **options):
-        # A plain `kill` must stop the children too, like Ctrl-C does.
-        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        # A plain `kill` must stop the children too, like Ctrl-C does; a second of either stops them at once.
+        self._at_once = False
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, self._interrupted)
         call_command("migrate", interactive=False, verbosity=0)
         key, key_note, password, password_note = self._credentials()
         # The children log warnings and errors only, so the banner stays the last thing printed.
@@ -214,6 +215,16 @@ class Command(BaseCommand):
         failed = [c.args for c in children if c.poll() is not None]
         self.stderr.write(f"A process stopped: {failed}; shutting down.")
 
+    def _interrupted(self, signum, frame):
+        """The first Ctrl-C or SIGTERM: from now on either one only asks to stop at once. The handler is
+        swapped here, in the handler itself, so no second signal can land as an exception mid-stop."""
+        for number in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(number, self._stop_at_once)
+        raise KeyboardInterrupt
+
+    def _stop_at_once(self, signum, frame):
+        self._at_once = True
+
     def _stop(self, children):
         """Stop the children in the reverse of their start: the web server, then the workers (whose
         engines finish or hand back their records within OPENRELAY_STOP_GRACE_S), and the simulator
@@ -224,29 +235,33 @@ class Command(BaseCommand):
         running = [child for child in reversed(children) if child.poll() is None]
         if not running:
             return
-        try:
-            self.stderr.write("Stopping. Press Ctrl-C again to stop at once.")
-            for child in running:
+        self.stderr.write("Stopping. Press Ctrl-C again to stop at once.")
+        said_at_once = False
+        for child in running:
+            if not self._at_once:
                 self._stop_one(child)
-        except KeyboardInterrupt:
-            for number in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(number, signal.SIG_IGN)  # nothing interrupts the kills below
-            self.stderr.write("Stopping at once: records in flight run again at the next start.")
-            for child in running:
+            if self._at_once and child.poll() is None:
+                if not said_at_once:
+                    self.stderr.write("Stopping at once: records in flight run again at the next start.")
+                    said_at_once = True
                 _kill(child)
         self.stderr.write("Stopped.")
 
     def _stop_one(self, child):
+        """SIGTERM, then wait for the child to end: until its patience runs out (then SIGKILL) or a second
+        Ctrl-C asks to stop at once (the caller kills it)."""
         name, detail, patience = _role(child)
         if child.poll() is not None:
             return
         self.stderr.write(f"Stopping {name}{detail} (at most {patience:.0f} s)...")
         child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(timeout=patience)
-        except subprocess.TimeoutExpired:
-            self.stderr.write(f"{name[0].upper()}{name[1:]} did not stop in {patience:.0f} s: killed.")
-            _kill(child)
+        deadline = time.monotonic() + patience
+        while child.poll() is None and not self._at_once:
+            if time.monotonic() >= deadline:
+                self.stderr.write(f"{name[0].upper()}{name[1:]} did not stop in {patience:.0f} s: killed.")
+                _kill(child)
+                return
+            time.sleep(0.05)
 
 
 def _role(child):
