@@ -11,7 +11,6 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-import psutil
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
@@ -22,6 +21,7 @@ from batches.engine.calls.usage import Usage
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, Record
 from batches.services import cancel_batch
+from tests.engine_tests.test_answer_memory import _kb, _workers  # a worker's RSS and peak, read the same way
 from tests.helpers import MODEL, chat, make_batch, read_lines, status_of, wait_for
 
 pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
@@ -33,17 +33,6 @@ INPUTS, DIMENSIONS = 128, 2048  # the simulator's answer: ~5.6 MB of JSON floats
 
 def embeddings(i):
     return {"model": MODEL, "input": [f"text {i} {n}" for n in range(INPUTS)], "dimensions": DIMENSIONS}
-
-
-def _kb(pid, field):
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    return 0
-
-
-def _workers(cluster):
-    return [p.pid for p in psutil.Process(cluster.process.pid).children(recursive=True)]
 
 
 @pytest.mark.slow
