@@ -587,7 +587,9 @@ class Engine:
 
     def _adopt_health(self, lane, upstream, row):
         """Another engine found the deployment failing after we last heard of it: take it out too
-        (and probe it ourselves) rather than send it calls that will fail."""
+        (and probe it, or send it canaries, ourselves) rather than send it calls that will fail.
+        The row's health_changed_at is exactly the time this engine last wrote there
+        (_health_changed), so its own change never reads as another engine's."""
         changed = row["health_changed_at"]
         if (
             row["health"] == DeploymentHealth.UNHEALTHY
@@ -595,8 +597,7 @@ class Engine:
             and changed is not None
             and (upstream.health_seen_at is None or changed > upstream.health_seen_at)
         ):
-            upstream.last_error = row["last_error"]
-            self.health.eject(lane.gate, upstream, persist=False)
+            self.health.adopt(lane.gate, upstream, row["last_error"], row["needs_canary"])
         upstream.health_seen_at = max(filter(None, (changed, upstream.health_seen_at)), default=None)
 
     def _health_changed(self, upstream):
@@ -605,7 +606,14 @@ class Engine:
             return
         state = DeploymentHealth.HEALTHY if upstream.healthy else DeploymentHealth.UNHEALTHY
         self.loop.create_task(
-            self.db(store.save_health, upstream.deployment_id, state, upstream.health_seen_at, upstream.last_error)
+            self.db(
+                store.save_health,
+                upstream.deployment_id,
+                state,
+                upstream.health_seen_at,
+                upstream.last_error,
+                upstream.canary and not upstream.healthy,
+            )
         )
 
     async def _heartbeat(self):

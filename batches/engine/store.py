@@ -331,6 +331,7 @@ def deployments(model_ids):
         "max_concurrency",
         "health",
         "health_changed_at",
+        "needs_canary",
         "last_error",
         "model__name",
     )
@@ -339,9 +340,9 @@ def deployments(model_ids):
     return by_model
 
 
-def save_health(deployment_id, health, changed_at, last_error):
+def save_health(deployment_id, health, changed_at, last_error, needs_canary=False):
     Deployment.objects.filter(pk=deployment_id).update(
-        health=health, health_changed_at=changed_at, last_error=last_error
+        health=health, health_changed_at=changed_at, last_error=last_error, needs_canary=needs_canary
     )
 
 

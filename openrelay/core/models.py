@@ -126,6 +126,9 @@ class Deployment(models.Model):
         max_length=16, choices=DeploymentHealth.choices, default=DeploymentHealth.HEALTHY, editable=False
     )
     health_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # Out until a real call succeeds (a run of 500s, a refused key, no models route): another engine
+    # that adopts the ejection sends canaries too, and forgives the 500s it counted there.
+    needs_canary = models.BooleanField(default=False, editable=False)
     last_error = models.TextField(blank=True, editable=False, help_text="The last failure, without secrets.")
 
     class Meta:

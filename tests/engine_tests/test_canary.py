@@ -47,11 +47,9 @@ def test_a_proxy_answering_500_for_a_dead_upstream_holds_the_records_until_it_re
     proxy = model_proxy(url)
     model.deployments.update(base_url=proxy.base_url, max_concurrency=16)
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(50)])
-    # One engine. With two, a record can still be written off (1 of 50 in some runs), probably so: one engine's record
-    # draws a 500 before the run is seen, another engine takes the deployment out first, and the first
-    # engine drops its run without forgiving that 500, so two failed canaries later the record fails.
-    # That is issue 33's open remainder; the fix must keep test_faults' poison counts exact.
-    clusters(OPENRELAY_PROBE_MAX_S=1, OPENRELAY_Q_WORKERS=1)
+    # Two engines: one's record may draw a 500 before that engine sees a run, while the other takes the
+    # deployment out first (it once wrote 1 of 50 records off so; test_health_peers drives that step by step).
+    clusters(OPENRELAY_PROBE_MAX_S=1, OPENRELAY_Q_WORKERS=2)
     upstream = None
     try:
         wait_for(_unhealthy, 30, "the deployment to leave")

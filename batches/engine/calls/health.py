@@ -25,7 +25,10 @@ with the same backoff between failed ones). They are
 Each engine keeps its own view (it learns from its own calls) and writes
 every change to the Deployment row, where the admin shows it and where
 other engines pick it up, so a new engine does not hammer a server another
-one already found dead.
+one already found dead. An engine that picks up another's ejection for a
+cause only a real call clears (the row's needs_canary) sends canaries too,
+and forgives the 500s of its own run not yet judged: with several engines, a
+record's 500 counts against it exactly as it would with one.
 """
 
 import asyncio
@@ -175,6 +178,17 @@ class Health:
             for each in run:
                 each.count -= 1
             self.failed(gate, upstream, f"{reason} (to {len({id(f) for f in run})} requests in a row)", canary=True)
+
+    def adopt(self, gate, upstream, last_error, canary):
+        """Another engine took the deployment out (its row says so): out here too. `canary`: it was
+        for a cause only a real call clears (a run of 500s, a refusal), so this engine's own run of
+        500s, not yet long enough to be judged here, was that cause too: its 500s are forgiven."""
+        upstream.last_error = last_error
+        if canary:
+            upstream.canary = True
+            for faults in self._runs.pop(upstream, (0, []))[1]:
+                faults.count -= 1
+        self.eject(gate, upstream, persist=False)
 
     def failed(self, gate, upstream, reason, canary=False):
         """Out of the rotation; `canary`: it comes back only when a real call succeeds."""
