@@ -96,3 +96,27 @@ def test_it_lists_every_route_in_the_api_reference(client):
         "needs a row in one of the page's hand-written tables"
     )
     assert "`POST /v1/batches`" in page and "`GET /v1/files/{file_id}/content`" in page  # the rendered part
+
+
+def orl_commands(command, words=()):
+    """Every leaf command of `orl`, as typed: "batches create", "files content get", "models"."""
+    subcommands = getattr(command, "commands", None)
+    if subcommands is None:
+        yield " ".join(words)
+        return
+    for name, sub in subcommands.items():
+        yield from orl_commands(sub, (*words, name))
+
+
+def test_it_shows_every_orl_command_in_the_cli_reference():
+    import typer
+
+    from openrelay.cli.app import app
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    commands = sorted(orl_commands(typer.main.get_command(app)))
+
+    missing = [command for command in commands if not re.search(rf"orl {re.escape(command)}\b", page)]
+
+    assert len(commands) > 15
+    assert not missing, f"orl commands with no example in docs/reference/cli.md: {missing}"
