@@ -1,6 +1,6 @@
 """Prices and cost arithmetic, in Decimal and integers, never float.
 
-The rounding rule (README, "Pricing & billing"):
+The rounding rule (docs/concepts/billing.md):
 
 1. Each part is computed exactly: price x multiplier x tokens / 1,000,000,
    with prices in USD per 1M tokens at the sync rate. Input is charged on

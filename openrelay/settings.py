@@ -2,7 +2,7 @@
 
 No variable set: SQLite under OPENRELAY_DATA_DIR, the django-q2 ORM broker
 and the in-memory channel layer. DATABASE_URL and REDIS_URL switch to
-PostgreSQL and Redis. Every variable is listed in README.md.
+PostgreSQL and Redis. Every variable is listed in docs/reference/settings.md (tests/docs_tests checks it).
 """
 
 import logging

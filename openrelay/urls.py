@@ -15,7 +15,7 @@ urlpatterns = [
         SpectacularJSONAPIView.as_view(authentication_classes=[], permission_classes=[]),
         name="openapi-schema",
     ),
-    # Prometheus' scrape (off until OPENRELAY_METRICS_TOKEN is set; README "Operating it").
+    # Prometheus' scrape (off until OPENRELAY_METRICS_TOKEN is set; docs/guides/monitoring.md).
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("", include("batches.dashboard.urls")),

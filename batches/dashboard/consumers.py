@@ -48,7 +48,7 @@ POLL_LIMIT = 200
 
 # The batch feed's failures card: re-read with every push that moves the failed count, but a
 # read may take at most this share of the socket's time (the next one waits 1/share times the
-# last one's duration): a 3 ms read (2,808 failures on PostgreSQL, README) keeps up with every
+# last one's duration): a 3 ms read (2,808 failures on PostgreSQL, docs/guides/dashboard.md) keeps up with every
 # push (MIN_INTERVAL_S); a 0.15 s one (50,000) waits 3 s, and the page's failed count with it.
 FAILURES_SHARE = 0.05
 NOT_RUN_STATUSES = (BatchStatus.CANCELLED, BatchStatus.EXPIRED)

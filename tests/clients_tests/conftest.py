@@ -2,7 +2,7 @@
 
 pytest-django's live_server is a WSGI server that can't read a chunked
 body, so these tests start `python -m uvicorn openrelay.asgi:application`
-(and daphne) themselves, as README's production notes run it. Each server
+(and daphne) themselves, as docs/guides/production.md runs it. Each server
 gets a data directory of its own (stored files, upload temp files), which
 the tests look into to check that nothing of a refused upload is kept.
 """

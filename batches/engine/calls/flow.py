@@ -28,8 +28,8 @@ fixed limit 8x too high kept 112 requests queued in the server (or drew
 503s past its queue limit); AIMD on errors alone saws between the queue
 limit and half of it, an error each cycle; the latency rule settles where
 the slots are full and little queues; the server's waiting count does that
-directly, without a latency baseline to learn. README's "Flow control"
-section has the benchmark rows.
+directly, without a latency baseline to learn. docs/concepts/flow-control.md
+says what an operator sets and sees; docs/performance.md has the benchmark rows.
 """
 
 import asyncio

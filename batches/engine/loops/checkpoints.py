@@ -67,7 +67,7 @@ def usage_from(state):
 
 def idempotency_key(text: str) -> str:
     """The Idempotency-Key header value: the first 32 hex digits of sha256(text), where
-    text names the record and its round, tool call or step (README: Tool calling)."""
+    text names the record and its round, tool call or step (docs/guides/tool-calling.md)."""
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -57,7 +57,7 @@ class Command(BaseCommand):
             "latency (5), scale (7), fairness (9), recovery (10), many (11), flow (12, 13: adaptive "
             "concurrency), prefix (14: prefix-aware dispatch)",
         )
-        parser.add_argument("--markdown", action="store_true", help="print the table as markdown (for the README)")
+        parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/performance.md)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
     def handle(self, quick, records, database_url, redis_url, web_server, only, markdown, json, **options):
