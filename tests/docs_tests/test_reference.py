@@ -120,3 +120,13 @@ def test_it_shows_every_orl_command_in_the_cli_reference():
 
     assert len(commands) > 15
     assert not missing, f"orl commands with no example in docs/reference/cli.md: {missing}"
+
+
+def test_the_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text()
+    documented = re.search(r"\*\*2\. .*?```sh\n(.*?)\n```", readme, re.S).group(1)
+    ci = (ROOT / ".ci" / "run").read_text()
+    body = re.search(r"test_command\(\) \{\n(.*?)\n\}", ci, re.S).group(1)
+    ran = " ".join(body.replace("\\\n", " ").split()).replace(' "$@"', "")
+
+    assert ran == " ".join(documented.split()), "README's second command and .ci/run's test_command() differ"
