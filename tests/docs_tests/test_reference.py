@@ -40,11 +40,12 @@ def documented_variables():
 def test_it_documents_every_setting_in_the_settings_reference():
     documented = documented_variables()
     missing = [(name, line) for name, line in settings_read() if name not in documented]
+    parts = re.split(r"^## ", SETTINGS_PAGE.read_text(), flags=re.M)[1:]
+    sections = "; ".join(part.split("\n", 1)[0] for part in parts if "| variable | default | meaning |" in part)
 
     assert not missing, "\n".join(
         f"{name} (openrelay/settings.py line {line}) has no row in docs/reference/settings.md: add "
-        f"'| `{name}` | <default> | <what it does> |' to the table of its section there (where things live, "
-        "the web processes, users' URLs, the engine, flow control, logs and metrics)"
+        f"'| `{name}` | <default> | <what it does> |' to the table of the section it belongs to ({sections})"
         for name, line in missing
     )
 
