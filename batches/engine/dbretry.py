@@ -27,7 +27,7 @@ MAX_DELAY_S = 2.0
 
 def call(fn, *args):
     """fn(*args), retried on a lost database connection until the outage limit."""
-    deadline = time.monotonic() + getattr(settings, "OPENRELAY_DB_OUTAGE_S", 60)
+    deadline = time.monotonic() + settings.OPENRELAY_DB_OUTAGE_S
     delay = FIRST_DELAY_S
     while True:
         try:

@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import orjson
-from django.conf import settings
 from django.db import close_old_connections, connections
 from django.utils import timezone
 
@@ -41,6 +40,7 @@ from batches.engine import dbretry, finish, liveness, samples, store, tallies
 from batches.engine.calls import budget, prefixes
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
+from batches.engine.config import EngineConfig
 from batches.engine.loops import checkpoints, dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket, first_in_line, split
@@ -161,19 +161,21 @@ class BatchRun:
             return
         rate = (self.started - started) / (now - since)
         floor = min(MIN_PREFETCH, max(1, self.lane.gate.capacity))
-        self.target = max(floor, min(settings.OPENRELAY_CLAIM_CHUNK, math.ceil(rate * (2 * hop_s + PREFETCH_S))))
+        config = self.lane.config
+        self.target = max(floor, min(config.claim_chunk, math.ceil(rate * (2 * hop_s + PREFETCH_S))))
         if self.shared_prefixes:
             # Enough claimed ahead that records sharing a prefix wait here together (batches.engine.calls.prefixes).
-            self.target = max(self.target, settings.OPENRELAY_PREFIX_WINDOW)
+            self.target = max(self.target, config.prefix_window)
         self.rate_mark = (now, self.started)
 
 
 class Lane:
     """One model in this engine: its caller (gate and deployments), its batches, its slots."""
 
-    def __init__(self, model_id, caller):
+    def __init__(self, model_id, caller, config):
         self.model_id = model_id
         self.caller = caller
+        self.config = config
         self.gate = caller.gate
         self.batches = {}
         self.slots = set()
@@ -230,6 +232,7 @@ class Engine:
     """Works every running batch (or, driven in-process, the batches in `only`)."""
 
     def __init__(self, only=None, until_closed=False):
+        self.config = EngineConfig.read()
         self.only = set(only) if only is not None else None
         self.until_closed = until_closed
         # An in-process engine watches a few batches: it may look often (tests wait on it).
@@ -262,7 +265,7 @@ class Engine:
         self.loop = None
         self.wake = None
         self.checkpoints = checkpoints.CheckpointWriter(self)
-        self.answers = budget.Budget(settings.OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES)
+        self.answers = budget.Budget(self.config.answer_budget_bytes)
         self.flushing = []  # the holdings of the outcomes the trip in flight writes
 
     # ------------------------------------------------------------ life
@@ -325,7 +328,7 @@ class Engine:
                 await self._heartbeat()
             if self.resuming:
                 await self._take_over()
-            if now - last_renew >= settings.OPENRELAY_LEASE_S / 4:
+            if now - last_renew >= self.config.lease_s / 4:
                 last_renew = now
                 await self.db(store.renew, self.owner, list(self.batches))
             if now - last_deployments >= DEPLOYMENTS_EVERY_S:
@@ -381,7 +384,7 @@ class Engine:
             return
         logger.info("engine %s stopping: %d records in flight", self.owner, len(self.running))
         self.stopping = True
-        self.stop_deadline = time.monotonic() + settings.OPENRELAY_STOP_GRACE_S
+        self.stop_deadline = time.monotonic() + self.config.stop_grace_s
         for run in self.batches.values():
             self.handback += [record.pk for record, _ in run.queue]
             run.queue.clear()
@@ -523,13 +526,14 @@ class Engine:
     async def _open_lane(self, model_id):
         caller = ModelCaller(
             [],
-            time_limit_s=settings.OPENRELAY_CALL_TIME_LIMIT_S,
-            retries=settings.OPENRELAY_UPSTREAM_RETRIES,
+            time_limit_s=self.config.call_time_limit_s,
+            retries=self.config.upstream_retries,
+            idle_timeout_s=self.config.idle_timeout_s,
             gate=CallGate(self.caps),
             health=self.health,
         )
         await caller.__aenter__()
-        lane = self.lanes[model_id] = Lane(model_id, caller)
+        lane = self.lanes[model_id] = Lane(model_id, caller, self.config)
         self._reconcile(lane, (await self.db(store.deployments, [model_id])).get(model_id, []))
         await self._heartbeat()  # publish what it will hold of the new deployments, then take it
         return lane
@@ -557,7 +561,7 @@ class Engine:
             if upstream is None or upstream.settings != settings_now:
                 if upstream is not None:
                     self._retire(lane, upstream)
-                upstream = Upstream(*settings_now, row["max_concurrency"], deployment_id=row["pk"])
+                upstream = Upstream(*settings_now, row["max_concurrency"], deployment_id=row["pk"], config=self.config)
             upstream.concurrency = max(1, row["max_concurrency"])
             # Offset by the deployment's place, so the engines that take one slot more
             # are not the same ones on every deployment; never more than the others
@@ -812,7 +816,7 @@ class Engine:
                 run.queue.extend(records)
             if not run.shared_prefixes and run.queue.shared():
                 run.shared_prefixes = True
-                run.target = max(run.target, settings.OPENRELAY_PREFIX_WINDOW)  # claim the wider window at once
+                run.target = max(run.target, self.config.prefix_window)  # claim the wider window at once
             # The cursor follows pending records only: a dead engine's record may lie past
             # pending lines that no one has claimed yet.
             pending_lines = [record.line for record, _ in records if not record.resumed]
@@ -915,7 +919,7 @@ class _Trip:
 
     def __init__(self, engine, outcomes, claims):
         self.engine, self.outcomes, self.claims = engine, outcomes, claims
-        self.lease_until = timezone.now() + timedelta(seconds=settings.OPENRELAY_LEASE_S)
+        self.lease_until = timezone.now() + timedelta(seconds=engine.config.lease_s)
         self.attempts = 0
         self.__name__ = "flush_and_claim"  # dbretry names the call it retries
 
@@ -932,7 +936,7 @@ class _Trip:
             if run.input is None:
                 run.input = open_records(File.objects.get(pk=run.input_file_id))
             lines = claimed[pk] = []
-            size = settings.OPENRELAY_PREFIX_BYTES
+            size = self.engine.config.prefix_bytes
             for record in batch_records:
                 # In line order: the reads walk the file forward.
                 run.input.seek(record.offset)

@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 import orjson
-from django.conf import settings
 
 from batches.engine import tallies
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
-from batches.engine.calls.transport import DEFAULT_MAX_ANSWER_BYTES, IdleTimeout, Origin, TransportError
+from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
 from batches.engine.calls.usage import Usage  # the engine's modules import it from here too
+from batches.engine.config import EngineConfig
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket
 from openrelay.lib.redaction import redact, redact_json, secrets_of
 
@@ -48,7 +48,6 @@ CONNECT_TIMEOUT_S = 30.0
 # (a twentieth of the limit, within these bounds).
 MAX_WATCH_EVERY_S = 1.0
 MIN_WATCH_EVERY_S = 0.01
-DEFAULT_IDLE_TIMEOUT_S = 60.0
 MAX_RAW_ERROR_CHARS = 500
 MAX_REQUEST_ID_CHARS = 200
 
@@ -120,21 +119,28 @@ class Upstream:
     """
 
     def __init__(
-        self, base_url, upstream_model, api_key, concurrency, deployment_id=None, max_answer_bytes=None, adaptive=None
+        self,
+        base_url,
+        upstream_model,
+        api_key,
+        concurrency,
+        deployment_id=None,
+        max_answer_bytes=None,
+        adaptive=None,
+        config=None,
     ):
+        config = config or EngineConfig.read()
         self.base_url = base_url
         self.upstream_model = upstream_model
         self.api_key = api_key
         self.concurrency = max(1, concurrency)
         self.deployment_id = deployment_id
-        if adaptive is None:
-            adaptive = getattr(settings, "OPENRELAY_ADAPTIVE_CONCURRENCY", False)
         self.flow = FlowControl(
             self.concurrency,
-            adaptive=adaptive,
-            floor=getattr(settings, "OPENRELAY_CONCURRENCY_FLOOR", 1),
-            start=getattr(settings, "OPENRELAY_CONCURRENCY_START", None),
-            tolerance=getattr(settings, "OPENRELAY_LATENCY_TOLERANCE", 2.0),
+            adaptive=config.adaptive_concurrency if adaptive is None else adaptive,
+            floor=config.concurrency_floor,
+            start=config.concurrency_start,
+            tolerance=config.latency_tolerance,
         )
         self.allotted = self.concurrency
         self.share = self.flow.limit
@@ -151,7 +157,7 @@ class Upstream:
             self.headers["Authorization"] = f"Bearer {self.api_key}"
         self.secrets = secrets_of(self.headers.get("Authorization"))
         if max_answer_bytes is None:
-            max_answer_bytes = getattr(settings, "OPENRELAY_MAX_MODEL_RESPONSE_BYTES", DEFAULT_MAX_ANSWER_BYTES)
+            max_answer_bytes = config.max_answer_bytes
         try:
             self.origin = Origin(self.base_url, connect_timeout_s=CONNECT_TIMEOUT_S, max_answer_bytes=max_answer_bytes)
         except ValueError as exc:
@@ -276,7 +282,7 @@ class ModelCaller:
         self._own_health = health is None
         self.time_limit_s = time_limit_s
         if idle_timeout_s is None:
-            idle_timeout_s = getattr(settings, "OPENRELAY_MODEL_IDLE_TIMEOUT_S", DEFAULT_IDLE_TIMEOUT_S)
+            idle_timeout_s = EngineConfig.read().idle_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self.retries = retries
         self.backoff_base_s = backoff_base_s
