@@ -100,7 +100,8 @@ class CallResult:
     body: object = None
     request_id: str = ""
     usage: Usage = field(default_factory=Usage)
-    message: str = ""
+    message: str = ""  # why a call that got no answer failed ("unavailable", "time_limit")
+    retry_after: str = ""  # an overload answer's (429, 503) Retry-After header, as the server sent it
     overload: bool = False  # cut by the idle timeout or the call limit: the server may be overloaded
 
     @property
@@ -359,7 +360,7 @@ class ModelCaller:
             tallies.call(upstream.deployment_id, result, now - sent)
             # A 503 that says when to come back is an overloaded server, like a 429; without
             # Retry-After it is a failed one (a proxy whose backend is down answers so).
-            busy_answer = result.status_code == 429 or (result.status_code == 503 and result.message)
+            busy_answer = result.status_code == 429 or (result.status_code == 503 and result.retry_after)
             failure = self.health.judge(self.gate, upstream, result, faults, canary, busy_answer, sent)
             if failure:
                 if faults.count >= POISON_FAILURES:
@@ -378,9 +379,9 @@ class ModelCaller:
             return result
 
     def _delay(self, result, attempt):
-        if result.message:
+        if result.retry_after:
             try:
-                return min(MAX_RETRY_AFTER_S, max(0.0, float(result.message)))
+                return min(MAX_RETRY_AFTER_S, max(0.0, float(result.retry_after)))
             except ValueError:
                 pass
         backoff = min(8.0, self.backoff_base_s * (2 ** (attempt - 1)))
@@ -460,5 +461,5 @@ class ModelCaller:
             body=parsed,
             request_id=request_id,
             usage=Usage.from_body(parsed) if 200 <= status < 300 else Usage(),
-            message=retry_after,
+            retry_after=retry_after,
         )
