@@ -10,6 +10,7 @@ write a second outcome for the record.
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import NamedTuple
 
 import orjson
 from django.conf import settings
@@ -35,21 +36,26 @@ class ClaimedRecord:
     prefix: int | None = None  # its prompt prefix's key (batches.engine.calls.prefixes), read with its line
 
 
-# The outcome columns, in the order _result_row fills them (pk first).
-_RESULT_COLUMNS = (
-    "id",
-    "status",
-    "status_code",
-    "request_id",
-    "response_body",
-    "error_code",
-    "error_message",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "reasoning_tokens",
-    "usage_implausible",
-)
+class ResultRow(NamedTuple):
+    """One record's outcome as the flush writes it: its fields are the Record columns it sets
+    (`id` picks the row). A tuple, so the columns travel to PostgreSQL as arrays (zip(*rows))."""
+
+    id: int
+    status: str
+    status_code: int | None
+    request_id: str
+    response_body: str
+    error_code: str
+    error_message: str
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    reasoning_tokens: int
+    usage_implausible: int
+
+
+_RESULT_COLUMNS = ResultRow._fields
+# Each column's PostgreSQL type, in ResultRow's order (the arrays are cast to these).
 _PG_TYPES = (
     "bigint",
     "text",
@@ -403,13 +409,14 @@ def _chunks(outcomes):
     for pk, done in outcomes.items():
         for claimed, outcome in done:
             row = _result_row(claimed.pk, outcome)
-            if len(row[4]) > MAX_RESULT_CHARS:
-                row = _unstorable(row, f"its {len(row[4])}-character result is larger than the database takes")
-            if chunk and size + len(row[4]) > limit:
+            chars = len(row.response_body)
+            if chars > MAX_RESULT_CHARS:
+                row = _unstorable(row, f"its {chars}-character result is larger than the database takes")
+            if chunk and size + len(row.response_body) > limit:
                 yield chunk
                 chunk, size = [], 0
             chunk.append((pk, row))
-            size += len(row[4])
+            size += len(row.response_body)
     if chunk:
         yield chunk
 
@@ -431,7 +438,7 @@ def _write_isolating(owner, chunk, finished_at):
                 _add(written, finished, _write_isolating(owner, [item], finished_at))
             return written, finished
         (pk, row) = chunk[0]
-        logger.error("record %s of batch %s could not be stored: %s", row[0], pk, type(exc).__name__)
+        logger.error("record %s of batch %s could not be stored: %s", row.id, pk, type(exc).__name__)
         return _write(owner, [(pk, _unstorable(row, type(exc).__name__))], finished_at)
 
 
@@ -459,12 +466,12 @@ def _add(written, finished, result):
 def _unstorable(row, reason):
     """A result row the database refused, as a failed record without its result (billed nothing)."""
     message = f"The record's result could not be stored ({reason}); it is not billed."
-    return (row[0], _FAILED, None, row[3], "", "result_not_stored", message, 0, 0, 0, 0, 0)
+    return ResultRow(row.id, _FAILED, None, row.request_id, "", "result_not_stored", message, 0, 0, 0, 0, 0)
 
 
 def _result_row(pk, outcome):
     usage = outcome.usage
-    return (
+    return ResultRow(
         pk,
         _SUCCEEDED if outcome.succeeded else _FAILED,
         outcome.status_code,
@@ -551,7 +558,7 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
     )
 
     def params(rows):
-        return [(*row[1:], finished_at, row[0], owner, _RUNNING) for row in rows]
+        return [(*row[1:], finished_at, row.id, owner, _RUNNING) for row in rows]
 
     with connection.cursor() as cursor:
         try:
@@ -560,18 +567,18 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
                 if cursor.rowcount != len(rows):
                     raise _LostLeases
         except _LostLeases:
-            ids = [row[0] for row in rows]
+            ids = [row.id for row in rows]
             cursor.execute(
                 f"SELECT id FROM {record} WHERE id IN ({', '.join(['%s'] * len(ids))}) AND lease_owner = %s AND status = %s",
                 [*ids, owner, _RUNNING],
             )
             held = {pk for (pk,) in cursor.fetchall()}
-            rows = [row for row in rows if row[0] in held]
+            rows = [row for row in rows if row.id in held]
             if not rows:
                 return 0, False
             cursor.executemany(update, params(rows))
-        succeeded = sum(1 for row in rows if row[1] == _SUCCEEDED)
-        sums = [sum(row[i] for row in rows) for i in (7, 8, 9, 10, 11)]
+        succeeded = sum(1 for row in rows if row.status == _SUCCEEDED)
+        sums = [sum(getattr(row, column) for row in rows) for _, column in _ROLL_UP]
         totals = ", ".join(f"{_q(total)} = {_q(total)} + %s" for total, _ in _ROLL_UP)
         cursor.execute(
             f"UPDATE {_q(Batch._meta.db_table)} SET completed_count = completed_count + %s, "
