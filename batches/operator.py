@@ -31,6 +31,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from batches import progress
+from batches.engine.calls.flow import Figures
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 from openrelay.core.models import Model
 
@@ -47,8 +48,7 @@ class Calls:
     limit: int | None = None  # the live engines' adaptive limits, summed; None: no engine works it now
 
     def add(self, figures):
-        # An older engine publishes three figures (no limit).
-        in_flight, a_minute, failed, limit = (list(figures) + [0, 0, 0, None][len(figures) :])[:4]
+        in_flight, a_minute, failed, limit = Figures.stored(figures)
         self.in_flight += in_flight
         self.a_minute += a_minute
         self.failed_a_minute += failed

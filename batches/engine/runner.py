@@ -37,7 +37,7 @@ from django.utils import timezone
 from batches import lifecycle, progress
 from batches.dashboard import events
 from batches.engine import dbretry, finish, liveness, samples, store, tallies
-from batches.engine.calls import budget, prefixes
+from batches.engine.calls import budget, flow, prefixes
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
@@ -641,15 +641,12 @@ class Engine:
         self.rank = owners.index(self.owner) if self.owner in owners else 0
         self.engines = max(1, len(owners))
         others = defaultdict(int)
-        limits = defaultdict(list)  # deployment pk -> the other live engines' adaptive limits there
-        for owner, held, published in live:
+        for owner, held, _ in live:
             if owner != self.owner:
                 for deployment, calls in held.items():
                     others[int(deployment)] += calls
-                for deployment, figures in (published or {}).items():
-                    if len(figures) > 3 and figures[3] is not None:
-                        limits[int(deployment)].append(figures[3])
         self.others_holding = others
+        limits = flow.peer_limits(live, self.owner)
         for upstream in upstreams:
             if limits.get(upstream.deployment_id):
                 upstream.level_with(limits[upstream.deployment_id])

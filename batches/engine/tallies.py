@@ -33,6 +33,7 @@ from collections import Counter, defaultdict
 from django.db import connection
 
 from batches.engine.calls.callcount import CallCount, deployment_failed
+from batches.engine.calls.flow import Figures
 from batches.models import Engine, Tally
 
 # Model calls take 10 ms (a small model, warm) to the 30-minute limit.
@@ -93,10 +94,7 @@ def flushed(outcomes, written, claimed):
 
 
 def take(upstreams=()):
-    """(the deltas counted since the last take, this engine's {deployment: [in flight, calls, failed, limit]}).
-
-    `limit` is the engine's adaptive concurrency limit at the deployment now (batches.engine.calls.flow);
-    None once its lane has closed.
+    """(the deltas counted since the last take, this engine's {deployment: flow.Figures}).
 
     Runs on the engine's loop, so the calls in flight are read where they change."""
     global _deltas
@@ -111,7 +109,7 @@ def take(upstreams=()):
         # batches are done, and the operator page would read "0 calls a minute" at once.
         recent = {pk: count.last_minute() for pk, count in _minute.items()}
         calls = {
-            str(pk): [in_flight.get(pk, 0), *recent.get(pk, (0, 0)), limits[pk] if pk in in_flight else None]
+            str(pk): Figures(in_flight.get(pk, 0), *recent.get(pk, (0, 0)), limits[pk] if pk in in_flight else None)
             for pk in in_flight.keys() | {pk for pk, (n, _) in recent.items() if n}
         }
     return deltas, calls
