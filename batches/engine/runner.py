@@ -28,7 +28,6 @@ import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import timedelta
 
 import orjson
 from django.db import close_old_connections, connections
@@ -44,9 +43,8 @@ from batches.engine.config import EngineConfig
 from batches.engine.loops import checkpoints, dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket, first_in_line, split
+from batches.engine.trips import FLUSH_EVERY_S, FLUSH_SIZE, Trips
 from batches.models import Batch, BatchStatus, Priority
-from files.models import File
-from files.services import open_records
 from openrelay.core.models import DeploymentHealth
 from openrelay.lib import logs
 from openrelay.lib.outbound import OutboundClient
@@ -58,12 +56,9 @@ POLL_S = 0.2  # how often the engine reads the running batches
 # call waited for the next poll and then a loop's sleep, 0.17-0.45 s on an idle cluster.
 WATCH_S = 0.05
 HEARTBEAT_S = 0.5  # how often engines count each other and publish what they hold
-FLUSH_EVERY_S = 0.25
-FLUSH_SIZE = 500
 DEPLOYMENTS_EVERY_S = 2.0
 PREFETCH_S = 0.25
 MIN_PREFETCH = 16
-RECHECK_S = 1.0  # a batch with nothing left to claim looks again this often (dead engines' leases run out)
 # Records a lane keeps running per call slot: a tool-calling or workflow
 # record spends part of its life waiting for the user's server, not the model.
 RECORDS_PER_SLOT = 4
@@ -228,7 +223,7 @@ class Lane:
         return best
 
 
-class Engine:
+class Engine(Trips):
     """Works every running batch (or, driven in-process, the batches in `only`)."""
 
     def __init__(self, only=None, until_closed=False):
@@ -764,99 +759,6 @@ class Engine:
             # Not ours any more: the flush skips this outcome (conditional on the lease).
             return RecordOutcome.error("lease_lost", "The record's lease was lost.")
 
-    def _claims(self, now):
-        """{batch pk: (how many, after which line)} for the batches whose claim-ahead ran low."""
-        claims = {}
-        for run in self.batches.values():
-            if not run.workable or run.recheck_at > now:
-                continue
-            lane = run.lane
-            limit = self.caps.limits.get(run.organization_id)
-            if lane.gate.capacity <= 0 or limit == 0:
-                continue  # nothing to call it with here: other engines may take it
-            run.adapt(now, self.hop_s)
-            if len(run.queue) <= run.target // 2 or run.resume:
-                expired = now >= run.expired_check_at
-                if expired:
-                    run.expired_check_at = now + RECHECK_S
-                claims[run.pk] = (max(run.target - len(run.queue), run.resume), run.cursor, expired)
-        return claims
-
-    def _flush_due(self, now, last_flush):
-        return self.pending and (self.flush_soon or self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)
-
-    async def _trip(self, claims):
-        outcomes = self._take_outcomes()
-        started = time.monotonic()
-        trip = _Trip(self, outcomes, claims)
-        written, claimed, finished = await self.db(trip)
-        self._release_flushed()
-        tallies.flushed(outcomes, written, claimed)
-        self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
-        self.worked += sum(written.values())
-        now = time.monotonic()
-        for pk, (limit, _, _) in claims.items():
-            run = self.batches.get(pk)
-            if run is None:
-                continue
-            records = claimed.get(pk, [])
-            if run.closing:
-                continue  # closed while the claim ran: the closer marks these records
-            run.resume = 0
-            resumed = [item for item in records if item[0].resumed]
-            run.resumed_queued += len(resumed)
-            if resumed and run.queue:
-                # A dead engine's records were in flight: they go first, not behind our claim-ahead.
-                fresh = [item for item in records if not item[0].resumed]
-                run.queue = prefixes.RecordQueue([*resumed, *run.queue, *fresh])
-            else:
-                run.queue.extend(records)
-            if not run.shared_prefixes and run.queue.shared():
-                run.shared_prefixes = True
-                run.target = max(run.target, self.config.prefix_window)  # claim the wider window at once
-            # The cursor follows pending records only: a dead engine's record may lie past
-            # pending lines that no one has claimed yet.
-            pending_lines = [record.line for record, _ in records if not record.resumed]
-            if pending_lines:
-                run.cursor = max(run.cursor, pending_lines[-1])
-            if len(pending_lines) < len(records):
-                # A dead engine may have left more: take them at the claim rate, not one
-                # look a second (the 500 a kill -9 left took 30 s that way).
-                run.expired_check_at = 0.0
-            if len(records) < limit:
-                run.recheck_at = now + RECHECK_S
-        if claimed:
-            self._start_slots()
-        self._close_finished(finished)
-        await self._announce(written)
-
-    def _take_outcomes(self):
-        outcomes = {}
-        for run in self.batches.values():
-            if run.done:
-                outcomes[run.pk], run.done = run.done, []
-                self.flushing += run.holdings
-                run.holdings = []
-        self.pending = 0
-        self.flush_soon = False
-        return outcomes
-
-    async def _flush_all(self):
-        outcomes = self._take_outcomes()
-        if outcomes:
-            written, _, finished = await self.db(_Trip(self, outcomes, {}))
-            self._release_flushed()
-            tallies.flushed(outcomes, written, {})
-            self.worked += sum(written.values())
-            if not self.stopping:
-                self._close_finished(finished)
-
-    def _release_flushed(self):
-        """The flushed answers' bytes go back to the budget: calls waiting for room read on."""
-        for holding in self.flushing:
-            holding.release()
-        self.flushing = []
-
     def _close_finished(self, pks):
         """Close the batches this engine's flush finished, whatever its rank: the close is
         conditional (one engine moves a batch to finalizing), and waiting for the
@@ -905,42 +807,6 @@ class Engine:
         if batch_pks:
             snapshots = await self.db(events.snapshots, batch_pks)
             await asyncio.gather(*(events.send(event) for event in snapshots))
-
-
-class _Trip:
-    """One flush-and-claim trip to the database, as dbretry calls it (again after a lost connection).
-
-    Its lease time is fixed when the trip starts, so a retry can take back
-    what an attempt whose answer was lost had leased already.
-    """
-
-    def __init__(self, engine, outcomes, claims):
-        self.engine, self.outcomes, self.claims = engine, outcomes, claims
-        self.lease_until = timezone.now() + timedelta(seconds=engine.config.lease_s)
-        self.attempts = 0
-        self.__name__ = "flush_and_claim"  # dbretry names the call it retries
-
-    def __call__(self):
-        self.attempts += 1
-        written, records, finished = store.trip(
-            self.engine.owner, self.outcomes, self.claims, self.lease_until, recover=self.attempts > 1
-        )
-        claimed = {}
-        for pk, batch_records in records.items():
-            run = self.engine.batches.get(pk)
-            if run is None:
-                continue
-            if run.input is None:
-                run.input = open_records(File.objects.get(pk=run.input_file_id))
-            lines = claimed[pk] = []
-            size = self.engine.config.prefix_bytes
-            for record in batch_records:
-                # In line order: the reads walk the file forward.
-                run.input.seek(record.offset)
-                line = run.input.read(record.length)
-                record.prefix = prefixes.prefix_key(line, size)
-                lines.append((record, line))
-        return written, claimed, finished
 
 
 def run_batch(batch_pk):

@@ -1,0 +1,173 @@
+"""The database trips: claims, flushes and checkpoint writes, on the engine's database thread.
+
+One trip (`FlushAndClaim`) writes the finished records of every batch and
+claims the next records of the batches whose claim-ahead ran low, in one
+transaction (batches.engine.store.trip). The claimed records' input lines
+are read beside the trip, after it, on the same thread (`read_lines`): a
+retried trip (dbretry, a lost connection) never reads a file twice, and a
+slow storage read never holds a transaction open.
+
+Checkpoints (a multi-step record's loop state) are group-committed by
+`CheckpointWriter` through the same thread.
+"""
+
+import time
+from datetime import timedelta
+
+from django.utils import timezone
+
+from batches.engine import dbretry, store, tallies
+from batches.engine.calls import prefixes
+from files.models import File
+from files.services import open_records
+
+FLUSH_EVERY_S = 0.25
+FLUSH_SIZE = 500
+RECHECK_S = 1.0  # a batch with nothing left to claim looks again this often (dead engines' leases run out)
+
+
+class Trips:
+    """The Engine's trips to the database (a part of runner.Engine: it reads the engine's batches)."""
+
+    async def _flush_and_claim(self, outcomes, claims):
+        """(written {batch pk: n}, claimed {batch pk: [(ClaimedRecord, line bytes)]}, finished batch pks)."""
+        trip = FlushAndClaim(self.owner, outcomes, claims, self.config.lease_s)
+        return await self.loop.run_in_executor(self.db_thread, self._trip_then_read, trip)
+
+    def _trip_then_read(self, trip):
+        written, records, finished = dbretry.call(trip)
+        return written, read_lines(self.batches, records, self.config.prefix_bytes), finished
+
+    def _claims(self, now):
+        """{batch pk: (how many, after which line)} for the batches whose claim-ahead ran low."""
+        claims = {}
+        for run in self.batches.values():
+            if not run.workable or run.recheck_at > now:
+                continue
+            lane = run.lane
+            limit = self.caps.limits.get(run.organization_id)
+            if lane.gate.capacity <= 0 or limit == 0:
+                continue  # nothing to call it with here: other engines may take it
+            run.adapt(now, self.hop_s)
+            if len(run.queue) <= run.target // 2 or run.resume:
+                expired = now >= run.expired_check_at
+                if expired:
+                    run.expired_check_at = now + RECHECK_S
+                claims[run.pk] = (max(run.target - len(run.queue), run.resume), run.cursor, expired)
+        return claims
+
+    def _flush_due(self, now, last_flush):
+        return self.pending and (self.flush_soon or self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)
+
+    async def _trip(self, claims):
+        outcomes = self._take_outcomes()
+        started = time.monotonic()
+        written, claimed, finished = await self._flush_and_claim(outcomes, claims)
+        self._release_flushed()
+        tallies.flushed(outcomes, written, claimed)
+        self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
+        self.worked += sum(written.values())
+        now = time.monotonic()
+        for pk, (limit, _, _) in claims.items():
+            run = self.batches.get(pk)
+            if run is None:
+                continue
+            records = claimed.get(pk, [])
+            if run.closing:
+                continue  # closed while the claim ran: the closer marks these records
+            run.resume = 0
+            resumed = [item for item in records if item[0].resumed]
+            run.resumed_queued += len(resumed)
+            if resumed and run.queue:
+                # A dead engine's records were in flight: they go first, not behind our claim-ahead.
+                fresh = [item for item in records if not item[0].resumed]
+                run.queue = prefixes.RecordQueue([*resumed, *run.queue, *fresh])
+            else:
+                run.queue.extend(records)
+            if not run.shared_prefixes and run.queue.shared():
+                run.shared_prefixes = True
+                run.target = max(run.target, self.config.prefix_window)  # claim the wider window at once
+            # The cursor follows pending records only: a dead engine's record may lie past
+            # pending lines that no one has claimed yet.
+            pending_lines = [record.line for record, _ in records if not record.resumed]
+            if pending_lines:
+                run.cursor = max(run.cursor, pending_lines[-1])
+            if len(pending_lines) < len(records):
+                # A dead engine may have left more: take them at the claim rate, not one
+                # look a second (the 500 a kill -9 left took 30 s that way).
+                run.expired_check_at = 0.0
+            if len(records) < limit:
+                run.recheck_at = now + RECHECK_S
+        if claimed:
+            self._start_slots()
+        self._close_finished(finished)
+        await self._announce(written)
+
+    def _take_outcomes(self):
+        outcomes = {}
+        for run in self.batches.values():
+            if run.done:
+                outcomes[run.pk], run.done = run.done, []
+                self.flushing += run.holdings
+                run.holdings = []
+        self.pending = 0
+        self.flush_soon = False
+        return outcomes
+
+    async def _flush_all(self):
+        outcomes = self._take_outcomes()
+        if outcomes:
+            written, _, finished = await self._flush_and_claim(outcomes, {})
+            self._release_flushed()
+            tallies.flushed(outcomes, written, {})
+            self.worked += sum(written.values())
+            if not self.stopping:
+                self._close_finished(finished)
+
+    def _release_flushed(self):
+        """The flushed answers' bytes go back to the budget: calls waiting for room read on."""
+        for holding in self.flushing:
+            holding.release()
+        self.flushing = []
+
+
+class FlushAndClaim:
+    """One flush-and-claim trip to the database, as dbretry calls it (again after a lost connection).
+
+    Its lease time is fixed when the trip starts, so a retry can take back
+    what an attempt whose answer was lost had leased already.
+    """
+
+    def __init__(self, owner, outcomes, claims, lease_s):
+        self.owner, self.outcomes, self.claims = owner, outcomes, claims
+        self.lease_until = timezone.now() + timedelta(seconds=lease_s)
+        self.attempts = 0
+        self.__name__ = "flush_and_claim"  # dbretry names the call it retries
+
+    def __call__(self):
+        self.attempts += 1
+        return store.trip(self.owner, self.outcomes, self.claims, self.lease_until, recover=self.attempts > 1)
+
+
+def read_lines(batches, records, prefix_bytes):
+    """{batch pk: [(ClaimedRecord, its input line)]} for the records a trip claimed, each with its
+    prompt prefix's key (batches.engine.calls.prefixes). On the database thread, after the trip."""
+    claimed = {}
+    for pk, batch_records in records.items():
+        run = batches.get(pk)
+        if run is None:
+            continue
+        if run.input is None:
+            run.input = open_records(dbretry.call(_input_file, run.input_file_id))
+        lines = claimed[pk] = []
+        for record in batch_records:
+            # In line order: the reads walk the file forward.
+            run.input.seek(record.offset)
+            line = run.input.read(record.length)
+            record.prefix = prefixes.prefix_key(line, prefix_bytes)
+            lines.append((record, line))
+    return claimed
+
+
+def _input_file(pk):
+    return File.objects.get(pk=pk)
