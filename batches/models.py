@@ -155,7 +155,7 @@ class Record(models.Model):
     # the flush rolls it up into Batch.implausible_usage_count with the token sums.
     usage_implausible = models.PositiveSmallIntegerField(default=0)
 
-    # A multi-step record's loop state while it runs (batches.engine.loops.checkpoints):
+    # A multi-step record's loop state while it runs (batches.engine.checkpoints):
     # what a resumed run continues from. Null for plain records and once the
     # record is finished.
     checkpoint = models.BinaryField(null=True, blank=True)

@@ -35,15 +35,15 @@ from django.utils import timezone
 
 from batches import lifecycle, progress
 from batches.dashboard import events
-from batches.engine import dbretry, finish, liveness, samples, store, tallies
+from batches.engine import checkpoints, dbretry, finish, liveness, samples, store, tallies
 from batches.engine.calls import budget, flow, prefixes
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
-from batches.engine.loops import checkpoints, dispatch
+from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket, first_in_line, split
-from batches.engine.trips import FLUSH_EVERY_S, FLUSH_SIZE, Trips
+from batches.engine.trips import FLUSH_EVERY_S, FLUSH_SIZE, CheckpointWriter, Trips
 from batches.models import Batch, BatchStatus, Priority
 from openrelay.core.models import DeploymentHealth
 from openrelay.lib import logs
@@ -259,7 +259,7 @@ class Engine(Trips):
         self.worked = 0
         self.loop = None
         self.wake = None
-        self.checkpoints = checkpoints.CheckpointWriter(self)
+        self.checkpoints = CheckpointWriter(self)
         self.answers = budget.Budget(self.config.answer_budget_bytes)
         self.flushing = []  # the holdings of the outcomes the trip in flight writes
 

@@ -18,6 +18,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.db.models import F, Q
 from django.utils import timezone
 
+from batches.engine.checkpoints import decode, usage_from
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 from openrelay.core.models import Deployment
 
@@ -633,8 +634,6 @@ def _bill_cut_workflows(batch_pk, unfinished, status, code, message, now):
     checkpoint write waits, then finds the record no longer running), so no
     checkpoint lands between reading it and closing the record.
     """
-    from batches.engine.loops.checkpoints import decode, usage_from
-
     rows = list(
         unfinished.select_for_update()
         .filter(Q(status=RecordStatus.RUNNING) | Q(checkpoint__isnull=False))

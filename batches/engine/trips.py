@@ -11,6 +11,7 @@ Checkpoints (a multi-step record's loop state) are group-committed by
 `CheckpointWriter` through the same thread.
 """
 
+import asyncio
 import time
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from django.utils import timezone
 
 from batches.engine import dbretry, store, tallies
 from batches.engine.calls import prefixes
+from batches.engine.checkpoints import LeaseLost
 from files.models import File
 from files.services import open_records
 
@@ -171,3 +173,55 @@ def read_lines(batches, records, prefix_bytes):
 
 def _input_file(pk):
     return File.objects.get(pk=pk)
+
+
+class CheckpointWriter:
+    """One engine's checkpoint writes (batches.engine.checkpoints), group-committed through its database thread."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.waiting = {}  # record pk -> [encoded state, futures of the records waiting for it]
+        self.task = None
+        self.written = 0  # checkpoints written, and their bytes (the perf script reads these)
+        self.bytes = 0
+
+    async def save(self, pk, data):
+        future = asyncio.get_running_loop().create_future()
+        entry = self.waiting.get(pk)
+        if entry is None:
+            self.waiting[pk] = [data, [future]]
+        else:
+            entry[0] = data
+            entry[1].append(future)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+        if not await future:
+            raise LeaseLost
+
+    async def _drain(self):
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting, {}
+                try:
+                    held = await self.engine.db(
+                        store.save_checkpoints, self.engine.owner, {pk: data for pk, (data, _) in batch.items()}
+                    )
+                except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error; the writer goes on
+                    _settle(batch, exc=exc)
+                    continue
+                self.written += len(batch)
+                self.bytes += sum(len(data) for data, _ in batch.values())
+                _settle(batch, held=held)
+        finally:
+            self.task = None
+
+
+def _settle(batch, held=(), exc=None):
+    for pk, (_, futures) in batch.items():
+        for future in futures:
+            if future.done():
+                continue  # its record was cancelled meanwhile
+            if exc is not None:
+                future.set_exception(exc)
+            else:
+                future.set_result(pk in held)

@@ -3,8 +3,7 @@ keeps it under the lease only, a hand-back keeps it, the flush drops it."""
 
 import pytest
 
-from batches.engine import store
-from batches.engine.loops import checkpoints
+from batches.engine import checkpoints, store
 from batches.engine.runner import run_batch
 from batches.models import Record
 from tests.helpers import chat, make_batch, read_lines

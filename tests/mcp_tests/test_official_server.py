@@ -132,7 +132,7 @@ def test_it_fails_when_the_server_refuses_the_token(auth_server, authorization):
 def test_every_tools_call_carries_an_idempotency_key_stable_for_its_round_and_place(official_server):
     import asyncio
 
-    from batches.engine.loops.checkpoints import idempotency_key
+    from batches.engine.checkpoints import idempotency_key
     from batches.engine.tools.mcp import McpExecutor
     from openrelay.lib.outbound import OutboundClient
 

@@ -56,8 +56,7 @@ def tool_lines(executor, n, rounds):
 
 def bench_turn(org, executor):
     """The state after each of 6 rounds of the simulator's loop, encoded and written."""
-    from batches.engine import store
-    from batches.engine.loops import checkpoints
+    from batches.engine import checkpoints, store
     from tests.helpers import make_batch
 
     batch = make_batch(org, tool_lines(executor, 640, 6))

@@ -9,7 +9,7 @@ the sum of all its turns; a record that fails anywhere in the loop (a model
 error, a turn stopped at the limit, an executor failure) is billed nothing,
 not even the turns before the failure.
 
-Checkpoints (checkpoints.py): after every turn that asks for tools and after
+Checkpoints (batches.engine.checkpoints): after every turn that asks for tools and after
 every executor answer, the loop stores the messages it added, its rounds,
 its usage and the turn whose tool calls run next. A resumed record sends no
 finished turn again and executes no finished round again: at most the step
@@ -18,7 +18,7 @@ Idempotency-Key. Its usage is the checkpoint's plus the turns it runs, so
 every turn of the run that produced the output is counted once.
 """
 
-from batches.engine.loops.checkpoints import decode, usage_from, usage_state
+from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.engine.tools.executors import ToolExecutionFailed, make_executor
 from batches.validation.extensions import RecordRejected, normalize_tool_config

@@ -27,7 +27,7 @@ openrelay.lib.redaction before it is cut short, stored or sent to the model.
 import asyncio
 
 from batches.engine.calls.caller import Usage
-from batches.engine.loops.checkpoints import decode, usage_from, usage_state
+from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation.extensions import RecordRejected, normalize_workflow
 from openrelay.lib.ids import new_request_id
