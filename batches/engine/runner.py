@@ -27,7 +27,6 @@ import socket
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import orjson
 from django.db import close_old_connections, connections
@@ -40,6 +39,7 @@ from batches.engine.calls import budget, flow, prefixes
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
+from batches.engine.context import BatchCaller, RecordContext
 from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.scheduler import CallGate, OrgCaps, Ticket, first_in_line, split
@@ -62,43 +62,6 @@ MIN_PREFETCH = 16
 # Records a lane keeps running per call slot: a tool-calling or workflow
 # record spends part of its life waiting for the user's server, not the model.
 RECORDS_PER_SLOT = 4
-
-
-@dataclass
-class RecordContext:
-    """What a record coroutine may use: the model caller and the batch's facts."""
-
-    batch_pk: int
-    batch_public_id: str
-    organization_id: int
-    endpoint: str
-    model_name: str
-    caller: object
-    workflows_enabled: bool = False
-    outbound: object = None
-    checkpoints: object = None  # the engine's CheckpointWriter; None (a loop driven alone): nothing is stored
-
-    async def checkpoint(self, record, state):
-        """Store `record`'s loop state durably (under its lease) before the loop goes on;
-        raises checkpoints.LeaseLost when the record is no longer ours."""
-        if self.checkpoints is not None:
-            await self.checkpoints.save(record.pk, checkpoints.encode(state))
-
-    def key(self, record, *parts):
-        """The Idempotency-Key of one round, tool call or step of `record`: the same on every
-        run of it, different for everything else."""
-        return checkpoints.idempotency_key(":".join(map(str, (self.batch_public_id, record.line, *parts))))
-
-
-class BatchCaller:
-    """A batch's calls through its model's caller, under the batch's ticket at the gate."""
-
-    def __init__(self, caller, ticket):
-        self.caller = caller
-        self.ticket = ticket
-
-    async def call(self, endpoint, body):
-        return await self.caller.call(endpoint, body, self.ticket)
 
 
 class BatchRun:

@@ -10,7 +10,7 @@ timeout_ms.
 
 import asyncio
 
-from batches.engine.runner import RecordContext
+from batches.engine.context import RecordContext
 from batches.engine.tools.executors import make_executor
 from openrelay.lib.outbound import OutboundClient
 

@@ -10,8 +10,8 @@ import asyncio
 import pytest
 
 from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.context import RecordContext
 from batches.engine.loops import toolloop
-from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
 from openrelay.simulator.config import SimulatorConfig

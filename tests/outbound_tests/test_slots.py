@@ -14,8 +14,8 @@ import pytest
 from aiohttp import web
 
 from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.context import RecordContext
 from batches.engine.loops import workflow
-from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from batches.engine.tools.executors import ToolExecutionFailed, make_executor
 from openrelay.lib.outbound import OutboundClient, OutboundError

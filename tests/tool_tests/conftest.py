@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from batches.engine.calls.caller import ModelCaller, Upstream
-from batches.engine.runner import RecordContext
+from batches.engine.context import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
 

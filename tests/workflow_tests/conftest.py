@@ -6,8 +6,8 @@ The callback server (`callback`, `Reply`) is shared: tests/fixtures/workflow_cal
 import asyncio
 
 from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.context import RecordContext
 from batches.engine.loops import workflow
-from batches.engine.runner import RecordContext
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
 from tests.helpers import MODEL, chat

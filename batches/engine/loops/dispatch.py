@@ -1,9 +1,10 @@
 """Which loop runs a record: plain call, tool-calling loop, or workflow."""
 
+from batches.engine.context import RecordContext
 from batches.engine.loops import plain
 
 
-async def run_record(ctx, record, body):
+async def run_record(ctx: RecordContext, record, body):
     extension = body.get("openrelay") if isinstance(body, dict) else None
     if isinstance(extension, dict) and "tool_config" in extension:
         from batches.engine.loops import toolloop

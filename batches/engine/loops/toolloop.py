@@ -19,12 +19,13 @@ every turn of the run that produced the output is counted once.
 """
 
 from batches.engine.checkpoints import decode, usage_from, usage_state
+from batches.engine.context import RecordContext
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.engine.tools.executors import ToolExecutionFailed, make_executor
 from batches.validation.extensions import RecordRejected, normalize_tool_config
 
 
-async def run(ctx, record, body):
+async def run(ctx: RecordContext, record, body):
     try:
         # Normalized again at run time, so what runs is the clamped config
         # even if the line was accepted under older limits.
@@ -46,7 +47,7 @@ class ToolLoop:
     added so far (an assistant message and its tool messages per round), the rounds, the
     usage, and the turn whose tool calls are being executed, if any."""
 
-    def __init__(self, ctx, record, executor, state):
+    def __init__(self, ctx: RecordContext, record, executor, state):
         self.ctx, self.record, self.executor = ctx, record, executor
         state = state or {}
         self.added = state.get("added", [])

@@ -28,6 +28,7 @@ import asyncio
 
 from batches.engine.calls.caller import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
+from batches.engine.context import RecordContext
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation.extensions import RecordRejected, normalize_workflow
 from openrelay.lib.ids import new_request_id
@@ -48,7 +49,7 @@ class WorkflowEnded(Exception):
         self.message = message
 
 
-async def run(ctx, record, body):
+async def run(ctx: RecordContext, record, body):
     if not ctx.workflows_enabled:
         # Create already rejects these; an admin may have turned workflows off since.
         return RecordOutcome.error("workflow_not_enabled", "Workflows are not enabled for this organization.")
@@ -70,7 +71,7 @@ def usage_block(usage):
 class WorkflowLoop:
     """One record's loop: step -> callback -> step ... until an answer ends it."""
 
-    def __init__(self, ctx, record, config):
+    def __init__(self, ctx: RecordContext, record, config):
         self.ctx = ctx
         self.record = record
         self.custom_id = record.custom_id

@@ -7,10 +7,15 @@ turns one turn's tool calls into tool results. Two kinds, chosen by
 through openrelay.lib.outbound (the guard for user-supplied URLs).
 """
 
+from __future__ import annotations
+
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from django.conf import settings
+
+if TYPE_CHECKING:
+    from batches.engine.context import RecordContext
 
 
 class ToolExecutionFailed(Exception):
@@ -38,7 +43,7 @@ class Executor(Protocol):
         """Release anything held across rounds (an MCP session)."""
 
 
-def make_executor(ctx, custom_id, tool_config):
+def make_executor(ctx: RecordContext, custom_id, tool_config):
     """The executor for a record's normalized tool_config (one per record loop).
 
     Its calls hold the record's organization's outbound slots (openrelay.lib.outbound.Slots).
