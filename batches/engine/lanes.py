@@ -1,0 +1,248 @@
+"""Which record starts: lanes, their batches' claimed records, and the slots that run them.
+
+A lane is one model in this engine: its caller (the model's gate and
+deployments), the batches of that model this engine works (`BatchRun`) and
+its slot coroutines. A slot takes the next record (`Lane.pick`: the order of
+batches.engine.fairness), runs it through its loop
+(batches.engine.loops.dispatch) and leaves the outcome for the next flush
+(batches.engine.trips), then takes the next record itself: no Task per
+record; new slots start only when records arrive faster than slots free.
+"""
+
+import asyncio
+import logging
+import math
+import time
+from collections import defaultdict
+
+import orjson
+
+from batches.engine import checkpoints
+from batches.engine.calls import budget, prefixes
+from batches.engine.context import BatchCaller, RecordContext
+from batches.engine.loops import dispatch
+from batches.engine.outcomes import RecordOutcome
+from batches.engine.scheduler import Ticket, first_in_line
+from batches.engine.trips import FLUSH_SIZE
+from batches.models import BatchStatus, Priority
+from openrelay.lib import logs
+
+logger = logging.getLogger("openrelay.engine")
+
+PREFETCH_S = 0.25
+MIN_PREFETCH = 16
+# Records a lane keeps running per call slot: a tool-calling or workflow
+# record spends part of its life waiting for the user's server, not the model.
+RECORDS_PER_SLOT = 4
+
+
+class BatchRun:
+    """One batch as this engine works it: claimed records waiting, counts, the input file."""
+
+    def __init__(self, row, lane, outbound, checkpoint_writer=None):
+        self.pk = row["pk"]
+        self.public_id = row["public_id"]
+        self.organization_id = row["organization_id"]
+        self.expedited = row["priority"] == Priority.EXPEDITED
+        self.expires_at = row["expires_at"]
+        self.input_file_id = row["input_file_id"]
+        self.status = row["status"]
+        self.lane = lane
+        self.ticket = Ticket(self.pk, self.organization_id, self.expedited)
+        self.ctx = RecordContext(
+            batch_pk=self.pk,
+            batch_public_id=self.public_id,
+            organization_id=self.organization_id,
+            endpoint=row["endpoint"],
+            model_name=row["model_name"],
+            caller=BatchCaller(lane.caller, self.ticket),
+            workflows_enabled=row["organization__workflows_enabled"],
+            outbound=outbound,
+            checkpoints=checkpoint_writer,
+        )
+        self.input = None
+        self.queue = prefixes.RecordQueue()  # claimed (ClaimedRecord, line bytes), not started yet
+        self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
+        self.holdings = []  # the answer bytes those hold (budget.Holding), given back once flushed
+        self.cursor = 0  # the last line claimed: claims continue past it
+        self.recheck_at = 0.0  # while > now, nothing is left to claim
+        self.expired_check_at = 0.0  # when to look for dead engines' records again
+        self.resume = 0  # records a dead engine left here that this engine freed: claim them now
+        self.resumed_queued = 0  # of those, claimed and waiting here: they start without waiting for room
+        self.active = 0
+        self.served = 0  # records started here: the tie-break between an organization's batches
+        self.started = 0
+        self.rate_mark = (time.monotonic(), 0)
+        self.target = min(MIN_PREFETCH, max(1, lane.gate.capacity))
+        self.closing = False
+        self.shared_prefixes = False  # its claims showed records sharing a prompt prefix
+        self.last_event = 0.0
+        self.sampled_at = -math.inf  # when this engine last took a progress sample of the batch
+
+    @property
+    def workable(self):
+        return self.status == BatchStatus.IN_PROGRESS and not self.closing
+
+    def adapt(self, now, hop_s):
+        """Size the claim-ahead from the batch's recent start rate and the database's round trip:
+        enough to start records through two trips, at least MIN_PREFETCH (or the lane's capacity)."""
+        since, started = self.rate_mark
+        if now - since < 0.05:
+            return
+        rate = (self.started - started) / (now - since)
+        floor = min(MIN_PREFETCH, max(1, self.lane.gate.capacity))
+        config = self.lane.config
+        self.target = max(floor, min(config.claim_chunk, math.ceil(rate * (2 * hop_s + PREFETCH_S))))
+        if self.shared_prefixes:
+            # Enough claimed ahead that records sharing a prefix wait here together (batches.engine.calls.prefixes).
+            self.target = max(self.target, config.prefix_window)
+        self.rate_mark = (now, self.started)
+
+
+class Lane:
+    """One model in this engine: its caller (gate and deployments), its batches, its slots."""
+
+    def __init__(self, model_id, caller, config):
+        self.model_id = model_id
+        self.caller = caller
+        self.config = config
+        self.gate = caller.gate
+        self.batches = {}
+        self.slots = set()
+        self.active = 0
+        self.org_active = defaultdict(int)
+        self.upstreams = {}  # deployment pk -> Upstream
+        self.rows = []  # the catalog's rows they were made from
+        self.retired = []  # replaced Upstreams still carrying calls
+
+    def room_for(self, run, caps):
+        """May a record of `run` start now?
+
+        The model is kept busy with a short line of ready calls at its gate
+        (`margin`); records waiting for their user's server don't count
+        against it, up to RECORDS_PER_SLOT records a slot. An organization
+        below its fair part of that may always start one, so another
+        organization's slow tools or full line never hold it back.
+        """
+        gate = self.gate
+        capacity = gate.capacity
+        if capacity <= 0:
+            return False
+        if run.resumed_queued:
+            return True  # a dead engine's record: to the head of the gate's line (liveness)
+        org = run.organization_id
+        limit = caps.limits.get(org)
+        if limit is not None and self.org_active[org] >= limit * RECORDS_PER_SLOT:
+            return False
+        bound = capacity * RECORDS_PER_SLOT
+        margin = max(4, capacity // 4)
+        if gate.ready_waiting() < gate.free + margin and self.active < bound:
+            return True
+        organizations = {r.organization_id for r in self.batches.values() if r.queue or r.active}
+        return self.org_active[org] < bound / max(1, len(organizations))
+
+    def pick(self, caps):
+        """The batch whose queued record starts next, or None: the organization with the fewest
+        records running here, then its expedited batches, then its least-served batch. Expedited
+        goes first within an organization's fair share, never across organizations (issue 42:
+        one tenant's expedited batches held another's standard batch to 29 s)."""
+        best, best_key = None, None
+        for run in self.batches.values():
+            if not run.queue or not run.workable:
+                continue
+            key = (self.org_active[run.organization_id], not run.expedited, run.active, run.served)
+            if best_key is None or key < best_key:
+                best, best_key = run, key
+        if best is None or not self.room_for(best, caps):
+            return None
+        return best
+
+
+class Lanes:
+    """The Engine's slots (a part of runner.Engine): start records on each lane, run them one after another."""
+
+    def _start_slots(self):
+        """Start records on each lane while it has room, each in a new slot coroutine.
+
+        A slot works records one after another (no Task per record), picking
+        the next one fairly itself; new slots are only needed when records
+        arrive faster than the running ones finish.
+        """
+        for lane in self.lanes.values():
+            while (run := lane.pick(self.caps)) is not None:
+                task = self.loop.create_task(self._slot(lane, self._begin(run)))
+                lane.slots.add(task)
+                task.add_done_callback(lane.slots.discard)
+
+    def _begin(self, run):
+        """Take `run`'s next queued record and count it running (before its slot even starts,
+        so the next pick sees it)."""
+        record, raw = run.queue.popleft()
+        if record.resumed and run.resumed_queued:
+            run.resumed_queued -= 1
+        lane = run.lane
+        run.active += 1
+        run.served += 1
+        run.started += 1
+        lane.active += 1
+        lane.org_active[run.organization_id] += 1
+        return run, record, raw
+
+    async def _slot(self, lane, first):
+        task = asyncio.current_task()
+        work = first
+        while work is not None:
+            run, record, raw = work
+            self.running[task] = (run, record)
+            prefixes.current_key.set(record.prefix)
+            first_in_line.set(record.resumed)
+            bound = logs.working_on(run.public_id, run.pk, record.line)
+            holding = budget.Holding(self.answers)
+            budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it
+            try:
+                outcome = await self._execute(run, record, raw)
+            except asyncio.CancelledError:
+                holding.release()
+                if not run.closing:
+                    self.handback.append(record.pk)  # stopping: back to pending for any engine
+                raise
+            except Exception as exc:  # noqa: BLE001 - a crash fails its record, not the engine
+                logger.error("record %s of %s crashed: %r", record.line, run.public_id, exc)
+                outcome = RecordOutcome.error("internal_error", "The record failed inside the worker.")
+            finally:
+                del self.running[task]
+                self._end(run)
+                logs.done(bound)
+            run.done.append((record, outcome))
+            run.holdings.append(holding)
+            self.pending += 1
+            if (not run.queue and not run.active) or self.answers.waiting:
+                # Perhaps the batch's last records (closing waits on them), or answers wait for
+                # the room this flush gives back.
+                self.flush_soon = True
+            if self.pending >= FLUSH_SIZE or len(run.queue) <= run.target // 2:
+                self._wake()
+            work = None
+            if not self.stopping and (next_run := lane.pick(self.caps)) is not None:
+                work = self._begin(next_run)
+        self._wake()
+
+    @staticmethod
+    def _end(run):
+        lane, org = run.lane, run.organization_id
+        run.active -= 1
+        lane.active -= 1
+        lane.org_active[org] -= 1
+        if not lane.org_active[org]:
+            del lane.org_active[org]
+
+    async def _execute(self, run, record, raw):
+        try:
+            body = orjson.loads(raw)["body"]
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            return RecordOutcome.error("invalid_json_line", "The input line could no longer be read as JSON.")
+        try:
+            return await dispatch.run_record(run.ctx, record, body)
+        except checkpoints.LeaseLost:
+            # Not ours any more: the flush skips this outcome (conditional on the lease).
+            return RecordOutcome.error("lease_lost", "The record's lease was lost.")
