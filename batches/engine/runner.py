@@ -24,7 +24,6 @@ import os
 import secrets
 import socket
 import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 
 from django.db import close_old_connections, connections
@@ -33,15 +32,14 @@ from django.utils import timezone
 from batches import lifecycle, progress
 from batches.dashboard import events
 from batches.engine import dbretry, finish, liveness, samples, store, tallies
-from batches.engine.calls import budget, flow
-from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.calls import budget
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
-from batches.engine.lanes import BatchRun, Lane, Lanes
-from batches.engine.scheduler import CallGate, OrgCaps, split
+from batches.engine.lanes import BatchRun, Lanes
+from batches.engine.peers import DEPLOYMENTS_EVERY_S, HEARTBEAT_S, Peers
+from batches.engine.scheduler import OrgCaps
 from batches.engine.trips import FLUSH_EVERY_S, CheckpointWriter, Trips
 from batches.models import Batch, BatchStatus
-from openrelay.core.models import DeploymentHealth
 from openrelay.lib.outbound import OutboundClient
 
 logger = logging.getLogger("openrelay.engine")
@@ -50,11 +48,9 @@ POLL_S = 0.2  # how often the engine reads the running batches
 # How often it looks for a new batch (one primary-key lookup): a new batch's first
 # call waited for the next poll and then a loop's sleep, 0.17-0.45 s on an idle cluster.
 WATCH_S = 0.05
-HEARTBEAT_S = 0.5  # how often engines count each other and publish what they hold
-DEPLOYMENTS_EVERY_S = 2.0
 
 
-class Engine(Lanes, Trips):
+class Engine(Lanes, Peers, Trips):
     """Works every running batch (or, driven in-process, the batches in `only`)."""
 
     def __init__(self, only=None, until_closed=False):
@@ -337,170 +333,6 @@ class Engine(Lanes, Trips):
         batch = Batch.objects.select_related("organization").filter(pk=pk).first()
         if batch is not None:
             dbretry.call(close, batch)
-
-    def _set_caps(self, rows):
-        caps = {}
-        for row in rows:
-            cap = row["organization__max_concurrency"]
-            if cap:
-                caps[row["organization_id"]] = split(cap, self.rank, self.engines)
-        if caps != self.caps.limits:
-            self.caps.set_limits(caps)
-
-    # ------------------------------------------------------------ models and deployments
-
-    async def _open_lane(self, model_id):
-        caller = ModelCaller(
-            [],
-            time_limit_s=self.config.call_time_limit_s,
-            retries=self.config.upstream_retries,
-            idle_timeout_s=self.config.idle_timeout_s,
-            gate=CallGate(self.caps),
-            health=self.health,
-        )
-        await caller.__aenter__()
-        lane = self.lanes[model_id] = Lane(model_id, caller, self.config)
-        self._reconcile(lane, (await self.db(store.deployments, [model_id])).get(model_id, []))
-        await self._heartbeat()  # publish what it will hold of the new deployments, then take it
-        return lane
-
-    async def _refresh_deployments(self):
-        if not self.lanes:
-            return
-        rows = await self.db(store.deployments, list(self.lanes))
-        for model_id, lane in list(self.lanes.items()):
-            if not lane.batches and not lane.active:
-                await lane.caller.__aexit__(None, None, None)
-                lane.gate.close()
-                del self.lanes[model_id]
-                continue
-            self._reconcile(lane, rows.get(model_id, []))
-
-    def _reconcile(self, lane, rows):
-        """Bring the lane's deployments in line with the catalog: new ones join, changed ones are
-        replaced, removed or disabled ones retire once their calls end; every share is re-split."""
-        lane.rows = rows
-        current = {}
-        for index, row in enumerate(rows):
-            upstream = lane.upstreams.get(row["pk"])
-            settings_now = (row["base_url"], row["upstream_model"] or row["model__name"], row["api_key"])
-            if upstream is None or upstream.settings != settings_now:
-                if upstream is not None:
-                    self._retire(lane, upstream)
-                upstream = Upstream(*settings_now, row["max_concurrency"], deployment_id=row["pk"], config=self.config)
-            upstream.concurrency = max(1, row["max_concurrency"])
-            # Offset by the deployment's place, so the engines that take one slot more
-            # are not the same ones on every deployment; never more than the others
-            # leave (a joining engine waits for them to shrink to their new parts).
-            # An engine publishes its part (heartbeat's `holding`) before it takes it.
-            upstream.part = split(upstream.concurrency, self.rank + index, self.engines)
-            left = upstream.concurrency - self.others_holding.get(row["pk"], 0)
-            upstream.allot(max(0, min(upstream.part, left)) if upstream.published else 0)
-            self._adopt_health(lane, upstream, row)
-            current[row["pk"]] = upstream
-        for pk, upstream in lane.upstreams.items():
-            if pk not in current and upstream not in lane.retired:
-                self._retire(lane, upstream)
-        lane.upstreams = current
-        lane.gate.upstreams = list(current.values()) + [u for u in lane.retired if u.in_use]
-        for upstream in [u for u in lane.retired if not u.in_use]:
-            upstream.close()
-            lane.retired.remove(upstream)
-        lane.gate.dispatch()
-        self._wake()
-
-    def _retire(self, lane, upstream):
-        self.health.forget(upstream)
-        upstream.healthy = False  # no new calls; those in flight finish
-        upstream.allot(0)
-        lane.retired.append(upstream)
-
-    def _adopt_health(self, lane, upstream, row):
-        """Another engine found the deployment failing after we last heard of it: take it out too
-        (and probe it, or send it canaries, ourselves) rather than send it calls that will fail.
-        The row's health_changed_at is exactly the time this engine last wrote there
-        (_health_changed), so its own change never reads as another engine's."""
-        changed = row["health_changed_at"]
-        if (
-            row["health"] == DeploymentHealth.UNHEALTHY
-            and upstream.healthy
-            and changed is not None
-            and (upstream.health_seen_at is None or changed > upstream.health_seen_at)
-        ):
-            self.health.adopt(lane.gate, upstream, row["last_error"], row["needs_canary"])
-        upstream.health_seen_at = max(filter(None, (changed, upstream.health_seen_at)), default=None)
-
-    def _health_changed(self, upstream):
-        upstream.health_seen_at = timezone.now()
-        if upstream.deployment_id is None:
-            return
-        state = DeploymentHealth.HEALTHY if upstream.healthy else DeploymentHealth.UNHEALTHY
-        self.loop.create_task(
-            self.db(
-                store.save_health,
-                upstream.deployment_id,
-                state,
-                upstream.health_seen_at,
-                upstream.last_error,
-                upstream.canary and not upstream.healthy,
-            )
-        )
-
-    async def _heartbeat(self):
-        upstreams = [u for lane in self.lanes.values() for u in lane.gate.upstreams if u.deployment_id is not None]
-        holding = {str(u.deployment_id): max(u.part, u.share, u.in_use) for u in upstreams}
-        try:
-            live, freed, limits = await self.db(self.liveness.beat, holding, not self.beaten)
-        except store.Fenced:
-            logger.error("engine %s was taken for dead and its records taken over; starting again", self.owner)
-            raise
-        self.beaten = True
-        for upstream in upstreams:
-            if limits.get(upstream.deployment_id):
-                upstream.absorb(limits[upstream.deployment_id])
-        self._resume(freed)
-        self.resuming = self.resuming or bool(freed)
-        await self.db(tallies.publish, self.owner, tallies.take(upstreams))
-        for upstream in upstreams:
-            upstream.published = True
-        owners = [owner for owner, _, _ in live]
-        self.rank = owners.index(self.owner) if self.owner in owners else 0
-        self.engines = max(1, len(owners))
-        others = defaultdict(int)
-        for owner, held, _ in live:
-            if owner != self.owner:
-                for deployment, calls in held.items():
-                    others[int(deployment)] += calls
-        self.others_holding = others
-        limits = flow.peer_limits(live, self.owner)
-        for upstream in upstreams:
-            if limits.get(upstream.deployment_id):
-                upstream.level_with(limits[upstream.deployment_id])
-        if not self.resuming:
-            for lane in self.lanes.values():
-                self._reconcile(lane, lane.rows)
-
-    async def _take_over(self):
-        """Claim and start what dead engines left, then take their shares: the slots they free
-        go to their records first (those wait at the head of the gate's line), not to ours."""
-        self.resuming = False
-        await self._trip(self._claims(time.monotonic()))
-        await asyncio.sleep(0)  # the new slots run up to the gate
-        for lane in self.lanes.values():
-            self._reconcile(lane, lane.rows)
-
-    def _resume(self, freed):
-        """Claim at once what dead engines left of our batches ({batch pk: records freed})."""
-        for pk, n in freed.items():
-            run = self.batches.get(pk)
-            if run is not None:
-                run.resume += n
-                run.recheck_at = run.expired_check_at = 0.0
-            else:
-                self.freed[pk] = self.freed.get(pk, 0) + n
-        if freed:
-            logger.info("took over %s records of dead engines", sum(freed.values()))
-            self._wake()
 
     def _close_finished(self, pks):
         """Close the batches this engine's flush finished, whatever its rank: the close is
