@@ -1,0 +1,180 @@
+"""The batches this engine works: which are running (the poll), joining and leaving them, closing them.
+
+Every POLL_S (at once when a batch is created: runner.Engine._watch) the
+engine reads the running batches, starts the validated ones, joins a new
+batch to its model's lane (batches.engine.lanes), drops the ones gone, and
+closes (finalizes, expires, cancels: batches.engine.finish) the ones due, on
+the closer thread so a close never holds up a trip. Closing is the first
+engine's by rank; the sweeper closes what a dead one left. Live events and
+progress samples of the batches a trip wrote go out beside the loop.
+"""
+
+import asyncio
+import logging
+import time
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+from batches import lifecycle, progress
+from batches.dashboard import events
+from batches.engine import dbretry, finish, samples, store
+from batches.engine.lanes import BatchRun
+from batches.models import Batch, BatchStatus
+
+logger = logging.getLogger("openrelay.engine")
+
+
+class BatchSet:
+    """The Engine's running batches (a part of runner.Engine)."""
+
+    async def _poll(self):
+        rows = await self.db(store.active_batches, self.only)
+        seen = set()
+        now = timezone.now()
+        for row in rows:
+            pk = row["pk"]
+            seen.add(pk)
+            run = self.batches.get(pk)
+            if row["status"] == BatchStatus.VALIDATING:
+                if not await self.db(self._start_batch, pk):
+                    continue
+                row["status"] = BatchStatus.IN_PROGRESS
+            if run is None and row["status"] == BatchStatus.IN_PROGRESS and row["model_id"] is not None:
+                run = await self._join(row)
+            if run is not None:
+                run.status = row["status"]
+            if pk in self.closes or not self._closes_batches():
+                if run is not None and (row["status"] != BatchStatus.IN_PROGRESS or row["expires_at"] <= now):
+                    self._stop_batch(run)
+                continue
+            close = None
+            if row["status"] == BatchStatus.CANCELLING:
+                close = finish.complete_cancellation
+            elif row["expires_at"] <= now:
+                close = finish.expire_if_due
+            elif row["completed_count"] + row["failed_count"] >= row["total_count"]:
+                close = finish.finalize_if_done
+            if close is not None:
+                if run is not None:
+                    self._stop_batch(run)
+                self._close(pk, close)
+        for pk in [pk for pk in self.batches if pk not in seen]:
+            self._drop(self.batches[pk])
+        self._set_caps(rows)
+
+    def _nothing_to_do(self):
+        """An in-process engine is done when its batches are closed, or can't run here at all
+        (their model has no enabled deployment)."""
+        if self.closes or self.running:
+            return False
+        return all(not run.lane.upstreams and not run.queue for run in self.batches.values())
+
+    def _closes_batches(self):
+        """Closing is left to one engine (the first by rank), so a batch's files are built once;
+        an in-process engine closes its own batches. The sweeper closes what a dead one left."""
+        return self.only is not None or self.rank == 0
+
+    @staticmethod
+    def _start_batch(pk):
+        batch = Batch.objects.filter(pk=pk, status=BatchStatus.VALIDATING).first()
+        # Losing this race to another engine is normal: the winner's status is read next poll.
+        return batch is not None and lifecycle.transition(batch, BatchStatus.IN_PROGRESS)
+
+    async def _join(self, row):
+        lane = self.lanes.get(row["model_id"])
+        if lane is None:
+            lane = await self._open_lane(row["model_id"])
+        run = BatchRun(row, lane, self.outbound, self.checkpoints)
+        run.resume = self.freed.pop(run.pk, 0)
+        lane.batches[run.pk] = run
+        self.batches[run.pk] = run
+        self._wake()  # claim its first records now, not after the loop's next sleep
+        return run
+
+    def _stop_batch(self, run):
+        """Cancelled, expired or closing: stop its calls in flight and forget its queue
+        (whoever closes the batch marks those records; our flush skips them)."""
+        if run.closing:
+            return
+        run.closing = True
+        run.queue.clear()
+        for task, (owner_run, _) in list(self.running.items()):
+            if owner_run is run:
+                task.cancel()
+
+    def _drop(self, run):
+        self._stop_batch(run)
+        del self.batches[run.pk]
+        del run.lane.batches[run.pk]
+        if run.input is not None:
+            self.db_thread.submit(run.input.close)
+
+    def _close(self, pk, close):
+        async def closing():
+            try:
+                await self.loop.run_in_executor(self.closer, self._close_batch, pk, close)
+            except Exception:
+                logger.exception("closing batch %s failed; the sweeper tries again", pk)
+            finally:
+                del self.closes[pk]
+                self.poll_now = True  # see the batch closed (and let an in-process engine end) at once
+                self._wake()
+
+        self.closes[pk] = self.loop.create_task(closing())
+
+    @staticmethod
+    def _close_batch(pk, close):
+        close_old_connections()
+        batch = Batch.objects.select_related("organization").filter(pk=pk).first()
+        if batch is not None:
+            dbretry.call(close, batch)
+
+    def _close_finished(self, pks):
+        """Close the batches this engine's flush finished, whatever its rank: the close is
+        conditional (one engine moves a batch to finalizing), and waiting for the
+        closing engine's poll cost 0.25-0.45 s a batch."""
+        for pk in pks:
+            if pk in self.closes:
+                continue
+            run = self.batches.get(pk)
+            if run is not None:
+                self._stop_batch(run)
+            self._close(pk, finish.finalize_if_done)
+
+    async def _announce(self, written):
+        """Live events for the batches this trip wrote, each at most every MIN_INTERVAL_S.
+
+        Sent beside the loop, not in it: a group send to channels-redis costs
+        1.5-3 ms, and 100 running batches' events sent one after another held
+        every claim and flush back by ~0.4 s. One sending at a time; a batch
+        whose turn is skipped is due again after the next trip. The batches'
+        progress samples (batches.engine.samples) are taken on the same turn,
+        at most every SAMPLE_EVERY_S a batch, before the snapshots are read.
+        """
+        if self.announcing is not None and not self.announcing.done():
+            return
+        now = time.monotonic()
+        due, sample = [], []
+        for pk, count in written.items():
+            run = self.batches.get(pk)
+            if run is None or not count:
+                continue
+            if now - run.last_event >= events.MIN_INTERVAL_S:
+                run.last_event = now
+                due.append(pk)
+            if now - run.sampled_at >= progress.SAMPLE_EVERY_S:
+                run.sampled_at = now
+                sample.append(pk)
+        if due or sample:
+            self.announcing = self.loop.create_task(self._send_events(due, sample))
+
+    async def _send_events(self, batch_pks, sample=()):
+        if sample:
+            try:
+                await self.db(samples.take, sample)
+            except Exception:  # samples draw a chart; the batch's counts are the truth
+                logger.warning("could not store progress samples", exc_info=True)
+        if batch_pks:
+            snapshots = await self.db(events.snapshots, batch_pks)
+            await asyncio.gather(*(events.send(event) for event in snapshots))
