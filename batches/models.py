@@ -184,7 +184,7 @@ class Engine(models.Model):
     Its heartbeat (`seen_at`, renewed with its records' leases) is how the
     engines count each other: each takes its part of every deployment's
     max_concurrency and every organization's cap by its rank among the
-    live ones (batches.engine.scheduler.split). A clean stop deletes the
+    live ones (batches.engine.fairness.split). A clean stop deletes the
     row, so the others take its part at once. A joining engine takes its
     part only as the others give theirs up (`holding`), so together they
     never exceed a deployment's limit.

@@ -16,7 +16,7 @@ from batches.engine import checkpoints
 
 if TYPE_CHECKING:
     from batches.engine.calls.caller import CallResult
-    from batches.engine.scheduler import Ticket
+    from batches.engine.fairness import Ticket
     from batches.engine.store import ClaimedRecord
     from openrelay.lib.outbound import OutboundClient
 

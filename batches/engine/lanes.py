@@ -20,9 +20,9 @@ import orjson
 from batches.engine import checkpoints
 from batches.engine.calls import budget, prefixes
 from batches.engine.context import BatchCaller, RecordContext
+from batches.engine.fairness import Ticket, place_record, turn
 from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
-from batches.engine.scheduler import Ticket, first_in_line
 from batches.engine.trips import FLUSH_SIZE
 from batches.models import BatchStatus, Priority
 from openrelay.lib import logs
@@ -142,15 +142,13 @@ class Lane:
         return self.org_active[org] < bound / max(1, len(organizations))
 
     def pick(self, caps):
-        """The batch whose queued record starts next, or None: the organization with the fewest
-        records running here, then its expedited batches, then its least-served batch. Expedited
-        goes first within an organization's fair share, never across organizations (issue 42:
-        one tenant's expedited batches held another's standard batch to 29 s)."""
+        """The batch whose queued record starts next, or None: the first by fairness.turn, counting
+        records running here (the gate counts calls in flight), if it has room to start one."""
         best, best_key = None, None
         for run in self.batches.values():
             if not run.queue or not run.workable:
                 continue
-            key = (self.org_active[run.organization_id], not run.expedited, run.active, run.served)
+            key = turn(self.org_active[run.organization_id], run.expedited, run.active, run.served)
             if best_key is None or key < best_key:
                 best, best_key = run, key
         if best is None or not self.room_for(best, caps):
@@ -194,8 +192,7 @@ class Lanes:
         while work is not None:
             run, record, raw = work
             self.running[task] = (run, record)
-            prefixes.current_key.set(record.prefix)
-            first_in_line.set(record.resumed)
+            place_record(record.prefix, record.resumed)
             bound = logs.working_on(run.public_id, run.pk, record.line)
             holding = budget.Holding(self.answers)
             budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it

@@ -22,8 +22,8 @@ from django.utils import timezone
 from batches.engine import store, tallies
 from batches.engine.calls import flow
 from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.fairness import CallGate, split
 from batches.engine.lanes import Lane
-from batches.engine.scheduler import CallGate, split
 from openrelay.core.models import DeploymentHealth
 
 logger = logging.getLogger("openrelay.engine")

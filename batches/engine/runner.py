@@ -42,9 +42,9 @@ from batches.engine.batch_set import BatchSet
 from batches.engine.calls import budget
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
+from batches.engine.fairness import OrgCaps
 from batches.engine.lanes import Lanes
 from batches.engine.peers import DEPLOYMENTS_EVERY_S, HEARTBEAT_S, Peers
-from batches.engine.scheduler import OrgCaps
 from batches.engine.trips import FLUSH_EVERY_S, CheckpointWriter, Trips
 from openrelay.lib.outbound import OutboundClient
 

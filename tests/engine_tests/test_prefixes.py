@@ -7,7 +7,7 @@ import random
 import orjson
 
 from batches.engine.calls.prefixes import RecordQueue, current_key, home_of, prefix_key
-from batches.engine.scheduler import CallGate, OrgCaps, Ticket
+from batches.engine.fairness import CallGate, OrgCaps, Ticket
 from batches.engine.store import ClaimedRecord
 
 SYSTEM = [f"You are assistant number {i}. " + "Follow the house rules closely. " * 60 for i in range(5)]

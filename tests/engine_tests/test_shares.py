@@ -8,8 +8,8 @@ import pytest
 from aiohttp import web
 from django.db import connections
 
+from batches.engine.fairness import CallGate, OrgCaps, Ticket, split
 from batches.engine.runner import Engine
-from batches.engine.scheduler import CallGate, OrgCaps, Ticket, split
 from batches.models import Batch
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread

@@ -32,7 +32,7 @@ from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
 from batches.engine.calls.usage import Usage  # the engine's modules import it from here too
 from batches.engine.config import EngineConfig
-from batches.engine.scheduler import CallGate, OrgCaps, Ticket
+from batches.engine.fairness import CallGate, OrgCaps, Ticket
 from openrelay.lib.redaction import redact, redact_json, secrets_of
 
 logger = logging.getLogger("openrelay.engine")
@@ -113,7 +113,7 @@ class Upstream:
     """A deployment as the engine needs it (no ORM objects inside the loop).
 
     `allotted` is this engine's part of the deployment's max_concurrency
-    (the live engines split it, scheduler.split); `share` the calls the gate
+    (the live engines split it, fairness.split); `share` the calls the gate
     may send it now: the adaptive limit (`flow`, batches.engine.calls.flow) within
     that part; `in_use` the calls in flight on it; `healthy` whether it is
     in the rotation (health.Health decides).

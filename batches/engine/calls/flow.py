@@ -1,7 +1,7 @@
 """Adaptive concurrency: how many calls this engine keeps in flight at one deployment.
 
 A deployment's `max_concurrency` is a ceiling, not a target. Each engine
-keeps a `FlowControl` for its part of it (scheduler.split) and moves the
+keeps a `FlowControl` for its part of it (fairness.split) and moves the
 limit between a floor and that part, from what the server's answers say:
 
 - **Overload** (a 429, a 503, a call cut by the idle timeout or the call

@@ -29,7 +29,7 @@ from contextvars import ContextVar
 
 PROMPT_NAMES = (b'"messages"', b'"input"', b'"prompt"')
 
-# The key of the record the running slot works on: its calls read it (scheduler.CallGate).
+# The key of the record the running slot works on: its calls read it (fairness.CallGate).
 current_key = ContextVar("current_key", default=None)
 
 

@@ -1,21 +1,25 @@
-"""Fair shares of model capacity: between engines, organizations and batches.
-
-Three levels, each in one place here:
+"""Fairness: who goes next, decided here for every level, in one order (`turn`).
 
 - Between engines (worker processes on any machine): every live engine can
   claim any record, so a deployment's max_concurrency (and an
   organization's cap) is split evenly over the live engines by rank
-  (`split`). An engine that joins or leaves moves every share at the next
-  heartbeat.
-- Between organizations, inside an engine: the model's call slots
-  (`CallGate`) go to the waiting organization with the fewest calls in
-  flight on the model, within its cap (`OrgCaps`); within an organization,
-  its expedited batches' calls go first (never ahead of another
-  organization's fair share).
-- Between one organization's batches: the batch with the fewest calls in
-  flight goes next (round robin when they are even).
+  (`split`; batches.engine.peers applies it at each heartbeat). An engine
+  that joins or leaves moves every share at the next heartbeat.
+- Between organizations, inside an engine, and between one organization's
+  batches: `turn` orders them, and both places that choose use it: which
+  record starts next on a model (batches.engine.lanes.Lane.pick, counting
+  records running) and which waiting call gets the model's next call slot
+  (`CallGate`, counting calls in flight): the organization with the fewest
+  running (within its cap, `OrgCaps`), then its expedited batches (never
+  ahead of another organization's fair share), then its batch with the
+  fewest running, then its least served (round robin when they are even).
 
 Work-conserving: a slot nobody else waits for goes to whoever waits.
+
+A call stands at the gate as its record does (`place_record`, set by the
+slot that runs the record): a record a dead engine had in flight goes to the
+head of its batch's line, and a record's prompt prefix steers its calls to
+the deployment that has the prefix cached (batches.engine.calls.prefixes).
 """
 
 import asyncio
@@ -27,6 +31,22 @@ from batches.engine.calls import prefixes
 # Set by the engine for a record a dead engine had in flight (batches.engine.liveness): its
 # calls wait at the head of their batch's line, not behind the records claimed since.
 first_in_line = ContextVar("first_in_line", default=False)
+
+
+def turn(org_running, expedited, batch_running, batch_served=0):
+    """The order of who goes next, smallest first: the organization with the fewest running, then
+    its expedited batches, then its batch with the fewest running, then its least served.
+
+    Expedited goes first within an organization's fair share, never across organizations (issue
+    42: one tenant's expedited batches held another's standard batch to 29 s)."""
+    return (org_running, not expedited, batch_running, batch_served)
+
+
+def place_record(prefix, resumed):
+    """The record the running slot works on now, as its calls stand at the gate: its prompt
+    prefix's key (the deployment it prefers) and whether a dead engine had it in flight."""
+    prefixes.current_key.set(prefix)
+    first_in_line.set(resumed)
 
 
 def split(total, rank, count):
@@ -239,8 +259,8 @@ class CallGate:
         self.caps.take(ticket.organization_id)
 
     def dispatch(self):
-        """Hand free slots to waiters: the organization with the fewest calls on this model (within
-        its cap), then its expedited batches, then its least-served batch."""
+        """Hand free slots to waiters in `turn` order: the organization with the fewest calls on this
+        model (within its cap), then its expedited batches, then its batch with the fewest calls."""
         while self.waiting:
             if self._free_upstream() is None:
                 return
@@ -257,30 +277,33 @@ class CallGate:
             future.set_result(upstream)
 
     def _next(self):
+        """The next waiter by `turn`: its organization first (`_fewest_calls`), then its batch."""
         org = self._fewest_calls(self._queues[True], self._queues[False])
         if org is None:
             return None
+        best, best_turn = None, None
         for expedited in (True, False):
-            orgs = self._queues[expedited]
-            by_batch = orgs.get(org)
-            if by_batch is None:
-                continue
-            if len(by_batch) == 1:
-                batch_pk = next(iter(by_batch))
-            else:
-                batch_pk = min(by_batch, key=lambda pk: by_batch[pk][0][1].calls)
-            queue = by_batch[batch_pk]
-            entry = queue.popleft()
-            self.waiting -= 1
-            if not queue:
-                del by_batch[batch_pk]
-                if not by_batch:
-                    del orgs[org]
-            return entry
-        return None
+            for batch_pk, queue in self._queues[expedited].get(org, {}).items():
+                key = turn(0, expedited, queue[0][1].calls)
+                if best_turn is None or key < best_turn:
+                    best, best_turn = (expedited, batch_pk), key
+        if best is None:
+            return None
+        expedited, batch_pk = best
+        orgs = self._queues[expedited]
+        by_batch = orgs[org]
+        queue = by_batch[batch_pk]
+        entry = queue.popleft()
+        self.waiting -= 1
+        if not queue:
+            del by_batch[batch_pk]
+            if not by_batch:
+                del orgs[org]
+        return entry
 
     def _fewest_calls(self, *waiting):
-        """The waiting organization (not at its cap) with the fewest calls in flight on this model, or None.
+        """The waiting organization (not at its cap) with the fewest calls in flight on this model, or
+        None: `turn`'s first key.
 
         A plain loop: this runs on every slot's release, and with one
         organization waiting (the common case) it is a lookup or two.
