@@ -8,7 +8,7 @@ from aiohttp import web
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.base import ToolExecutionFailed
 from tests.echoes import assert_no_piece, echoes
 from tests.mcp_tests.conftest import (
     SESSION,

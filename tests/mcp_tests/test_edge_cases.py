@@ -7,7 +7,7 @@ import socket
 import pytest
 from aiohttp import web
 
-from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
+from batches.engine.tools.base import ToolExecutionFailed, ToolResult
 from openrelay.lib.outbound import HOST_REFUSED, OutboundClient
 from tests.fixtures.mcp_servers import AUTHORIZATION, SECRET, rpc_methods
 

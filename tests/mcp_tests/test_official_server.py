@@ -2,7 +2,7 @@
 
 import pytest
 
-from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
+from batches.engine.tools.base import ToolExecutionFailed, ToolResult
 from batches.engine.tools.mcp import CLIENT_NAME, CLIENT_VERSION
 from tests.fixtures.mcp_servers import AUTHORIZATION, SECRET, rpc_methods
 

@@ -5,7 +5,7 @@ import asyncio
 import httpx
 import pytest
 
-from batches.engine.tools.executors import ToolResult
+from batches.engine.tools.base import ToolResult
 from batches.engine.tools.mcp import ACCEPT, McpExecutor
 from openrelay.lib.outbound import OutboundClient
 from tests.fixtures.mcp_servers import AUTHORIZATION

@@ -12,7 +12,7 @@ import socket
 
 import pytest
 
-from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.base import ToolExecutionFailed
 from batches.engine.tools.http_executor import HttpExecutor
 from batches.engine.tools.mcp import McpExecutor
 from batches.validation.extensions import RecordRejected, normalize_tool_config, normalize_workflow

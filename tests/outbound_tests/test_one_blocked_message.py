@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.base import ToolExecutionFailed
 from batches.engine.tools.http_executor import HttpExecutor
 from openrelay.lib.outbound import HOST_REFUSED, OutboundClient, OutboundError, check_url
 

@@ -8,7 +8,7 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.base import ToolExecutionFailed
 from batches.engine.tools.http_executor import HttpExecutor
 from openrelay.lib.outbound import OutboundClient
 from tests.echoes import assert_no_piece, echoes

@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from batches.engine.calls.caller import Usage
-from batches.engine.tools.executors import ToolExecutionFailed
+from batches.engine.tools.base import ToolExecutionFailed
 from batches.engine.tools.http_executor import parse_results
 from tests.fixtures.tool_executor import missing_result, raw, redirect, shaped, sleep, status, streamed
 from tests.tool_tests.conftest import CHAT, SIM_MODEL

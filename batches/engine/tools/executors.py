@@ -9,38 +9,16 @@ through openrelay.lib.outbound (the guard for user-supplied URLs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
+from batches.engine.tools.base import Executor, ToolExecutionFailed, ToolResult
+
+__all__ = ["Executor", "ToolExecutionFailed", "ToolResult", "make_executor"]
+
 if TYPE_CHECKING:
     from batches.engine.context import RecordContext
-
-
-class ToolExecutionFailed(Exception):
-    """The executor failed; the record fails with code tool_execution_failed.
-
-    The message goes into the error file, so it must never contain the
-    authorization value or other header values.
-    """
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    tool_call_id: str
-    content: str
-
-
-class Executor(Protocol):
-    async def execute(self, tool_calls: list[dict], key: str | None = None) -> list[ToolResult]:
-        """Run one turn's tool calls (OpenAI `tool_calls` objects); one result per call, in order.
-
-        `key` is the round's Idempotency-Key (the same whenever the round is sent again).
-        """
-
-    async def close(self) -> None:
-        """Release anything held across rounds (an MCP session)."""
 
 
 def make_executor(ctx: RecordContext, custom_id, tool_config):

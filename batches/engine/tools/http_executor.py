@@ -21,7 +21,7 @@ executor that echoes its credential back must not hand it on.
 
 import orjson
 
-from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
+from batches.engine.tools.base import ToolExecutionFailed, ToolResult
 from openrelay.lib.outbound import OutboundError
 from openrelay.lib.redaction import redact, secrets_of
 

@@ -63,7 +63,7 @@ from typing import Any, TypeGuard
 import orjson
 
 from batches.engine.checkpoints import idempotency_key
-from batches.engine.tools.executors import ToolExecutionFailed, ToolResult
+from batches.engine.tools.base import ToolExecutionFailed, ToolResult
 from openrelay.lib.outbound import OutboundClient, OutboundError, OutboundResponse
 from openrelay.lib.redaction import redact, secrets_of
 
