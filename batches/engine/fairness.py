@@ -19,14 +19,14 @@ Work-conserving: a slot nobody else waits for goes to whoever waits.
 A call stands at the gate as its record does (`place_record`, set by the
 slot that runs the record): a record a dead engine had in flight goes to the
 head of its batch's line, and a record's prompt prefix steers its calls to
-the deployment that has the prefix cached (batches.engine.calls.prefixes).
+the deployment that has the prefix cached (batches.engine.prefixes).
 """
 
 import asyncio
 from collections import defaultdict, deque
 from contextvars import ContextVar
 
-from batches.engine.calls import prefixes
+from batches.engine import prefixes
 
 # Set by the engine for a record a dead engine had in flight (batches.engine.liveness): its
 # calls wait at the head of their batch's line, not behind the records claimed since.
@@ -160,7 +160,7 @@ class CallGate:
         return ready
 
     def _free_upstream(self, key=None):
-        """The deployment `key` (a prompt prefix's, batches.engine.calls.prefixes) prefers if it has room,
+        """The deployment `key` (a prompt prefix's, batches.engine.prefixes) prefers if it has room,
         else the healthy deployment with the most of its share free (by fraction, so calls spread
         over deployments in proportion to their concurrency)."""
         if len(self.upstreams) == 1:

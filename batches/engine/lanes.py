@@ -17,8 +17,8 @@ from collections import defaultdict
 
 import orjson
 
-from batches.engine import checkpoints
-from batches.engine.calls import budget, prefixes
+from batches.engine import checkpoints, prefixes
+from batches.engine.calls import budget
 from batches.engine.context import BatchCaller, RecordContext
 from batches.engine.fairness import Ticket, place_record, turn
 from batches.engine.loops import dispatch
@@ -94,7 +94,7 @@ class BatchRun:
         config = self.lane.config
         self.target = max(floor, min(config.claim_chunk, math.ceil(rate * (2 * hop_s + PREFETCH_S))))
         if self.shared_prefixes:
-            # Enough claimed ahead that records sharing a prefix wait here together (batches.engine.calls.prefixes).
+            # Enough claimed ahead that records sharing a prefix wait here together (batches.engine.prefixes).
             self.target = max(self.target, config.prefix_window)
         self.rate_mark = (now, self.started)
 

@@ -34,7 +34,7 @@ class ClaimedRecord:
     length: int
     checkpoint: bytes | None = None  # the loop state a resumed multi-step record continues from
     resumed: bool = False  # claimed because its lease ran out (its engine died)
-    prefix: int | None = None  # its prompt prefix's key (batches.engine.calls.prefixes), read with its line
+    prefix: int | None = None  # its prompt prefix's key (batches.engine.prefixes), read with its line
 
 
 class ResultRow(NamedTuple):

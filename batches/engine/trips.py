@@ -17,8 +17,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from batches.engine import dbretry, store, tallies
-from batches.engine.calls import prefixes
+from batches.engine import dbretry, prefixes, store, tallies
 from batches.engine.checkpoints import LeaseLost
 from files.models import File
 from files.services import open_records
@@ -153,7 +152,7 @@ class FlushAndClaim:
 
 def read_lines(batches, records, prefix_bytes):
     """{batch pk: [(ClaimedRecord, its input line)]} for the records a trip claimed, each with its
-    prompt prefix's key (batches.engine.calls.prefixes). On the database thread, after the trip."""
+    prompt prefix's key (batches.engine.prefixes). On the database thread, after the trip."""
     claimed = {}
     for pk, batch_records in records.items():
         run = batches.get(pk)

@@ -1,4 +1,4 @@
-"""Prefix-aware dispatch (batches.engine.calls.prefixes): keys read from input lines, records grouped by
+"""Prefix-aware dispatch (batches.engine.prefixes): keys read from input lines, records grouped by
 them, a key's calls sent to one deployment while it has room."""
 
 import asyncio
@@ -6,8 +6,8 @@ import random
 
 import orjson
 
-from batches.engine.calls.prefixes import RecordQueue, current_key, home_of, prefix_key
 from batches.engine.fairness import CallGate, OrgCaps, Ticket
+from batches.engine.prefixes import RecordQueue, current_key, home_of, prefix_key
 from batches.engine.store import ClaimedRecord
 
 SYSTEM = [f"You are assistant number {i}. " + "Follow the house rules closely. " * 60 for i in range(5)]

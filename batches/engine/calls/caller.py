@@ -167,7 +167,7 @@ class Upstream:
         self._heads = {}
         self._concealers = {}  # the catalog name asked for -> its pattern (Upstream.conceal)
         self.metrics = MetricsReader(self)
-        # Prefix keys hash to a deployment by this (batches.engine.calls.prefixes.home_of): the same on every engine.
+        # Prefix keys hash to a deployment by this (batches.engine.prefixes.home_of): the same on every engine.
         self.affinity_seed = str(deployment_id if deployment_id is not None else base_url).encode()
 
     def allot(self, calls):
