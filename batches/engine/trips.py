@@ -17,7 +17,8 @@ from datetime import timedelta
 
 from django.utils import timezone
 
-from batches.engine import dbretry, prefixes, store, tallies
+from batches.engine import dbretry, prefixes, store
+from batches.engine.calls import tallies
 from batches.engine.checkpoints import LeaseLost
 from files.models import File
 from files.services import open_records

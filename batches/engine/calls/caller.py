@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from batches.engine import tallies
+from batches.engine.calls import tallies
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError

@@ -62,7 +62,7 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:k
 
 
 class Figures(NamedTuple):
-    """What an engine publishes of one deployment with each heartbeat (batches.engine.tallies.take),
+    """What an engine publishes of one deployment with each heartbeat (batches.engine.calls.tallies.take),
     stored as a JSON list on its Engine row: the operator page and GET /metrics sum them over the
     live engines, and the other engines level their limits with `limit` (peer_limits)."""
 
