@@ -72,6 +72,7 @@ def test_records_done_in_the_last_minute_are_read_from_the_samples():
 def test_an_engine_reports_a_deployments_last_minute_after_its_lane_closed():
     from batches.engine.calls import tallies
     from batches.engine.calls.caller import CallResult
+    from batches.engine.calls.flow import Figures
 
     class Upstream:
         deployment_id, in_use, share = 991, 2, 6
@@ -79,5 +80,5 @@ def test_an_engine_reports_a_deployments_last_minute_after_its_lane_closed():
     tallies.take()  # whatever earlier tests counted
     for status in (200, 200, 500):
         tallies.call(991, CallResult(kind="response", status_code=status), 0.01)
-    assert tallies.take([Upstream()])[1]["991"] == [2, 3, 1, 6]  # in flight, a minute, failed, the limit now
-    assert tallies.take([])[1]["991"] == [0, 3, 1, None]  # no Upstream any more: still the last minute's calls
+    assert tallies.take([Upstream()])[1]["991"] == Figures(in_flight=2, calls=3, failed=1, limit=6)
+    assert tallies.take([])[1]["991"] == Figures(0, 3, 1, None)  # no Upstream any more: still the last minute's calls
