@@ -20,6 +20,7 @@ CheckpointWriter, is a database trip: batches.engine.trips).
 
 import hashlib
 import zlib
+from typing import Any
 
 import orjson
 
@@ -34,14 +35,14 @@ class LeaseLost(Exception):
     batch was cancelled or expired): stop working it; its outcome would be skipped anyway."""
 
 
-def encode(state):
+def encode(state: Any) -> bytes:
     data = orjson.dumps(state)
     if len(data) > COMPRESS_OVER:
         data = _ZLIB + zlib.compress(data, 1)
     return data
 
 
-def decode(data):
+def decode(data: bytes | memoryview | None) -> Any:
     if data is None:
         return None
     data = bytes(data)
@@ -50,7 +51,7 @@ def decode(data):
     return orjson.loads(data)
 
 
-def usage_state(usage):
+def usage_state(usage: Usage) -> list[int | bool]:
     return [
         usage.prompt_tokens,
         usage.cached_tokens,
@@ -60,7 +61,7 @@ def usage_state(usage):
     ]
 
 
-def usage_from(state):
+def usage_from(state: list[int | bool] | None) -> Usage:
     return Usage(*state) if state else Usage()
 
 

@@ -1,7 +1,7 @@
 """What every tool executor speaks: its result, its failure, its Protocol (executors.py picks one)."""
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ToolExecutionFailed(Exception):
@@ -19,7 +19,7 @@ class ToolResult:
 
 
 class Executor(Protocol):
-    async def execute(self, tool_calls: list[dict], key: str | None = None) -> list[ToolResult]:
+    async def execute(self, tool_calls: list[dict[str, Any]], key: str | None = None) -> list[ToolResult]:
         """Run one turn's tool calls (OpenAI `tool_calls` objects); one result per call, in order.
 
         `key` is the round's Idempotency-Key (the same whenever the round is sent again).
