@@ -12,8 +12,8 @@ from django.db import connections
 from batches.engine import store
 from batches.engine.calls.caller import POISON_FAILURES, CallResult, Upstream
 from batches.engine.calls.health import Faults
+from batches.engine.fairness import CallGate, OrgCaps
 from batches.engine.runner import Engine
-from batches.engine.scheduler import CallGate, OrgCaps
 from openrelay.core.models import Deployment, Model
 
 pytestmark = pytest.mark.django_db(transaction=True)
