@@ -20,12 +20,13 @@ from batches import lifecycle, progress
 from batches.dashboard import events
 from batches.engine import dbretry, finish, samples, store
 from batches.engine.lanes import BatchRun
+from batches.engine.state import EngineState
 from batches.models import Batch, BatchStatus
 
 logger = logging.getLogger("openrelay.engine")
 
 
-class BatchSet:
+class BatchSet(EngineState):
     """The Engine's running batches (a part of runner.Engine)."""
 
     async def _poll(self):

@@ -25,6 +25,7 @@ the deployment that has the prefix cached (batches.engine.prefixes).
 import asyncio
 from collections import defaultdict, deque
 from contextvars import ContextVar
+from typing import Any
 
 from batches.engine import prefixes
 
@@ -124,7 +125,7 @@ class CallGate:
         self.upstreams = []
         self.waiting = 0
         # expedited? -> organization id -> batch pk -> deque of (future, ticket, prefix key)
-        self._queues = {True: {}, False: {}}
+        self._queues: dict[bool, dict[int, dict[int, deque[tuple[Any, Ticket, int | None]]]]] = {True: {}, False: {}}
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
         # Whether the slot `acquire` just returned is a deployment's canary (calls.health): read at once,
         # as nothing runs between acquire's return and its caller's next line. The waiters granted one:

@@ -23,6 +23,7 @@ from batches.engine.context import BatchCaller, RecordContext
 from batches.engine.fairness import Ticket, place_record, turn
 from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
+from batches.engine.state import EngineState
 from batches.engine.trips import FLUSH_SIZE
 from batches.models import BatchStatus, Priority
 from openrelay.lib import logs
@@ -156,7 +157,7 @@ class Lane:
         return best
 
 
-class Lanes:
+class Lanes(EngineState):
     """The Engine's slots (a part of runner.Engine): start records on each lane, run them one after another."""
 
     def _start_slots(self):
@@ -188,6 +189,7 @@ class Lanes:
 
     async def _slot(self, lane, first):
         task = asyncio.current_task()
+        assert task is not None  # a slot is a task of its own (_start_slots)
         work = first
         while work is not None:
             run, record, raw = work

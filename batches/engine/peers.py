@@ -24,6 +24,7 @@ from batches.engine.calls import flow, tallies
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.fairness import CallGate, split
 from batches.engine.lanes import Lane
+from batches.engine.state import EngineState
 from openrelay.core.models import DeploymentHealth
 
 logger = logging.getLogger("openrelay.engine")
@@ -32,7 +33,7 @@ HEARTBEAT_S = 0.5  # how often engines count each other and publish what they ho
 DEPLOYMENTS_EVERY_S = 2.0  # how often the lanes re-read their deployments from the catalog
 
 
-class Peers:
+class Peers(EngineState):
     """The Engine among the other engines (a part of runner.Engine)."""
 
     def _set_caps(self, rows):
@@ -161,7 +162,7 @@ class Peers:
         owners = [owner for owner, _, _ in live]
         self.rank = owners.index(self.owner) if self.owner in owners else 0
         self.engines = max(1, len(owners))
-        others = defaultdict(int)
+        others: defaultdict[int, int] = defaultdict(int)
         for owner, held, _ in live:
             if owner != self.owner:
                 for deployment, calls in held.items():

@@ -20,6 +20,8 @@ from django.utils import timezone
 from batches.engine import dbretry, prefixes, store
 from batches.engine.calls import tallies
 from batches.engine.checkpoints import LeaseLost
+from batches.engine.state import EngineState
+from batches.engine.store import ClaimedRecord
 from files.models import File
 from files.services import open_records
 
@@ -28,7 +30,7 @@ FLUSH_SIZE = 500
 RECHECK_S = 1.0  # a batch with nothing left to claim looks again this often (dead engines' leases run out)
 
 
-class Trips:
+class Trips(EngineState):
     """The Engine's trips to the database (a part of runner.Engine: it reads the engine's batches)."""
 
     async def _flush_and_claim(self, outcomes, claims):
@@ -154,7 +156,7 @@ class FlushAndClaim:
 def read_lines(batches, records, prefix_bytes):
     """{batch pk: [(ClaimedRecord, its input line)]} for the records a trip claimed, each with its
     prompt prefix's key (batches.engine.prefixes). On the database thread, after the trip."""
-    claimed = {}
+    claimed: dict[int, list[tuple[ClaimedRecord, bytes]]] = {}
     for pk, batch_records in records.items():
         run = batches.get(pk)
         if run is None:
