@@ -302,7 +302,7 @@ OPENRELAY_ADAPTIVE_CONCURRENCY = envbool("OPENRELAY_ADAPTIVE_CONCURRENCY", True)
 OPENRELAY_CONCURRENCY_FLOOR = envint("OPENRELAY_CONCURRENCY_FLOOR", 1, minimum=1)
 OPENRELAY_CONCURRENCY_START = envint("OPENRELAY_CONCURRENCY_START", 16, minimum=1)
 OPENRELAY_LATENCY_TOLERANCE = envfloat("OPENRELAY_LATENCY_TOLERANCE", 2.0, minimum=1.1)
-# Prefix-aware dispatch (batches/engine/calls/prefixes.py): records whose prompts share their
+# Prefix-aware dispatch (batches/engine/prefixes.py): records whose prompts share their
 # first PREFIX_BYTES bytes are sent together (0: off), from a claim-ahead of PREFIX_WINDOW.
 OPENRELAY_PREFIX_BYTES = envint("OPENRELAY_PREFIX_BYTES", 1024, minimum=0)
 OPENRELAY_PREFIX_WINDOW = envint("OPENRELAY_PREFIX_WINDOW", 512, minimum=1)
