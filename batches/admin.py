@@ -1,10 +1,12 @@
 from django.contrib import admin, messages
 
-from batches import operator, services
+from batches import guardrails, operator, services
 from batches.models import Batch
+from billing.admin import BillingOrganizationAdmin
+from billing.pricing import usd
 from openrelay.api.errors import ApiError
 from openrelay.core.admin import DeploymentAdmin, ModelAdmin
-from openrelay.core.models import Deployment, Model
+from openrelay.core.models import Deployment, Model, Organization
 
 
 @admin.register(Batch)
@@ -20,13 +22,14 @@ class BatchAdmin(admin.ModelAdmin):
         "priority",
         "records",
         "implausible_usage",
+        "paused",
         "created_at",
     )
     list_filter = ("status", "priority", "organization", "model_name")
     search_fields = ("public_id", "organization__name", "input_file_public_id")
     date_hierarchy = "created_at"
     exclude = ("errors",)
-    actions = ["cancel"]
+    actions = ["cancel", "pause", "resume"]
 
     def get_readonly_fields(self, request, obj=None):
         return [f.name for f in self.model._meta.fields if f.name != "errors"]
@@ -36,6 +39,29 @@ class BatchAdmin(admin.ModelAdmin):
         done = batch.completed_count + batch.failed_count
         failed = f", {batch.failed_count:,} failed" if batch.failed_count else ""
         return f"{done:,} / {batch.total_count:,}{failed}"
+
+    @admin.display(description="paused", ordering="paused_at")
+    def paused(self, batch):
+        return f"{batch.pause_reason} since {batch.paused_at:%Y-%m-%d %H:%M} UTC" if batch.is_paused else "-"
+
+    @admin.action(description="Pause selected batches")
+    def pause(self, request, queryset):
+        self._each(request, queryset, guardrails.pause_batch, "Paused")
+
+    @admin.action(description="Resume selected batches")
+    def resume(self, request, queryset):
+        self._each(request, queryset, guardrails.resume_batch, "Resumed")
+
+    def _each(self, request, queryset, action, done):
+        count = 0
+        for batch in queryset.select_related("organization"):
+            try:
+                action(batch)
+                count += 1
+            except ApiError as exc:
+                messages.error(request, f"{batch.public_id}: {exc.message}")
+        if count:
+            messages.success(request, f"{done} {count} batch(es).")
 
     @admin.display(description="implausible usage", ordering="implausible_usage_count")
     def implausible_usage(self, batch):
@@ -175,6 +201,27 @@ class ModelWithQueueAdmin(ModelAdmin):
         return _against_limit(model.load.calls.in_flight, model.load.limit, model.load.ceiling)
 
 
+class OrganizationWithSpendAdmin(BillingOrganizationAdmin):
+    """Billing's organization pages with this month's spend against the budget (set `monthly_budget`
+    here). billing.admin is imported above, so its registration comes first and this one stands."""
+
+    list_display = (*BillingOrganizationAdmin.list_display[:-1], "monthly_budget", "spent_this_month", "created_at")
+    readonly_fields = ("spent_this_month",)
+
+    @admin.display(description="spent this month (USD)")
+    def spent_this_month(self, organization):
+        if organization.pk is None:
+            return "-"
+        spent = guardrails.organization_spend_nanos(organization.pk)
+        budget = guardrails.budget_nanos(organization)
+        if budget is None:
+            return usd(spent)
+        share = f"{100 * spent / budget:.0f}%" if budget else "-"
+        return f"{usd(spent)} of {usd(budget)} ({share}){' - exhausted' if spent >= budget else ''}"
+
+
+admin.site.unregister(Organization)
+admin.site.register(Organization, OrganizationWithSpendAdmin)
 admin.site.unregister(Deployment)
 admin.site.register(Deployment, DeploymentWithLoadAdmin)
 admin.site.unregister(Model)

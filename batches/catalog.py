@@ -7,7 +7,7 @@ validation and the engine enforce, so what they say is what happens.
 from django.conf import settings
 from django.db.models import Q, Sum
 
-from batches import operator
+from batches import guardrails, operator
 from batches.validation import extensions, jsonl, params, records
 from billing.pricing import PRICE_MULTIPLIER
 from openrelay.core.models import Deployment, Model
@@ -89,5 +89,6 @@ def limits_object(organization):
         "organization": {
             "workflows_enabled": organization.workflows_enabled,
             "max_concurrency": organization.max_concurrency or None,
+            "budget": guardrails.budget_object(organization),
         },
     }

@@ -5,6 +5,14 @@ validating -> failed                      (every record rejected)
 validating | in_progress -> cancelling -> cancelled
 in_progress -> finalizing -> expired      (window passed; unfinished records expired)
 
+Pause is a state beside these: a validating or in_progress batch is
+running or paused (`paused_at`). Paused, it claims no records; calls in flight
+finish and are billed; its window clock runs on, so it expires as usual; cancel
+works as ever. Its status stays OpenAI's (the SDKs know eight), and the batch
+object's `openrelay.paused` says why and since when. `pause` and `resume` are
+conditional UPDATEs too: of two pausers one wins and one `batch.paused` event
+is sent. Any status change that leaves validating / in_progress ends the pause.
+
 Transitions are conditional UPDATEs on the current status, so two processes
 racing to move one batch cannot both win. A batch's terminal side effects
 (webhook events, the ledger entry, the live event) live here too, in `_ended`:
@@ -16,6 +24,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from batches.dashboard import events
+from batches.engine.calls import tallies
 from batches.models import TERMINAL_BATCH_STATUSES, Batch
 from batches.models import BatchStatus as S
 from billing import ledger
@@ -43,6 +52,10 @@ TIMESTAMP_FIELD = {
 }
 
 
+# The statuses in which a batch may be paused (and is resumed).
+PAUSABLE = (S.VALIDATING, S.IN_PROGRESS)
+
+
 class IllegalTransition(Exception):
     pass
 
@@ -63,6 +76,8 @@ def transition(batch, target, *, now=None, **fields):
     check(source, target)
     now = now or timezone.now()
     values = {"status": target, TIMESTAMP_FIELD[target]: now, **fields}
+    if target not in PAUSABLE:
+        values["paused_at"] = None  # cancelling, finalizing or ended: no longer paused (the reason stays)
     with transaction.atomic():
         won = Batch.objects.filter(pk=batch.pk, status=source).update(**values) == 1
         if won and target in TERMINAL_BATCH_STATUSES:
@@ -71,6 +86,47 @@ def transition(batch, target, *, now=None, **fields):
         for name, value in values.items():
             setattr(batch, name, value)
     return won
+
+
+def pause(batch, reason, *, detail=None, now=None):
+    """Pause a running batch; return True if this call paused it.
+
+    False when it was paused already (the first reason stands) or is no longer
+    validating / in progress. `detail`: {message, code?, line?, ...} for its owner.
+    """
+    now = now or timezone.now()
+    values = {"paused_at": now, "pause_reason": reason, "pause_detail": detail}
+    with transaction.atomic():
+        won = Batch.objects.filter(pk=batch.pk, status__in=PAUSABLE, paused_at__isnull=True).update(**values) == 1
+        if won:
+            _switched(batch, "batch.paused", f"pauses|{reason}", now)
+    if won:
+        for name, value in values.items():
+            setattr(batch, name, value)
+    return won
+
+
+def resume(batch, *, now=None, **fields):
+    """Resume a paused batch (writing `fields` in the same UPDATE, e.g. a new cap); True if
+    this call resumed it, False when it was not paused or is no longer running."""
+    now = now or timezone.now()
+    values = {"paused_at": None, "resumed_at": now, **fields}
+    with transaction.atomic():
+        won = Batch.objects.filter(pk=batch.pk, status__in=PAUSABLE, paused_at__isnull=False).update(**values) == 1
+        if won:
+            _switched(batch, "batch.resumed", "resumes", now)
+    if won:
+        for name, value in values.items():
+            setattr(batch, name, value)
+    return won
+
+
+def _switched(batch, event_type, tally, now):
+    """A pause or a resume's side effects, in its transaction: the webhook event, the count
+    GET /metrics shows, and (after the commit) the live event."""
+    webhooks.batch_event(batch, event_type, now)
+    tallies.save({tally: 1})
+    transaction.on_commit(lambda: events.batch_changed_sync(batch.pk), robust=True)
 
 
 def _ended(batch, status, now):

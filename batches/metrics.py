@@ -27,7 +27,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from batches import operator
 from batches.engine.calls.tallies import BUCKETS_S
 from batches.engine.results import failure_code
-from batches.models import Batch, Record, Tally
+from batches.models import Batch, PauseReason, Record, Tally
 from batches.selectors import ERROR_STATUSES
 from openrelay.core.models import DeploymentHealth
 from webhooks.models import WebhookDelivery
@@ -44,11 +44,23 @@ class DatabaseCollector:
     def collect(self):
         yield from _records_and_tokens()
         yield _batches_by_status()
+        yield _paused_batches()
         overview = operator.overview()
         names = {}
         yield from _deployments(overview, names)
         yield from _tallies(names)
         yield _webhook_deliveries()
+
+
+def _paused_batches():
+    family = GaugeMetricFamily(
+        "openrelay_batches_paused", "Running batches paused now, by reason (batches.guardrails).", labels=["reason"]
+    )
+    paused = Batch.objects.active().filter(paused_at__isnull=False)
+    counts = dict(paused.values_list("pause_reason").annotate(n=Count("pk")).order_by())
+    for reason, _ in PauseReason.choices:
+        family.add_metric([reason], counts.get(reason, 0))
+    return family
 
 
 def _records_and_tokens():
@@ -157,6 +169,12 @@ def _tallies(names):
         "longer its own (its lease had passed to another engine, or its batch closed).",
     )
     resumed = CounterMetricFamily("openrelay_record_resumes", "Records claimed again at their checkpoint.")
+    pauses = CounterMetricFamily(
+        "openrelay_batch_pauses",
+        "Batches paused, by reason (requested, spend_cap, organization_budget, error_breaker).",
+        labels=["reason"],
+    )
+    batch_resumes = CounterMetricFamily("openrelay_batch_resumes", "Paused batches resumed.")
     buckets, sums = defaultdict(lambda: [0] * (len(BUCKETS_S) + 1)), defaultdict(int)
     for key, value in Tally.objects.values_list("key", "value"):
         name, *labels = key.split("|")
@@ -171,16 +189,20 @@ def _tallies(names):
             lost.add_metric([], value)
         elif name == "resumed":
             resumed.add_metric([], value)
+        elif name == "pauses":
+            pauses.add_metric(labels, value)
+        elif name == "resumes":
+            batch_resumes.add_metric([], value)
     for deployment, counts in sorted(buckets.items()):
         cumulative, total = [], 0
         for bound, n in zip([*map(str, BUCKETS_S), "+Inf"], counts):
             total += n
             cumulative.append((bound, total))
         durations.add_metric([names.get(int(deployment), ""), deployment], cumulative, sums[deployment] / 1e6)
-    for family in (lost, resumed):
+    for family in (lost, resumed, batch_resumes):
         if not family.samples:
             family.add_metric([], 0)
-    return calls, durations, lost, resumed
+    return calls, durations, lost, resumed, pauses, batch_resumes
 
 
 def _webhook_deliveries():

@@ -20,6 +20,15 @@ class BatchStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
+class PauseReason(models.TextChoices):
+    """Why a running batch is paused (batches.guardrails; the batch object's `openrelay.paused`)."""
+
+    REQUESTED = "requested"  # its owner paused it (API, orl, dashboard)
+    SPEND_CAP = "spend_cap"  # its next call could pass its max_cost
+    ORGANIZATION_BUDGET = "organization_budget"  # its organization's monthly budget is spent
+    ERROR_BREAKER = "error_breaker"  # its records fail in a way only the batch itself can explain
+
+
 class Priority(models.TextChoices):
     STANDARD = "standard"
     EXPEDITED = "expedited"
@@ -77,6 +86,20 @@ class Batch(models.Model):
     expired_at = models.DateTimeField(null=True, blank=True)
     cancelling_at = models.DateTimeField(null=True, blank=True)
     cancelled_at = models.DateTimeField(null=True, blank=True)
+    # Paused: an in_progress (or validating) batch that claims no records (batches.lifecycle.pause).
+    # Its status stays OpenAI's: the SDKs know 8 statuses, and the window clock runs on.
+    paused_at = models.DateTimeField(null=True, blank=True)
+    pause_reason = models.CharField(max_length=32, choices=PauseReason.choices, blank=True)
+    # {message, code?, line?, example?}: what the owner needs to decide whether to resume.
+    pause_detail = models.JSONField(null=True, blank=True)
+    resumed_at = models.DateTimeField(null=True, blank=True)
+
+    # Guardrails (batches.guardrails): the spend cap in nano-dollars (null: none) and the error
+    # breaker's rules (0 turns a rule off), fixed at create.
+    max_cost_nanos = models.BigIntegerField(null=True, blank=True)
+    breaker_window = models.PositiveIntegerField(default=0)
+    breaker_failures = models.PositiveIntegerField(default=0)
+    breaker_consecutive = models.PositiveIntegerField(default=0)
 
     # Live roll-ups, updated with F() expressions as records finish.
     total_count = models.PositiveIntegerField(default=0)
@@ -115,6 +138,10 @@ class Batch(models.Model):
     @property
     def is_terminal(self):
         return self.status in TERMINAL_BATCH_STATUSES
+
+    @property
+    def is_paused(self):
+        return self.paused_at is not None and not self.is_terminal
 
 
 class Record(models.Model):

@@ -5,7 +5,7 @@ Shared by the API, the dashboard and the CLI. Load batches with
 list costs one query.
 """
 
-from billing.pricing import batch_cost
+from billing.pricing import batch_cost, usd
 
 PRESENTER_RELATED = ("output_file", "error_file")
 
@@ -63,8 +63,25 @@ def _batch_object(batch, errors):
         "openrelay": {
             # Records whose server-reported usage cannot be right: billed as reported, counted here.
             "implausible_usage": batch.implausible_usage_count,
+            # Guardrails (batches.guardrails): why and since when it is paused, its cap, its breaker.
+            "paused": paused_object(batch),
+            "max_cost": usd(batch.max_cost_nanos) if batch.max_cost_nanos is not None else None,
+            "breaker": {
+                "window": batch.breaker_window,
+                "failures": batch.breaker_failures,
+                "consecutive": batch.breaker_consecutive,
+            },
         },
     }
+
+
+def paused_object(batch):
+    """{reason, since, message, code?, line?, example?} while the batch is paused, else None.
+
+    Its status stays in_progress (or validating): the window clock runs on."""
+    if not batch.is_paused:
+        return None
+    return {"reason": batch.pause_reason, "since": _unix(batch.paused_at), **(batch.pause_detail or {})}
 
 
 def usage_object(batch):

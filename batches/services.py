@@ -11,7 +11,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import lifecycle
+from batches import guardrails, lifecycle
 from batches.dashboard import events
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
@@ -38,13 +38,18 @@ def create_batch(
     metadata=None,
     output_expires_after_s=None,
     priority=Priority.STANDARD,
+    max_cost_nanos=None,
+    breaker=None,
 ):
     """Validate every record of the input and create the batch (the engines pick it up).
 
     The input is either an uploaded purpose-`batch` file or inline `requests`,
     which are first stored as such a file so every batch has one. Raises
-    ApiError (400) for a request that can't make a batch at all.
+    ApiError (400) for a request that can't make a batch at all, BudgetExceeded
+    (402) when the organization has spent its monthly budget. `breaker`:
+    (window, failures, consecutive), None for a rule's default.
     """
+    guardrails.check_budget(organization)
     now = timezone.now()
     if requests is None:
         file, param = _find_input_file(organization, input_file_id, now), "input_file_id"
@@ -59,6 +64,8 @@ def create_batch(
         metadata=metadata,
         output_expires_after_s=output_expires_after_s,
         priority=priority,
+        max_cost_nanos=max_cost_nanos,
+        **_breaker_fields(breaker),
     )
     committed = False
     try:
@@ -72,6 +79,16 @@ def create_batch(
         if requests is not None and not committed:
             files.delete_file(file)  # a refused inline input belongs to no batch
     return batch
+
+
+def _breaker_fields(rules):
+    defaults = guardrails.Breaker.default()
+    if rules is None:
+        return defaults.as_fields()
+    given = dict(zip(("window", "failures", "consecutive"), rules, strict=True))
+    return guardrails.Breaker(
+        **{name: getattr(defaults, name) if value is None else value for name, value in given.items()}
+    ).as_fields()
 
 
 def _create_after_scan(file, checker, param, fields):

@@ -11,6 +11,9 @@ urlpatterns = [
     path("limits", views.LimitsView.as_view(), name="limits"),
     path("batches/<str:batch_id>", views.BatchDetailView.as_view(), name="batch-detail"),
     path("batches/<str:batch_id>/cancel", views.BatchCancelView.as_view(), name="batch-cancel"),
+    # OpenRelay's own: pause a running batch (it claims nothing) and resume it (batches.guardrails).
+    path("batches/<str:batch_id>/pause", views.BatchPauseView.as_view(), name="batch-pause"),
+    path("batches/<str:batch_id>/resume", views.BatchResumeView.as_view(), name="batch-resume"),
     # OpenRelay's own: a new batch of a finished batch's failed records.
     path("batches/<str:batch_id>/retry", views.BatchRetryView.as_view(), name="batch-retry"),
     # OpenRelay's own: the output or error lines of the records finished so far.

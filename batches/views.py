@@ -6,16 +6,17 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batches import catalog, services
+from batches import catalog, guardrails, services
 from batches.engine import results
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
-from batches.validation.params import parse_create_params
+from batches.validation.params import parse_create_params, parse_max_cost
 from files.responses import stream_response, stream_size
 from openrelay.api import openapi
 from openrelay.api.errors import ApiError, NotFound
 from openrelay.api.negotiation import IgnoreAcceptNegotiation
 from openrelay.api.pagination import newest_first_page
+from openrelay.api.params import request_object
 from openrelay.api.parsers import json_body
 from openrelay.api.throttles import BatchCreateThrottle
 from openrelay.core import idempotency
@@ -55,7 +56,7 @@ class BatchListView(APIView):
         summary="Create a batch",
         request={"application/json": openapi.ref("BatchCreate")},
         parameters=[openapi.IDEMPOTENCY_KEY],
-        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 404, 409, 413, 415, 429, 503)},
+        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 402, 404, 409, 413, 415, 429, 503)},
     )
     def post(self, request):
         key = idempotency.key_of(request)
@@ -102,6 +103,34 @@ class BatchCancelView(APIView):
     )
     def post(self, request, batch_id):
         batch = services.cancel_batch(_get_batch(request, batch_id))
+        return Response(batch_object(batch))
+
+
+class BatchPauseView(APIView):
+    @extend_schema(
+        operation_id="batches_pause",
+        summary="Pause a running batch (OpenRelay's own)",
+        request=None,
+        parameters=[openapi.BATCH_ID],
+        responses={200: openapi.ref("Batch"), **openapi.errors(401, 404, 409)},
+    )
+    def post(self, request, batch_id):
+        batch = guardrails.pause_batch(_get_batch(request, batch_id))
+        return Response(batch_object(batch))
+
+
+class BatchResumeView(APIView):
+    @extend_schema(
+        operation_id="batches_resume",
+        summary="Resume a paused batch, optionally with a new spend cap (OpenRelay's own)",
+        request={"application/json": openapi.ref("BatchResume")},
+        parameters=[openapi.BATCH_ID],
+        responses={200: openapi.ref("Batch"), **openapi.errors(400, 401, 402, 404, 409, 415)},
+    )
+    def post(self, request, batch_id):
+        body = request_object(json_body(request), ("max_cost",))
+        max_cost_nanos = parse_max_cost(body.get("max_cost"), "max_cost")
+        batch = guardrails.resume_batch(_get_batch(request, batch_id), max_cost_nanos=max_cost_nanos)
         return Response(batch_object(batch))
 
 

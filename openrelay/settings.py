@@ -293,6 +293,18 @@ OPENRELAY_DB_OUTAGE_S = envint("OPENRELAY_DB_OUTAGE_S", 60, minimum=0)
 OPENRELAY_CLAIM_CHUNK = envint("OPENRELAY_CLAIM_CHUNK", 256, minimum=1)
 # How often a 429 or a 503 with Retry-After (the server asks to wait) is waited out before it is the record's answer.
 OPENRELAY_UPSTREAM_RETRIES = envint("OPENRELAY_UPSTREAM_RETRIES", 5, minimum=0)
+# Guardrails (batches/guardrails.py). A call's worst case, reserved against a spend cap before it is
+# sent, counts this many answer tokens when neither the request's max_tokens nor the model's
+# max_output_tokens says fewer.
+OPENRELAY_DEFAULT_MAX_OUTPUT_TOKENS = envint("OPENRELAY_DEFAULT_MAX_OUTPUT_TOKENS", 16384, minimum=1)
+# The error breaker's defaults (a batch may set its own at create; 0 turns a rule off): pause when
+# FAILURES of the first WINDOW finished records failed with one record-level code, or when
+# CONSECUTIVE records in a row failed with one.
+OPENRELAY_BREAKER_WINDOW = envint("OPENRELAY_BREAKER_WINDOW", 100, minimum=0)
+OPENRELAY_BREAKER_FAILURES = envint("OPENRELAY_BREAKER_FAILURES", 20, minimum=0)
+OPENRELAY_BREAKER_CONSECUTIVE = envint("OPENRELAY_BREAKER_CONSECUTIVE", 50, minimum=0)
+# How often an engine reads again what organizations with a monthly budget have spent.
+OPENRELAY_BUDGET_REFRESH_S = envfloat("OPENRELAY_BUDGET_REFRESH_S", 1.0, minimum=0.05)
 # A stopping engine (SIGTERM) lets calls in flight finish for this long, then hands the rest back.
 OPENRELAY_STOP_GRACE_S = envfloat("OPENRELAY_STOP_GRACE_S", 30.0, minimum=0)
 # Adaptive concurrency (batches/engine/calls/flow.py): a deployment's max_concurrency is a

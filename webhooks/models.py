@@ -14,7 +14,9 @@ BATCH_EVENTS = {
     "expired": "batch.expired",
     "cancelled": "batch.cancelled",
 }
-EVENT_TYPES = tuple(BATCH_EVENTS.values())
+# A running batch paused (a guardrail or its owner) and resumed: batches.lifecycle.pause / resume.
+PAUSE_EVENTS = ("batch.paused", "batch.resumed")
+EVENT_TYPES = (*BATCH_EVENTS.values(), *PAUSE_EVENTS)
 
 
 def new_endpoint_id():

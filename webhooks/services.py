@@ -128,8 +128,13 @@ def batch_finished(batch, status, now):
     """Record the batch's terminal event for every endpoint that subscribes to it (in the caller's
     transaction), and send them once it commits."""
     event_type = BATCH_EVENTS.get(status)
-    if event_type is None:
-        return
+    if event_type is not None:
+        batch_event(batch, event_type, now)
+
+
+def batch_event(batch, event_type, now):
+    """Record `event_type` of the batch for every endpoint that subscribes to it (in the caller's
+    transaction), and send them once it commits."""
     endpoints = [
         e for e in WebhookEndpoint.objects.filter(organization_id=batch.organization_id) if event_type in e.event_types
     ]

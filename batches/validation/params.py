@@ -5,6 +5,7 @@ output expiry, priority) checked into a `CreateParams`, raising an `ApiError`
 """
 
 from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
 
 from openrelay.api.errors import ApiError
 from openrelay.api.params import invalid_choice, invalid_type, missing_parameter, request_object, unknown_parameter
@@ -16,6 +17,10 @@ MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
 MAX_METADATA_VALUE = 512
 OUTPUT_EXPIRY_RANGE = (3600, 2_592_000)
+MIN_COST_USD = Decimal("0.000000001")  # one nano-dollar: the ledger's unit
+MAX_COST_USD = Decimal("1000000000")  # a cap beyond a billion dollars is a typo, and nanos of it fit an int64
+BREAKER_RULES = ("window", "failures", "consecutive")
+MAX_BREAKER_RULE = 50_000  # the most records a batch holds
 
 CREATE_PARAMS = (
     "input_file_id",
@@ -25,7 +30,9 @@ CREATE_PARAMS = (
     "metadata",
     "output_expires_after",
     "priority",
+    "openrelay",
 )
+GUARDRAIL_PARAMS = ("max_cost", "breaker")
 
 
 @dataclass(frozen=True)
@@ -37,12 +44,15 @@ class CreateParams:
     metadata: dict | None = None
     output_expires_after_s: int | None = None
     priority: str = "standard"
+    max_cost_nanos: int | None = None
+    breaker: tuple | None = None  # (window, failures, consecutive); None: the defaults
 
 
 def parse_create_params(data):
     """Check the JSON body of `POST /v1/batches`; raise ApiError (400) on the first problem."""
     request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
+    max_cost_nanos, breaker = _parse_guardrails(data.get("openrelay"))
     return CreateParams(
         endpoint=_parse_choice(data, "endpoint", ENDPOINTS),
         completion_window=_parse_choice(data, "completion_window", COMPLETION_WINDOWS),
@@ -51,7 +61,76 @@ def parse_create_params(data):
         metadata=parse_metadata(data.get("metadata")),
         output_expires_after_s=_parse_output_expiry(data.get("output_expires_after")),
         priority=_parse_choice(data, "priority", PRIORITIES, default="standard"),
+        max_cost_nanos=max_cost_nanos,
+        breaker=breaker,
     )
+
+
+def _parse_guardrails(value):
+    """OpenRelay's create options, `{"max_cost": USD, "breaker": false | {window, failures, consecutive}}`
+    -> (the cap in nano-dollars or None, the breaker's rules or None for the defaults)."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        raise invalid_type("openrelay", "an object", value)
+    for key in value:
+        if key not in GUARDRAIL_PARAMS:
+            raise unknown_parameter(f"openrelay.{key}")
+    return parse_max_cost(value.get("max_cost"), "openrelay.max_cost"), _parse_breaker(value.get("breaker"))
+
+
+def parse_max_cost(value, param):
+    """A spend cap in USD (a number, or a decimal string for exactness) -> nano-dollars; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise invalid_type(param, "a number of US dollars", value)
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise invalid_type(param, "a number of US dollars", value) from None
+    if not amount.is_finite() or amount < MIN_COST_USD or amount > MAX_COST_USD:
+        raise ApiError(
+            f"Invalid '{param}': expected an amount of US dollars from {MIN_COST_USD} to {MAX_COST_USD}, "
+            f"but got {str(value)[:40]} instead.",
+            param=param,
+            code="invalid_value",
+        )
+    return int(amount * 10**9)
+
+
+def _parse_breaker(value):
+    """false: off (every rule 0); an object: its rules, missing ones at their defaults (None)."""
+    if value is None or value is True:
+        return None
+    if value is False:
+        return (0, 0, 0)
+    if not isinstance(value, dict):
+        raise invalid_type("openrelay.breaker", "false or an object", value)
+    rules = []
+    for key in value:
+        if key not in BREAKER_RULES:
+            raise unknown_parameter(f"openrelay.breaker.{key}")
+    for key in BREAKER_RULES:
+        rule, param = value.get(key), f"openrelay.breaker.{key}"
+        if rule is not None and (isinstance(rule, bool) or not isinstance(rule, int)):
+            raise invalid_type(param, "an integer", rule)
+        if rule is not None and not 0 <= rule <= MAX_BREAKER_RULE:
+            raise ApiError(
+                f"Invalid '{param}': expected a value between 0 and {MAX_BREAKER_RULE}, but got {rule} instead.",
+                param=param,
+                code="invalid_value",
+            )
+        rules.append(rule)
+    window, failures, _ = rules
+    if window is not None and failures is not None and failures > window > 0:
+        raise ApiError(
+            f"Invalid 'openrelay.breaker.failures': {failures} failures can never happen among the first {window} "
+            "records.",
+            param="openrelay.breaker.failures",
+            code="invalid_value",
+        )
+    return tuple(rules)
 
 
 def _parse_choice(data, param, allowed, default=None):

@@ -10,6 +10,7 @@ from django.http import JsonResponse
 _TYPE_BY_STATUS = {
     400: "invalid_request_error",
     401: "authentication_error",
+    402: "invalid_request_error",
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",

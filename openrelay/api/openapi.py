@@ -181,9 +181,63 @@ COMPONENTS = {
                             "Records whose server-reported usage cannot be right (no usage on a 200, fewer output "
                             "tokens than answers, more cached than input tokens): kept and billed as reported."
                         ),
-                    }
+                    },
+                    "paused": ref("BatchPause"),
+                    "max_cost": {**_NULLABLE_STRING, "description": "The batch's spend cap in USD, or null."},
+                    "breaker": ref("BatchBreaker"),
                 },
             },
+        },
+    },
+    "BatchPause": {
+        "type": "object",
+        "nullable": True,
+        "description": "Why and since when the batch is paused (null: it is not). Its status stays in_progress "
+        "and its window clock runs on.",
+        "required": ["reason", "since"],
+        "properties": {
+            "reason": {"type": "string", "enum": ["requested", "spend_cap", "organization_budget", "error_breaker"]},
+            "since": {"type": "integer"},
+            "message": {"type": "string"},
+            "code": _NULLABLE_STRING,
+            "line": _NULLABLE_INT,
+            "custom_id": _NULLABLE_STRING,
+            "failures": _NULLABLE_INT,
+        },
+    },
+    "BatchBreaker": {
+        "type": "object",
+        "description": "The error breaker's rules (0: off).",
+        "properties": {
+            "window": {"type": "integer", "minimum": 0},
+            "failures": {"type": "integer", "minimum": 0},
+            "consecutive": {"type": "integer", "minimum": 0},
+        },
+    },
+    "BatchGuardrails": {
+        "type": "object",
+        "description": "OpenRelay's own create options: a spend cap and the error breaker's rules.",
+        "properties": {
+            "max_cost": {
+                "oneOf": [{"type": "number", "minimum": 0.000000001}, {"type": "string"}],
+                "nullable": True,
+                "description": "Most the batch may cost, in USD; it pauses before its next call could pass it.",
+            },
+            "breaker": {
+                "oneOf": [{"type": "boolean", "enum": [False]}, ref("BatchBreaker")],
+                "nullable": True,
+                "description": "false turns the breaker off; an object sets its rules (missing ones keep defaults).",
+            },
+        },
+    },
+    "BatchResume": {
+        "type": "object",
+        "properties": {
+            "max_cost": {
+                "oneOf": [{"type": "number", "minimum": 0.000000001}, {"type": "string"}],
+                "nullable": True,
+                "description": "A new spend cap in USD (e.g. to resume a batch its cap paused).",
+            }
         },
     },
     "BatchList": _list_of("Batch"),
@@ -226,12 +280,16 @@ COMPONENTS = {
                 },
             },
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
+            "openrelay": ref("BatchGuardrails"),
         },
     },
 }
 
 
-_EVENT_TYPE = {"type": "string", "enum": ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]}
+_EVENT_TYPE = {
+    "type": "string",
+    "enum": ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled", "batch.paused", "batch.resumed"],
+}
 _ENDPOINT_PROPERTIES = {
     "id": {"type": "string"},
     "object": {"type": "string", "enum": ["webhook_endpoint"]},
@@ -376,7 +434,23 @@ COMPONENTS.update(
                 "workflow": {**_BOUNDED, "nullable": True},
                 "organization": {
                     "type": "object",
-                    "properties": {"workflows_enabled": {"type": "boolean"}, "max_concurrency": _NULLABLE_INT},
+                    "properties": {
+                        "workflows_enabled": {"type": "boolean"},
+                        "max_concurrency": _NULLABLE_INT,
+                        "budget": {
+                            "type": "object",
+                            "nullable": True,
+                            "description": "The monthly budget and this month's spend, in USD (null: no budget).",
+                            "properties": {
+                                "currency": {"type": "string"},
+                                "period": {"type": "string", "enum": ["month"]},
+                                "budget": {"type": "string"},
+                                "spent": {"type": "string"},
+                                "remaining": {"type": "string"},
+                                "exhausted": {"type": "boolean"},
+                            },
+                        },
+                    },
                 },
             },
         },

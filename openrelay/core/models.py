@@ -28,6 +28,14 @@ class Organization(models.Model):
         help_text="Most model calls the organization's batches keep in flight at once, over every model "
         "(0: no cap of its own; each model's max_concurrency still applies).",
     )
+    monthly_budget = models.DecimalField(
+        max_digits=14,
+        decimal_places=2,
+        null=True,
+        blank=True,
+        help_text="Most the organization's batches may cost in a calendar month (UTC), in USD. At it, creates "
+        "are refused and running batches pause (empty: no budget).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -93,6 +101,12 @@ class Model(models.Model):
 
     name = models.CharField(max_length=200, unique=True)
     enabled = models.BooleanField(default=True)
+    max_output_tokens = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Most tokens one answer of this model can hold: what a spend cap reserves for a request that "
+        "sets no max_tokens (empty: OPENRELAY_DEFAULT_MAX_OUTPUT_TOKENS).",
+    )
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
