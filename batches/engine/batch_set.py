@@ -31,6 +31,10 @@ class BatchSet(EngineState):
 
     async def _poll(self):
         rows = await self.db(store.active_batches, self.only)
+        for pk in self.guard.polled(rows):
+            self.held(pk)
+        if due := self.guard.budgets_due():
+            self.guard.budgets_read(await self.db(self.guard.read_budgets, due))
         seen = set()
         now = timezone.now()
         for row in rows:
@@ -86,7 +90,7 @@ class BatchSet(EngineState):
         lane = self.lanes.get(row["model_id"])
         if lane is None:
             lane = await self._open_lane(row["model_id"])
-        run = BatchRun(row, lane, self.outbound, self.checkpoints)
+        run = BatchRun(row, lane, self.outbound, self.checkpoints, self.guard.spend(row))
         run.resume = self.freed.pop(run.pk, 0)
         lane.batches[run.pk] = run
         self.batches[run.pk] = run
@@ -104,8 +108,25 @@ class BatchSet(EngineState):
             if owner_run is run:
                 task.cancel()
 
+    def held(self, pk):
+        """Its guardrails paused the batch (hand back what it has queued: it claims nothing now)
+        or it was resumed (claim again at once). Calls in flight finish either way."""
+        run = self.batches.get(pk)
+        if run is None:
+            return
+        run.ticket.held = run.spend is not None and run.spend.paused  # calls waiting at the gate are not sent
+        if not run.workable:
+            self.handback += [record.pk for record, _ in run.queue]
+            run.queue.clear()
+            run.resumed_queued = 0
+            run.cursor = 0  # resumed, it claims from its first pending line again
+        else:
+            run.recheck_at = run.expired_check_at = 0.0
+            self._wake()
+
     def _drop(self, run):
         self._stop_batch(run)
+        self.guard.forget(run.pk)
         del self.batches[run.pk]
         del run.lane.batches[run.pk]
         if run.input is not None:

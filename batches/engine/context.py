@@ -65,11 +65,22 @@ class RecordContext:
 
 
 class BatchCaller:
-    """A batch's calls through its model's caller, under the batch's ticket at the gate."""
+    """A batch's calls through its model's caller, under the batch's ticket at the gate, each
+    reserved against the batch's guardrails first (batches.engine.guardrails)."""
 
-    def __init__(self, caller: GatedCaller, ticket: Ticket) -> None:
+    def __init__(self, caller: GatedCaller, ticket: Ticket, spend: Any = None) -> None:
         self.caller = caller
         self.ticket = ticket
+        self.spend = spend  # its guardrails.BatchSpend; None: none
 
     async def call(self, endpoint: str, body: dict[str, Any]) -> CallResult:
-        return await self.caller.call(endpoint, body, self.ticket)
+        if self.spend is None:
+            return await self.caller.call(endpoint, body, self.ticket)
+        worst = await self.spend.reserve(body)  # raises fairness.Held: the batch is paused
+        usage = None
+        try:
+            result = await self.caller.call(endpoint, body, self.ticket)
+            usage = result.usage
+        finally:
+            self.spend.settle(worst, usage)
+        return result

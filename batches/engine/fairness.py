@@ -62,16 +62,22 @@ def split(total, rank, count):
     return total // count + (1 if rank < total % count else 0)
 
 
-class Ticket:
-    """One batch's standing at a gate: who it belongs to and how many calls it has in flight."""
+class Held(Exception):
+    """A call not sent: its batch is paused (batches.engine.guardrails). Its record goes back to pending."""
 
-    __slots__ = ("batch_pk", "organization_id", "expedited", "calls")
+
+class Ticket:
+    """One batch's standing at a gate: who it belongs to and how many calls it has in flight;
+    `held` while the batch is paused, so calls still waiting for a slot are not sent."""
+
+    __slots__ = ("batch_pk", "organization_id", "expedited", "calls", "held")
 
     def __init__(self, batch_pk, organization_id, expedited=False):
         self.batch_pk = batch_pk
         self.organization_id = organization_id
         self.expedited = expedited
         self.calls = 0
+        self.held = False
 
 
 class OrgCaps:

@@ -20,7 +20,7 @@ import orjson
 from batches.engine import checkpoints, prefixes
 from batches.engine.calls import budget
 from batches.engine.context import BatchCaller, RecordContext
-from batches.engine.fairness import Ticket, place_record, turn
+from batches.engine.fairness import Held, Ticket, place_record, turn
 from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.state import EngineState
@@ -40,7 +40,7 @@ RECORDS_PER_SLOT = 4
 class BatchRun:
     """One batch as this engine works it: claimed records waiting, counts, the input file."""
 
-    def __init__(self, row, lane, outbound, checkpoint_writer=None):
+    def __init__(self, row, lane, outbound, checkpoint_writer=None, spend=None):
         self.pk = row["pk"]
         self.public_id = row["public_id"]
         self.organization_id = row["organization_id"]
@@ -56,11 +56,12 @@ class BatchRun:
             organization_id=self.organization_id,
             endpoint=row["endpoint"],
             model_name=row["model_name"],
-            caller=BatchCaller(lane.caller, self.ticket),
+            caller=BatchCaller(lane.caller, self.ticket, spend),
             workflows_enabled=row["organization__workflows_enabled"],
             outbound=outbound,
             checkpoints=checkpoint_writer,
         )
+        self.spend = spend  # its guardrails here (batches.engine.guardrails); None: none
         self.input = None
         self.queue = prefixes.RecordQueue()  # claimed (ClaimedRecord, line bytes), not started yet
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush
@@ -82,7 +83,8 @@ class BatchRun:
 
     @property
     def workable(self):
-        return self.status == BatchStatus.IN_PROGRESS and not self.closing
+        paused = self.spend is not None and self.spend.paused
+        return self.status == BatchStatus.IN_PROGRESS and not self.closing and not paused
 
     def adapt(self, now, hop_s):
         """Size the claim-ahead from the batch's recent start rate and the database's round trip:
@@ -198,8 +200,13 @@ class Lanes(EngineState):
             bound = logs.working_on(run.public_id, run.pk, record.line)
             holding = budget.Holding(self.answers)
             budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it
+            tab = self.guard.begin(run.spend)  # and their cost into its tab
             try:
                 outcome = await self._execute(run, record, raw)
+            except Held:
+                outcome = None  # its batch paused before its call went out: pending again, unsent
+                holding.release()
+                self.handback.append(record.pk)
             except asyncio.CancelledError:
                 holding.release()
                 if not run.closing:
@@ -212,9 +219,12 @@ class Lanes(EngineState):
                 del self.running[task]
                 self._end(run)
                 logs.done(bound)
-            run.done.append((record, outcome))
-            run.holdings.append(holding)
-            self.pending += 1
+            if run.spend is not None:
+                self.guard.record_ended(run.spend, record, tab, outcome)
+            if outcome is not None:
+                run.done.append((record, outcome))
+                run.holdings.append(holding)
+                self.pending += 1
             if (not run.queue and not run.active) or self.answers.waiting:
                 # Perhaps the batch's last records (closing waits on them), or answers wait for
                 # the room this flush gives back.

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
-from batches.engine import dbretry, liveness, store
+from batches.engine import dbretry, guardrails, liveness, store
 from batches.engine.batch_set import BatchSet
 from batches.engine.calls import budget, tallies
 from batches.engine.calls.health import Health
@@ -97,6 +97,7 @@ class Engine(BatchSet, Lanes, Peers, Trips):
         self.wake = None
         self.checkpoints = CheckpointWriter(self)
         self.answers = budget.Budget(self.config.answer_budget_bytes)
+        self.guard = guardrails.Guard(self)
         self.flushing = []  # the holdings of the outcomes the trip in flight writes
 
     # ------------------------------------------------------------ life

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from batches.engine.calls.health import Health
     from batches.engine.config import EngineConfig
     from batches.engine.fairness import OrgCaps
+    from batches.engine.guardrails import Guard
     from batches.engine.lanes import BatchRun, Lane
     from batches.engine.liveness import Liveness
     from batches.engine.store import ClaimedRecord
@@ -61,6 +62,7 @@ class EngineState:
     checkpoints: CheckpointWriter
     answers: Budget
     flushing: list[Holding]  # the holdings of the outcomes the trip in flight writes
+    guard: Guard  # its guardrails: spend caps and budgets at the call seam, the error breaker
 
     # What one part calls of another (each defined in the part named).
 
@@ -92,4 +94,7 @@ class EngineState:
         raise NotImplementedError
 
     def _set_caps(self, rows: list[dict[str, Any]]) -> None:  # peers
+        raise NotImplementedError
+
+    def held(self, pk: int) -> None:  # batch_set
         raise NotImplementedError

@@ -314,6 +314,21 @@ def active_batches(only=None):
             "failed_count",
             "organization__workflows_enabled",
             "organization__max_concurrency",
+            # Guardrails (batches.engine.guardrails): the pause, the cap and what was spent, the breaker.
+            "paused_at",
+            "max_cost_nanos",
+            "input_tokens",
+            "cached_tokens",
+            "output_tokens",
+            "price_input",
+            "price_cached_input",
+            "price_output",
+            "price_multiplier",
+            "breaker_window",
+            "breaker_failures",
+            "breaker_consecutive",
+            "model__max_output_tokens",
+            "organization__monthly_budget",
         )
     )
 

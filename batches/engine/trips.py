@@ -68,6 +68,7 @@ class Trips(EngineState):
         started = time.monotonic()
         written, claimed, finished = await self._flush_and_claim(outcomes, claims)
         self._release_flushed()
+        await self.guard.flushed(outcomes)
         tallies.flushed(outcomes, written, claimed)
         self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
         self.worked += sum(written.values())
@@ -79,6 +80,9 @@ class Trips(EngineState):
             records = claimed.get(pk, [])
             if run.closing:
                 continue  # closed while the claim ran: the closer marks these records
+            if not run.workable:
+                self.handback += [record.pk for record, _ in records]  # paused while the claim ran
+                continue
             run.resume = 0
             resumed = [item for item in records if item[0].resumed]
             run.resumed_queued += len(resumed)
@@ -123,6 +127,7 @@ class Trips(EngineState):
         if outcomes:
             written, _, finished = await self._flush_and_claim(outcomes, {})
             self._release_flushed()
+            await self.guard.flushed(outcomes)
             tallies.flushed(outcomes, written, {})
             self.worked += sum(written.values())
             if not self.stopping:

@@ -32,7 +32,7 @@ from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
 from batches.engine.calls.usage import Usage  # the engine's modules import it from here too
 from batches.engine.config import EngineConfig
-from batches.engine.fairness import CallGate, OrgCaps, Ticket
+from batches.engine.fairness import CallGate, Held, OrgCaps, Ticket
 from openrelay.lib.redaction import redact, redact_json, secrets_of
 
 logger = logging.getLogger("openrelay.engine")
@@ -344,6 +344,8 @@ class ModelCaller:
             canary = self.gate.canary  # the one call let through to a deployment out of the rotation
             sent = time.monotonic()
             try:
+                if ticket.held:
+                    raise Held  # its batch paused while the call waited for a slot: not sent
                 result = await self._attempt(upstream, endpoint, body)
             except BaseException:
                 self.gate.release(ticket, upstream)
