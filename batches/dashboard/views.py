@@ -32,11 +32,12 @@ from django.utils.http import content_disposition_header, urlencode
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from batches import operator, progress, selectors, services
+from batches import guardrails, operator, progress, selectors, services
 from batches.engine import results
+from batches.lifecycle import PAUSABLE
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import PRESENTER_RELATED, batch_object
-from batches.validation.params import ENDPOINTS, MAX_METADATA_PAIRS, PRIORITIES, parse_create_params
+from batches.validation.params import ENDPOINTS, MAX_METADATA_PAIRS, PRIORITIES, parse_create_params, parse_max_cost
 from files import selectors as file_selectors
 from files import services as file_services
 from files.models import File, Purpose
@@ -180,6 +181,10 @@ def display(batch, not_run=0):
         "created": when(batch["created_at"]),
         "terminal": batch["status"] in TERMINAL_BATCH_STATUSES,
         "cancellable": batch["status"] in CANCELLABLE,
+        # Guardrails (batches.guardrails): the pause, and the buttons that pause and resume.
+        "paused": (batch.get("openrelay") or {}).get("paused"),
+        "pausable": batch["status"] in PAUSABLE,
+        "max_cost": money((batch.get("openrelay") or {}).get("max_cost"), "USD"),
     }
 
 
@@ -337,6 +342,7 @@ def batch_detail(request, batch_id):
             **failures_context(obj["id"], failures),
             "timeline": [(field, label, when(obj[field])) for field, label in TIMELINE],
             "expires": when(obj["expires_at"]),
+            "paused_since": when((obj["openrelay"]["paused"] or {}).get("since")),
             "input_file": batch.input_file,
             "rejections": rejections[:REJECTIONS_SHOWN],
             "rejections_total": len(rejections),
@@ -439,6 +445,33 @@ def batch_cancel(request, batch_id):
     return redirect("dashboard:batch", batch_id=batch.public_id)
 
 
+@require_POST
+@member_required
+def batch_pause(request, batch_id):
+    batch = _batch_or_404(request, batch_id)
+    try:
+        guardrails.pause_batch(batch)
+    except ApiError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Paused {batch.public_id}: calls in flight finish; its window clock runs on.")
+    return redirect("dashboard:batch", batch_id=batch.public_id)
+
+
+@require_POST
+@member_required
+def batch_resume(request, batch_id):
+    batch = _batch_or_404(request, batch_id)
+    try:
+        max_cost = parse_max_cost(request.POST.get("max_cost", "").strip() or None, "max_cost")
+        guardrails.resume_batch(batch, max_cost_nanos=max_cost)
+    except ApiError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Resumed {batch.public_id} where it stopped.")
+    return redirect("dashboard:batch", batch_id=batch.public_id)
+
+
 @csrf_exempt  # checked in _create_batch, once the size-capped upload handler has parsed the body
 @require_http_methods(["GET", "POST"])
 @member_required
@@ -482,6 +515,7 @@ def _create_batch(request, upload):
                 "completion_window": "24h",
                 "priority": fields.get("priority") or None,
                 "metadata": _form_metadata(fields),
+                "openrelay": {"max_cost": (fields.get("max_cost") or "").strip() or None},
             }
         )
         return services.create_batch(organization=request.organization, **vars(params))
@@ -526,6 +560,7 @@ def _new_batch_page(request, *, selected=None, error=None, status=200, fields=No
             "selected": selected or fields.get("input_file_id"),
             "endpoint": fields.get("endpoint") or ENDPOINTS[0],
             "priority": fields.get("priority") or PRIORITIES[0],
+            "max_cost": fields.get("max_cost") or "",
             # What was typed comes back after an error; at least METADATA_ROWS rows to fill.
             "metadata_rows": rows + [("", "")] * max(0, METADATA_ROWS - len(rows)),
             "max_metadata": MAX_METADATA_PAIRS,

@@ -1,4 +1,5 @@
-"""`orl batches`: create (upload and submit in one step), get, list, cancel, retry, results, wait.
+"""`orl batches`: create (upload and submit in one step), get, list, pause, resume, cancel, retry,
+results, wait.
 
 The commands register on `batches_app`, which app.py adds to the root as `batches`. Waiting and
 its progress live in waiting.py, the tables in output.py.
@@ -6,6 +7,7 @@ its progress live in waiting.py, the tables in output.py.
 
 from __future__ import annotations
 
+from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
@@ -37,11 +39,32 @@ def _check_metadata(values):
     return values
 
 
+def _check_max_cost(value):
+    # Sent as a decimal string, so the cap is exact; checked here so a typo fails before an upload.
+    if value is None:
+        return None
+    try:
+        amount = Decimal(value)
+    except InvalidOperation:
+        raise typer.BadParameter(f"expected an amount of US dollars, got {value!r}") from None
+    if not amount.is_finite() or amount <= 0:
+        raise typer.BadParameter(f"expected an amount above 0, got {value!r}")
+    return str(amount)
+
+
 def _metadata_pairs(values):
     return dict(item.split("=", 1) for item in values or ())
 
 
 PollInterval = Annotated[float, typer.Option("--poll-interval", min=0.05, help="Seconds between polls.")]
+MaxCost = Annotated[
+    str | None,
+    typer.Option(
+        "--max-cost",
+        callback=lambda value: _check_max_cost(value),
+        help="Spend cap in USD (e.g. 25 or 12.50): the batch pauses before it could cost more.",
+    ),
+]
 DownloadDir = Annotated[
     Path | None,
     typer.Option("--download", file_okay=False, help="Save the output and error files into this directory."),
@@ -62,6 +85,7 @@ def batches_create(
         typer.Option("--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs."),
     ] = None,
     priority: Annotated[Priority | None, typer.Option("--priority")] = None,
+    max_cost: MaxCost = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch to finish, with a progress bar.")] = False,
     poll_interval: PollInterval = 1.0,
     download_dir: DownloadDir = None,
@@ -70,7 +94,9 @@ def batches_create(
     state = ctx.obj
     client = state.client()
     file = _upload(client, input_file)
-    batch = _create_batch(client, file["id"], endpoint, completion_window, _metadata_pairs(metadata), priority)
+    batch = _create_batch(
+        client, file["id"], endpoint, completion_window, _metadata_pairs(metadata), priority, max_cost
+    )
     if not state.json:
         state.out.print(Text(f"Uploaded {input_file.name} as {file['id']} ({file['bytes']:,} bytes)."))
         show_batch(state, batch)
@@ -83,12 +109,14 @@ def batches_create(
         print_json(batch)
 
 
-def _create_batch(client, file_id, endpoint, completion_window, metadata, priority):
+def _create_batch(client, file_id, endpoint, completion_window, metadata, priority, max_cost=None):
     body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": completion_window}
     if metadata:
         body["metadata"] = metadata
     if priority is not None:
         body["priority"] = priority.value
+    if max_cost is not None:
+        body["openrelay"] = {"max_cost": max_cost}
     try:
         return client.call("POST", "batches", json=body)
     except ApiFailure:
@@ -138,6 +166,23 @@ def batches_cancel(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(m
     """Ask a batch to stop; finished results stay available."""
     state = ctx.obj
     emit(state, state.client().call("POST", f"batches/{_segment(batch_id)}/cancel"), show_batch)
+
+
+@batches_app.command("pause")
+def batches_pause(ctx: typer.Context, batch_id: Annotated[str, typer.Argument(metavar="ID")]):
+    """Pause a running batch: it claims no new records; calls in flight finish and are billed."""
+    state = ctx.obj
+    emit(state, state.client().call("POST", f"batches/{_segment(batch_id)}/pause"), show_batch)
+
+
+@batches_app.command("resume")
+def batches_resume(
+    ctx: typer.Context, batch_id: Annotated[str, typer.Argument(metavar="ID")], max_cost: MaxCost = None
+):
+    """Resume a paused batch where it stopped, optionally with a new spend cap."""
+    state = ctx.obj
+    body = {"max_cost": max_cost} if max_cost is not None else {}
+    emit(state, state.client().call("POST", f"batches/{_segment(batch_id)}/resume", json=body), show_batch)
 
 
 @batches_app.command("retry")

@@ -73,5 +73,13 @@ def limits_show(ctx: typer.Context):
     rows += [
         ("workflows", "enabled" if organization["workflows_enabled"] else "off"),
         ("organization max concurrency", str(organization["max_concurrency"] or "no cap")),
+        ("organization monthly budget", _budget_text(organization.get("budget"))),
     ]
     state.out.print(_kv_table(rows))
+
+
+def _budget_text(budget):
+    if not budget:
+        return "none"
+    exhausted = " (exhausted: creates are refused, running batches pause)" if budget["exhausted"] else ""
+    return f"{budget['spent']} of {budget['budget']} {budget['currency']} spent this month{exhausted}"

@@ -45,11 +45,30 @@ def _kv_table(rows):
     return table
 
 
+def _status_text(batch):
+    """The status, with ` (paused)` while the batch is paused (its status stays OpenAI's)."""
+    paused = (batch.get("openrelay") or {}).get("paused")
+    return f"{batch['status']} (paused)" if paused else batch["status"]
+
+
+def _guardrail_rows(extension):
+    """Why and since when the batch is paused, and its spend cap."""
+    rows = []
+    paused = extension.get("paused")
+    if paused:
+        rows.append(("paused", f"{paused['reason']} since {_when(paused['since'])}"))
+        if paused.get("message"):
+            rows.append(("pause reason", paused["message"]))
+    if extension.get("max_cost"):
+        rows.append(("max cost", f"{extension['max_cost']} USD"))
+    return rows
+
+
 def _batch_rows(batch):
     counts = batch["request_counts"]
     rows = [
         ("id", batch["id"]),
-        ("status", batch["status"]),
+        ("status", _status_text(batch)),
         ("endpoint", batch["endpoint"]),
         ("model", batch.get("model") or "-"),
         ("priority", batch.get("priority") or "-"),
@@ -77,6 +96,7 @@ def _batch_rows(batch):
                 f"output {cost['output']})",
             )
         )
+    rows += _guardrail_rows(batch.get("openrelay") or {})
     if batch.get("metadata"):
         rows.append(("metadata", ", ".join(f"{k}={v}" for k, v in batch["metadata"].items())))
     for name in (
@@ -137,7 +157,7 @@ def show_batch_list(state, batches, has_more):
                 Text(str(v))
                 for v in (
                     batch["id"],
-                    batch["status"],
+                    _status_text(batch),
                     batch["endpoint"],
                     batch.get("model") or "-",
                     f"{counts['completed'] + counts['failed']}/{counts['total']}",

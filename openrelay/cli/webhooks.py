@@ -16,6 +16,7 @@ from openrelay.cli.output import emit, emit_page, show_deleted, show_webhook, sh
 
 webhooks_app = typer.Typer(no_args_is_help=True, help="Endpoints that receive batch events (signed POSTs).")
 
+# The default: OpenAI's four, a batch's end. OpenRelay's batch.paused and batch.resumed are asked for by name.
 BATCH_EVENTS = ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 
 
@@ -25,7 +26,11 @@ def webhooks_create(
     url: Annotated[str, typer.Argument(metavar="URL", help="Where the events are POSTed.")],
     name: Annotated[str | None, typer.Option("--name", help="A name for it (default: the URL).")] = None,
     events: Annotated[
-        list[str] | None, typer.Option("--event", help="An event to send (repeatable; default: every batch event).")
+        list[str] | None,
+        typer.Option(
+            "--event",
+            help="An event to send (repeatable; default: the four batch ends; also batch.paused, batch.resumed).",
+        ),
     ] = None,
 ):
     """Register an endpoint; prints its signing secret, once."""

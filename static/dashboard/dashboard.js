@@ -171,6 +171,20 @@
     el.querySelectorAll('[data-role="cancel"]').forEach(function (node) {
       node.hidden = !CANCELLABLE.has(batch.status);
     });
+    // Guardrails: the pause banner and badge, and which of pause and resume is offered.
+    const paused = (batch.openrelay || {}).paused || null;
+    el.querySelectorAll("[data-paused]").forEach(function (node) { node.hidden = !paused; });
+    el.querySelectorAll('[data-role="pause"]').forEach(function (node) {
+      node.hidden = Boolean(paused) || !CANCELLABLE.has(batch.status);
+    });
+    el.querySelectorAll('[data-role="resume"]').forEach(function (node) { node.hidden = !paused; });
+    if (paused) {
+      el.querySelectorAll('[data-field="paused_reason"]').forEach(function (node) { node.textContent = paused.reason; });
+      el.querySelectorAll('[data-field="paused_since"]').forEach(function (node) { node.textContent = when(paused.since); });
+      el.querySelectorAll('[data-field="paused_message"]').forEach(function (node) {
+        node.textContent = paused.message || "";
+      });
+    }
     el.querySelectorAll('[data-role="retry"]').forEach(function (node) {
       node.hidden = !(RETRYABLE.has(batch.status) && batch.request_counts.failed > 0);
     });
