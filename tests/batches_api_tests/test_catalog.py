@@ -80,7 +80,7 @@ def test_the_limits_are_the_ones_enforced(alice, settings):
     assert batch["endpoints"] == list(params.ENDPOINTS) and batch["create_rate"] == "50/minute"
     assert limits["tool_config"]["max_rounds"] == {"default": 8, "max": 16}
     assert limits["workflow"] is None  # workflows are off for alice's organization
-    assert limits["organization"] == {"workflows_enabled": False, "max_concurrency": None}
+    assert limits["organization"] == {"workflows_enabled": False, "max_concurrency": None, "budget": None}
 
 
 def test_an_organizations_own_limits_show(db):
@@ -88,5 +88,5 @@ def test_an_organizations_own_limits_show(db):
 
     carol = make_persona("carol-org", workflows_enabled=True, max_concurrency=12)
     limits = carol.client.get("/v1/limits").json()
-    assert limits["organization"] == {"workflows_enabled": True, "max_concurrency": 12}
+    assert limits["organization"] == {"workflows_enabled": True, "max_concurrency": 12, "budget": None}
     assert limits["workflow"]["max_steps"] == {"default": 8, "max": 64}

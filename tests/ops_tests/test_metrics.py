@@ -101,7 +101,9 @@ def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_
     for word in ("alice", batch.public_id, "req-1"):
         assert word not in text
     labels = {label for name, pairs in after for label, _ in pairs}
-    assert labels <= {"model", "deployment", "outcome", "kind", "status", "status_class", "result", "le"}, labels
+    # `reason`: why batches paused (batches.guardrails), one of four words.
+    allowed = {"model", "deployment", "outcome", "kind", "status", "status_class", "result", "le", "reason"}
+    assert labels <= allowed, labels
 
 
 def test_it_counts_failures_by_outcome_code_and_deliveries_and_queues(db, token, settings):

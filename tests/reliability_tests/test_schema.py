@@ -100,6 +100,8 @@ def test_files_batches_and_webhook_operations_are_described():
             "batches_list",
             "batches_retrieve",
             "batches_cancel",
+            "batches_pause",
+            "batches_resume",
             "batches_retry",
             "batches_results",
             "models_list",
