@@ -122,15 +122,7 @@ def _parse_breaker(value):
                 code="invalid_value",
             )
         rules.append(rule)
-    window, failures, _ = rules
-    if window is not None and failures is not None and failures > window > 0:
-        raise ApiError(
-            f"Invalid 'openrelay.breaker.failures': {failures} failures can never happen among the first {window} "
-            "records.",
-            param="openrelay.breaker.failures",
-            code="invalid_value",
-        )
-    return tuple(rules)
+    return tuple(rules)  # failures above window: that rule can never trip (as with 0, it is off)
 
 
 def _parse_choice(data, param, allowed, default=None):

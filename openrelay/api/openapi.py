@@ -207,19 +207,24 @@ COMPONENTS = {
     },
     "BatchBreaker": {
         "type": "object",
+        "additionalProperties": False,
         "description": "The error breaker's rules (0: off).",
         "properties": {
-            "window": {"type": "integer", "minimum": 0},
-            "failures": {"type": "integer", "minimum": 0},
-            "consecutive": {"type": "integer", "minimum": 0},
+            "window": {"type": "integer", "minimum": 0, "maximum": 50000},
+            "failures": {"type": "integer", "minimum": 0, "maximum": 50000},
+            "consecutive": {"type": "integer", "minimum": 0, "maximum": 50000},
         },
     },
     "BatchGuardrails": {
         "type": "object",
+        "additionalProperties": False,
         "description": "OpenRelay's own create options: a spend cap and the error breaker's rules.",
         "properties": {
             "max_cost": {
-                "oneOf": [{"type": "number", "minimum": 0.000000001}, {"type": "string"}],
+                "oneOf": [
+                    {"type": "number", "minimum": 0.000000001, "maximum": 1000000000},
+                    {"type": "string", "pattern": "^[1-9][0-9]{0,8}(\\.[0-9]{1,9})?$"},
+                ],
                 "nullable": True,
                 "description": "Most the batch may cost, in USD; it pauses before its next call could pass it.",
             },
@@ -232,9 +237,13 @@ COMPONENTS = {
     },
     "BatchResume": {
         "type": "object",
+        "additionalProperties": False,
         "properties": {
             "max_cost": {
-                "oneOf": [{"type": "number", "minimum": 0.000000001}, {"type": "string"}],
+                "oneOf": [
+                    {"type": "number", "minimum": 0.000000001, "maximum": 1000000000},
+                    {"type": "string", "pattern": "^[1-9][0-9]{0,8}(\\.[0-9]{1,9})?$"},
+                ],
                 "nullable": True,
                 "description": "A new spend cap in USD (e.g. to resume a batch its cap paused).",
             }
