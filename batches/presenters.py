@@ -63,6 +63,13 @@ def _batch_object(batch, errors):
         "openrelay": {
             # Records whose server-reported usage cannot be right: billed as reported, counted here.
             "implausible_usage": batch.implausible_usage_count,
+            # Output contracts (docs/guides/output-contracts.md): records re-asked, re-asks made,
+            # and records still invalid after their last re-ask (in the error file as invalid_output).
+            "output_contracts": {
+                "reasked": batch.reasked_count,
+                "reasks": batch.reasks_count,
+                "invalid_output": batch.invalid_output_count,
+            },
         },
     }
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from batches import lifecycle
 from batches.dashboard import events
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
+from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
 from batches.validation.records import RecordChecker
 from billing.pricing import PRICE_MULTIPLIER
@@ -38,6 +39,7 @@ def create_batch(
     metadata=None,
     output_expires_after_s=None,
     priority=Priority.STANDARD,
+    output_contract=None,
 ):
     """Validate every record of the input and create the batch (the engines pick it up).
 
@@ -59,10 +61,11 @@ def create_batch(
         metadata=metadata,
         output_expires_after_s=output_expires_after_s,
         priority=priority,
+        output_contract=output_contract,
     )
     committed = False
     try:
-        checker = _checker(endpoint, organization)
+        checker = _checker(endpoint, organization, output_contract)
         if connection.vendor == "postgresql":
             batch = _create_streaming(file, checker, param, fields)
         else:
@@ -165,11 +168,12 @@ def _inline_lines(requests):
             ) from None
 
 
-def _checker(endpoint, organization):
+def _checker(endpoint, organization, output_contract=None):
     return RecordChecker(
         endpoint,
         models=dict(Model.objects.filter(enabled=True).values_list("name", "pk")),
         workflows_enabled=organization.workflows_enabled,
+        output_contract=contracts.batch_contract(output_contract),
     )
 
 
@@ -387,6 +391,7 @@ def retry_failed(batch):
             input_file_id=retry_file.public_id,
             metadata=batch.metadata,
             priority=batch.priority,
+            output_contract=batch.output_contract,
         )
     except BaseException:
         files.delete_file(retry_file)

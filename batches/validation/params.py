@@ -6,6 +6,8 @@ output expiry, priority) checked into a `CreateParams`, raising an `ApiError`
 
 from dataclasses import dataclass
 
+from batches.validation import contracts
+from batches.validation.extensions import RecordRejected
 from openrelay.api.errors import ApiError
 from openrelay.api.params import invalid_choice, invalid_type, missing_parameter, request_object, unknown_parameter
 
@@ -25,6 +27,7 @@ CREATE_PARAMS = (
     "metadata",
     "output_expires_after",
     "priority",
+    "openrelay",
 )
 
 
@@ -37,21 +40,50 @@ class CreateParams:
     metadata: dict | None = None
     output_expires_after_s: int | None = None
     priority: str = "standard"
+    output_contract: object = None  # the batch's output contract as given (checked), False, or None
 
 
 def parse_create_params(data):
     """Check the JSON body of `POST /v1/batches`; raise ApiError (400) on the first problem."""
     request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
+    endpoint = _parse_choice(data, "endpoint", ENDPOINTS)
     return CreateParams(
-        endpoint=_parse_choice(data, "endpoint", ENDPOINTS),
+        endpoint=endpoint,
         completion_window=_parse_choice(data, "completion_window", COMPLETION_WINDOWS),
         input_file_id=input_file_id,
         requests=requests,
         metadata=parse_metadata(data.get("metadata")),
         output_expires_after_s=_parse_output_expiry(data.get("output_expires_after")),
         priority=_parse_choice(data, "priority", PRIORITIES, default="standard"),
+        output_contract=_parse_openrelay(data.get("openrelay"), endpoint),
     )
+
+
+def _parse_openrelay(value, endpoint):
+    """OpenRelay's create extension: `openrelay.output_contract`, the batch's output contract
+    (docs/guides/output-contracts.md). Returns it as given once checked, False, or None."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise invalid_type("openrelay", "an object", value)
+    for key in value:
+        if key != "output_contract":
+            raise unknown_parameter(f"openrelay.{key}")
+    contract = value.get("output_contract")
+    if contract is None:
+        return None
+    try:
+        checked = contracts.normalize_output_contract(contract, "openrelay.output_contract")
+    except RecordRejected as exc:
+        raise ApiError(exc.message, param=exc.param, code=exc.code) from None
+    if checked is not False and endpoint not in contracts.CONTRACT_ENDPOINTS:
+        raise ApiError(
+            f"Output contracts are supported on {' and '.join(contracts.CONTRACT_ENDPOINTS)} only.",
+            param="openrelay.output_contract",
+            code=contracts.CODE,
+        )
+    return contract
 
 
 def _parse_choice(data, param, allowed, default=None):

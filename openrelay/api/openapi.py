@@ -172,7 +172,7 @@ COMPONENTS = {
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
             "openrelay": {
                 "type": "object",
-                "required": ["implausible_usage"],
+                "required": ["implausible_usage", "output_contracts"],
                 "properties": {
                     "implausible_usage": {
                         "type": "integer",
@@ -181,7 +181,18 @@ COMPONENTS = {
                             "Records whose server-reported usage cannot be right (no usage on a 200, fewer output "
                             "tokens than answers, more cached than input tokens): kept and billed as reported."
                         ),
-                    }
+                    },
+                    "output_contracts": {
+                        "type": "object",
+                        "description": (
+                            "Output contracts: records re-asked, re-asks made, and records still invalid after "
+                            "their last re-ask (error code invalid_output)."
+                        ),
+                        "required": ["reasked", "reasks", "invalid_output"],
+                        "properties": {
+                            name: {"type": "integer", "minimum": 0} for name in ("reasked", "reasks", "invalid_output")
+                        },
+                    },
                 },
             },
         },
@@ -226,6 +237,30 @@ COMPONENTS = {
                 },
             },
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
+            "openrelay": {
+                "type": "object",
+                "description": "OpenRelay's extensions to create.",
+                "properties": {
+                    "output_contract": {
+                        "description": (
+                            "The batch's output contract: {schema: a JSON Schema, max_reasks: 0-5}, or false to "
+                            "turn off the contracts response_format would give (docs/guides/output-contracts.md)."
+                        ),
+                        "oneOf": [
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "schema": {"type": "object"},
+                                    "max_reasks": {"type": "integer", "minimum": 0},
+                                },
+                                "additionalProperties": False,
+                            },
+                            {"type": "boolean", "enum": [False]},
+                        ],
+                    }
+                },
+                "additionalProperties": False,
+            },
         },
     },
 }
