@@ -55,7 +55,7 @@ def test_the_sdk_runs_a_responses_batch(uvicorn_server, worker, alice, tmp_path)
     assert batch.usage.input_tokens == sum(u["input_tokens"] for u in usages)
     assert batch.usage.output_tokens == sum(u["output_tokens"] for u in usages)
     assert batch.usage.output_tokens_details.reasoning_tokens == 16
-    assert batch.model_extra["openrelay"] == {"implausible_usage": 0}
+    assert batch.model_extra["openrelay"]["implausible_usage"] == 0
 
 
 def test_the_sdk_runs_a_moderations_batch_billed_at_zero(uvicorn_server, worker, alice, tmp_path):
