@@ -143,14 +143,20 @@ def with_turns(body, endpoint, turns):
 # --------------------------------------------------------------------- ends
 
 
-def usage_shape(usage, endpoint):
+def usage_shape(usage, endpoint, last=None):
+    """The summed usage in the endpoint's shape. Responses keep the last answer's other detail
+    fields (the openai SDK's Response type requires input_tokens_details.cache_write_tokens)."""
     if endpoint == CHAT:
         return usage.as_openai()
+    last = last if isinstance(last, dict) else {}
+    input_details = last.get("input_tokens_details") if isinstance(last.get("input_tokens_details"), dict) else {}
+    output_details = last.get("output_tokens_details") if isinstance(last.get("output_tokens_details"), dict) else {}
     return {
+        **last,
         "input_tokens": usage.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": usage.cached_tokens},
+        "input_tokens_details": {**input_details, "cached_tokens": usage.cached_tokens},
         "output_tokens": usage.completion_tokens,
-        "output_tokens_details": {"reasoning_tokens": usage.reasoning_tokens},
+        "output_tokens_details": {**output_details, "reasoning_tokens": usage.reasoning_tokens},
         "total_tokens": usage.total_tokens,
     }
 
@@ -159,7 +165,8 @@ def final_body(body, usage, endpoint, extra):
     """The answer with the record's summed usage and OpenRelay's counts (`extra`) added."""
     if not isinstance(body, dict):
         return body
-    return {**body, "usage": usage_shape(usage, endpoint), "openrelay": {**(body.get("openrelay") or {}), **extra}}
+    summed = usage_shape(usage, endpoint, body.get("usage"))
+    return {**body, "usage": summed, "openrelay": {**(body.get("openrelay") or {}), **extra}}
 
 
 def passed(result, usage, endpoint, extra):
