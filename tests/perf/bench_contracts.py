@@ -25,7 +25,7 @@ PERSON = {
 FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
 KINDS = ("wrong_type", "missing_field", "truncated", "not_json")
 STAY_INVALID_EVERY = 10
-ROUNDS = 3
+ROUNDS = 5
 
 
 def write_contract_input(path, records, model, *, spoil=True):
