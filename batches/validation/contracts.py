@@ -36,7 +36,6 @@ MAX_REASKS_CAP = 5
 # Endpoints whose answer is text a contract can read and whose conversation a re-ask can extend.
 CONTRACT_ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 MAX_SCHEMA_BYTES = 64 * 1024
-SOURCES = ("record", "response_format", "batch")
 
 
 @dataclass(frozen=True)
@@ -82,7 +81,8 @@ def compiled(schema_text):
 
 
 def canonical(schema, code, param):
-    """The schema's canonical text (sorted keys): the cache key, and what a checkpoint holds."""
+    """The schema's canonical text (sorted keys), the validators' cache key; compiled here, so a schema
+    that is not one is refused where it is given."""
     if not isinstance(schema, dict | bool):
         raise wrong_type(code, param, "an object (a JSON Schema)", schema)
     try:
