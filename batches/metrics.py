@@ -40,6 +40,9 @@ TOKEN_KINDS = (
 )
 
 
+CONTRACT_KINDS = (("reasked", "reasked_count"), ("reasks", "reasks_count"), ("invalid_output", "invalid_output_count"))
+
+
 class DatabaseCollector:
     def collect(self):
         yield from _records_and_tokens()
@@ -75,7 +78,13 @@ def _records_and_tokens():
         "Tokens of finished records, by model and kind (input, cached of the input, output, reasoning of the output).",
         labels=["model", "kind"],
     )
-    sums = {f"{kind}": Sum(column) for kind, column in TOKEN_KINDS}
+    contracts = CounterMetricFamily(
+        "openrelay_output_contracts",
+        "Output contracts, by model: records re-asked, re-asks made, and records still invalid after "
+        "their last re-ask (invalid_output).",
+        labels=["model", "kind"],
+    )
+    sums = {f"{kind}": Sum(column) for kind, column in TOKEN_KINDS + CONTRACT_KINDS}
     by_model = (
         Batch.objects.values("model_name").annotate(succeeded=Sum("completed_count"), **sums).order_by("model_name")
     )
@@ -83,9 +92,11 @@ def _records_and_tokens():
         finished.add_metric([row["model_name"], "succeeded"], row["succeeded"] or 0)
         for kind, _ in TOKEN_KINDS:
             tokens.add_metric([row["model_name"], kind], row[kind] or 0)
+        for kind, _ in CONTRACT_KINDS:
+            contracts.add_metric([row["model_name"], kind], row[kind] or 0)
     for (model, outcome), n in sorted(_failures_by_model().items()):
         finished.add_metric([model, outcome], n)
-    return finished, tokens
+    return finished, tokens, contracts
 
 
 def _failures_by_model():

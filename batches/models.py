@@ -112,6 +112,13 @@ class Batch(models.Model):
     # Records whose server-reported usage cannot be right (batches.engine.calls.usage): kept and
     # billed as reported, counted so an operator can see how far to trust the bill.
     implausible_usage_count = models.PositiveIntegerField(default=0)
+    # Output contracts (docs/guides/output-contracts.md): the batch's own contract from create (as
+    # given, checked; false turns off those response_format gives), and, rolled up as records
+    # finish, the records re-asked, the re-asks made and the records still invalid after them.
+    output_contract = models.JSONField(null=True, blank=True)
+    reasked_count = models.PositiveIntegerField(default=0)
+    reasks_count = models.PositiveIntegerField(default=0)
+    invalid_output_count = models.PositiveIntegerField(default=0)
 
     # Prices snapshotted at create (USD per 1M tokens, sync rate) and the
     # priority's multiplier, so a later price change never reprices a batch.
@@ -181,6 +188,8 @@ class Record(models.Model):
     # 1 when some answer of the run reported usage that cannot be right, else 0: an integer, so
     # the flush rolls it up into Batch.implausible_usage_count with the token sums.
     usage_implausible = models.PositiveSmallIntegerField(default=0)
+    # Re-asks its output contract made (batches.engine.loops.contract), rolled up like the usage.
+    reasks = models.PositiveSmallIntegerField(default=0)
 
     # A multi-step record's loop state while it runs (batches.engine.checkpoints):
     # what a resumed run continues from. Null for plain records and once the

@@ -71,6 +71,13 @@ def _batch_object(batch, errors):
                 "failures": batch.breaker_failures,
                 "consecutive": batch.breaker_consecutive,
             },
+            # Output contracts (docs/guides/output-contracts.md): records re-asked, re-asks made,
+            # and records still invalid after their last re-ask (in the error file as invalid_output).
+            "output_contracts": {
+                "reasked": batch.reasked_count,
+                "reasks": batch.reasks_count,
+                "invalid_output": batch.invalid_output_count,
+            },
         },
     }
 

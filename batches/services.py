@@ -14,6 +14,7 @@ from django.utils import timezone
 from batches import guardrails, lifecycle
 from batches.dashboard import events
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
+from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
 from batches.validation.records import RecordChecker
 from billing.pricing import PRICE_MULTIPLIER
@@ -40,6 +41,7 @@ def create_batch(
     priority=Priority.STANDARD,
     max_cost_nanos=None,
     breaker=None,
+    output_contract=None,
 ):
     """Validate every record of the input and create the batch (the engines pick it up).
 
@@ -66,10 +68,11 @@ def create_batch(
         priority=priority,
         max_cost_nanos=max_cost_nanos,
         **_breaker_fields(breaker),
+        output_contract=output_contract,
     )
     committed = False
     try:
-        checker = _checker(endpoint, organization)
+        checker = _checker(endpoint, organization, output_contract)
         if connection.vendor == "postgresql":
             batch = _create_streaming(file, checker, param, fields)
         else:
@@ -182,11 +185,12 @@ def _inline_lines(requests):
             ) from None
 
 
-def _checker(endpoint, organization):
+def _checker(endpoint, organization, output_contract=None):
     return RecordChecker(
         endpoint,
         models=dict(Model.objects.filter(enabled=True).values_list("name", "pk")),
         workflows_enabled=organization.workflows_enabled,
+        output_contract=contracts.batch_contract(output_contract),
     )
 
 
@@ -404,6 +408,7 @@ def retry_failed(batch):
             input_file_id=retry_file.public_id,
             metadata=batch.metadata,
             priority=batch.priority,
+            output_contract=batch.output_contract,
         )
     except BaseException:
         files.delete_file(retry_file)

@@ -178,6 +178,7 @@ def display(batch, not_run=0):
         "cost_input": money(cost.get("input"), cost.get("currency")),
         "cost_cached_input": money(cost.get("cached_input"), cost.get("currency")),
         "cost_output": money(cost.get("output"), cost.get("currency")),
+        **_contract_counts(batch),
         "created": when(batch["created_at"]),
         "terminal": batch["status"] in TERMINAL_BATCH_STATUSES,
         "cancellable": batch["status"] in CANCELLABLE,
@@ -186,6 +187,12 @@ def display(batch, not_run=0):
         "pausable": batch["status"] in PAUSABLE,
         "max_cost": money((batch.get("openrelay") or {}).get("max_cost"), "USD"),
     }
+
+
+def _contract_counts(batch):
+    """Output contracts' counts: records re-asked, re-asks made, records still invalid after them."""
+    counts = (batch.get("openrelay") or {}).get("output_contracts") or {}
+    return {name: f"{counts.get(name, 0):,}" for name in ("reasked", "reasks", "invalid_output")}
 
 
 def percent(done, total, status):

@@ -10,7 +10,7 @@ user's servers through `ctx.outbound`, and stores its state with
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from batches.engine import checkpoints
 
@@ -51,6 +51,8 @@ class RecordContext:
     workflows_enabled: bool = False
     outbound: OutboundClient | None = None
     checkpoints: CheckpointSink | None = None  # None (a loop driven alone): nothing is stored
+    # The batch's output contract from create, normalized (batches.validation.contracts), False or None.
+    output_contract: dict[str, Any] | Literal[False] | None = None
 
     async def checkpoint(self, record: ClaimedRecord, state: dict[str, Any]) -> None:
         """Store `record`'s loop state durably (under its lease) before the loop goes on;

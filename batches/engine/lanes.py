@@ -26,6 +26,7 @@ from batches.engine.outcomes import RecordOutcome
 from batches.engine.state import EngineState
 from batches.engine.trips import FLUSH_SIZE
 from batches.models import BatchStatus, Priority
+from batches.validation.contracts import batch_contract
 from openrelay.lib import logs
 
 logger = logging.getLogger("openrelay.engine")
@@ -60,6 +61,7 @@ class BatchRun:
             workflows_enabled=row["organization__workflows_enabled"],
             outbound=outbound,
             checkpoints=checkpoint_writer,
+            output_contract=batch_contract(row["output_contract"]),
         )
         self.spend = spend  # its guardrails here (batches.engine.guardrails); None: none
         self.input = None

@@ -20,6 +20,7 @@ class RecordOutcome:
     error_code: str = ""
     error_message: str = ""
     usage: Usage = field(default_factory=Usage)
+    reasks: int = 0  # re-asks its output contract made (batches.engine.loops.contract)
 
     @classmethod
     def error(cls, code, message, usage=None):

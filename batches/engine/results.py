@@ -51,16 +51,17 @@ _FILE_STATUSES = {"output": (_SUCCEEDED,), "error": tuple(sorted(_ERROR_FILE_STA
 
 def failure_code(error_code, status_code):
     """What an error line failed with, as the line shows it: `http_<status>` for a model's non-2xx
-    answer (the line carries the response and no error object), else its error's code."""
-    return f"http_{status_code}" if status_code is not None else error_code
+    answer (the line carries the response and no error object), else its error's code (an
+    `invalid_output` line carries both the answer and its error)."""
+    return f"http_{status_code}" if status_code is not None and not error_code else error_code
 
 
 def _code_condition(code):
     """SQL and params selecting the error lines whose failure_code is `code`."""
     status = code.removeprefix("http_")
     if code.startswith("http_") and status.isdigit():
-        return " AND status_code = %s", [int(status)]
-    return " AND status_code IS NULL AND error_code = %s", [code]
+        return " AND status_code = %s AND error_code = ''", [int(status)]
+    return " AND error_code = %s", [code]
 
 
 def render(batch, kinds=("output", "error"), code=None):
@@ -99,8 +100,12 @@ def render(batch, kinds=("output", "error"), code=None):
                 )
                 if status == _SUCCEEDED:
                     out.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
-                elif status_code is not None:
+                elif status_code is not None and not code:
                     err.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
+                elif status_code is not None:
+                    # The answer is kept beside the error (invalid_output: what the model said last).
+                    error_object = orjson.dumps({"code": code, "message": message}).decode()
+                    err.append(f'{head},{_response(status_code, request_id, body)},"error":{error_object}}}\n')
                 else:
                     error_object = orjson.dumps({"code": code, "message": message}).decode()
                     err.append(f'{head},"response":null,"error":{error_object}}}\n')

@@ -53,6 +53,7 @@ class ResultRow(NamedTuple):
     completion_tokens: int
     reasoning_tokens: int
     usage_implausible: int
+    reasks: int  # re-asks its output contract made (batches.engine.loops.contract)
 
 
 _RESULT_COLUMNS = ResultRow._fields
@@ -70,6 +71,7 @@ _PG_TYPES = (
     "bigint",
     "bigint",
     "smallint",
+    "smallint",
 )
 _SUCCEEDED = RecordStatus.SUCCEEDED.value
 _FAILED = RecordStatus.FAILED.value
@@ -82,7 +84,10 @@ _ROLL_UP = (
     ("output_tokens", "completion_tokens"),
     ("reasoning_tokens", "reasoning_tokens"),
     ("implausible_usage_count", "usage_implausible"),
+    ("reasks_count", "reasks"),
 )
+# The error code of a record its output contract could not fix (batches.engine.loops.contract).
+_INVALID_OUTPUT = "invalid_output"
 
 
 def _q(name):
@@ -329,6 +334,7 @@ def active_batches(only=None):
             "breaker_consecutive",
             "model__max_output_tokens",
             "organization__monthly_budget",
+            "output_contract",
         )
     )
 
@@ -482,7 +488,7 @@ def _add(written, finished, result):
 def _unstorable(row, reason):
     """A result row the database refused, as a failed record without its result (billed nothing)."""
     message = f"The record's result could not be stored ({reason}); it is not billed."
-    return ResultRow(row.id, _FAILED, None, row.request_id, "", "result_not_stored", message, 0, 0, 0, 0, 0)
+    return ResultRow(row.id, _FAILED, None, row.request_id, "", "result_not_stored", message, 0, 0, 0, 0, 0, 0)
 
 
 def _result_row(pk, outcome):
@@ -500,6 +506,7 @@ def _result_row(pk, outcome):
         usage.completion_tokens,
         usage.reasoning_tokens,
         1 if usage.implausible else 0,
+        outcome.reasks,
     )
 
 
@@ -525,11 +532,13 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
         f"FROM v WHERE r.id = v.id AND r.id = ANY(%b::bigint[]) AND r.batch_id = ANY(%b::bigint[]) "
         f"AND r.lease_owner = %s AND r.status = %s "
         f"RETURNING r.batch_id, r.status, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens, "
-        f"r.usage_implausible), "
-        f"t AS (SELECT batch_id, COUNT(*) AS n, COUNT(*) FILTER (WHERE status = %s) AS succeeded, {totals} "
+        f"r.usage_implausible, r.reasks, r.error_code), "
+        f"t AS (SELECT batch_id, COUNT(*) AS n, COUNT(*) FILTER (WHERE status = %s) AS succeeded, {totals}, "
+        f"COUNT(*) FILTER (WHERE reasks > 0) AS reasked, COUNT(*) FILTER (WHERE error_code = %s) AS invalid "
         f"FROM written GROUP BY batch_id) "
         f"UPDATE {batch} AS b SET completed_count = b.completed_count + t.succeeded, "
-        f"failed_count = b.failed_count + t.n - t.succeeded, {sums} "
+        f"failed_count = b.failed_count + t.n - t.succeeded, {sums}, "
+        f"reasked_count = b.reasked_count + t.reasked, invalid_output_count = b.invalid_output_count + t.invalid "
         f"FROM t WHERE b.id = t.batch_id "
         f"RETURNING b.id, t.n, b.completed_count + b.failed_count >= b.total_count"
     )
@@ -548,7 +557,9 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
         # churned ("running and ours": 1 row) and chose a nested loop that
         # re-read the arrays once per record: 30 ms a flush of 256, growing.
         cursor.execute("SET LOCAL enable_nestloop = off")
-        cursor.execute(sql, [*columns, finished_at, columns[0], batch_pks, owner, _RUNNING, _SUCCEEDED])
+        cursor.execute(
+            sql, [*columns, finished_at, columns[0], batch_pks, owner, _RUNNING, _SUCCEEDED, _INVALID_OUTPUT]
+        )
         rows = cursor.fetchall()
     return {pk: n for pk, n, _ in rows}, {pk for pk, _, finished in rows if finished}
 
@@ -595,11 +606,14 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
             cursor.executemany(update, params(rows))
         succeeded = sum(1 for row in rows if row.status == _SUCCEEDED)
         sums = [sum(getattr(row, column) for row in rows) for _, column in _ROLL_UP]
+        reasked = sum(1 for row in rows if row.reasks)
+        invalid = sum(1 for row in rows if row.error_code == _INVALID_OUTPUT)
         totals = ", ".join(f"{_q(total)} = {_q(total)} + %s" for total, _ in _ROLL_UP)
         cursor.execute(
             f"UPDATE {_q(Batch._meta.db_table)} SET completed_count = completed_count + %s, "
-            f"failed_count = failed_count + %s, {totals} WHERE id = %s",
-            [succeeded, len(rows) - succeeded, *sums, batch_pk],
+            f"failed_count = failed_count + %s, {totals}, reasked_count = reasked_count + %s, "
+            f"invalid_output_count = invalid_output_count + %s WHERE id = %s",
+            [succeeded, len(rows) - succeeded, *sums, reasked, invalid, batch_pk],
         )
         cursor.execute(
             f"SELECT completed_count + failed_count >= total_count FROM {_q(Batch._meta.db_table)} WHERE id = %s",

@@ -24,7 +24,7 @@ WORKFLOW_LIMITS = {
 TOOL_TYPES = ("http", "mcp")
 TOOL_CONFIG_PARAM = "body.openrelay.tool_config"
 WORKFLOW_PARAM = "body.openrelay.workflow"
-OPENRELAY_KEYS = ("tool_config", "workflow")
+OPENRELAY_KEYS = ("tool_config", "workflow", "output_contract")
 
 
 class RecordRejected(Exception):

@@ -7,6 +7,8 @@ output expiry, priority) checked into a `CreateParams`, raising an `ApiError`
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from batches.validation import contracts
+from batches.validation.extensions import RecordRejected
 from openrelay.api.errors import ApiError
 from openrelay.api.params import invalid_choice, invalid_type, missing_parameter, request_object, unknown_parameter
 
@@ -32,7 +34,7 @@ CREATE_PARAMS = (
     "priority",
     "openrelay",
 )
-GUARDRAIL_PARAMS = ("max_cost", "breaker")
+OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract")
 
 
 @dataclass(frozen=True)
@@ -46,15 +48,17 @@ class CreateParams:
     priority: str = "standard"
     max_cost_nanos: int | None = None
     breaker: tuple | None = None  # (window, failures, consecutive); None: the defaults
+    output_contract: object = None  # the batch's output contract as given (checked), False, or None
 
 
 def parse_create_params(data):
     """Check the JSON body of `POST /v1/batches`; raise ApiError (400) on the first problem."""
     request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
-    max_cost_nanos, breaker = _parse_guardrails(data.get("openrelay"))
+    endpoint = _parse_choice(data, "endpoint", ENDPOINTS)
+    max_cost_nanos, breaker, output_contract = _parse_openrelay(data.get("openrelay"), endpoint)
     return CreateParams(
-        endpoint=_parse_choice(data, "endpoint", ENDPOINTS),
+        endpoint=endpoint,
         completion_window=_parse_choice(data, "completion_window", COMPLETION_WINDOWS),
         input_file_id=input_file_id,
         requests=requests,
@@ -63,20 +67,27 @@ def parse_create_params(data):
         priority=_parse_choice(data, "priority", PRIORITIES, default="standard"),
         max_cost_nanos=max_cost_nanos,
         breaker=breaker,
+        output_contract=output_contract,
     )
 
 
-def _parse_guardrails(value):
-    """OpenRelay's create options, `{"max_cost": USD, "breaker": false | {window, failures, consecutive}}`
-    -> (the cap in nano-dollars or None, the breaker's rules or None for the defaults)."""
+def _parse_openrelay(value, endpoint):
+    """OpenRelay's create extension, `{"max_cost": USD, "breaker": false | {window, failures,
+    consecutive}, "output_contract": {...} | false}` -> (the cap in nano-dollars or None, the
+    breaker's rules or None for the defaults, the batch's output contract as given once checked,
+    False, or None)."""
     if value is None:
-        return None, None
+        return None, None, None
     if not isinstance(value, dict):
         raise invalid_type("openrelay", "an object", value)
     for key in value:
-        if key not in GUARDRAIL_PARAMS:
+        if key not in OPENRELAY_PARAMS:
             raise unknown_parameter(f"openrelay.{key}")
-    return parse_max_cost(value.get("max_cost"), "openrelay.max_cost"), _parse_breaker(value.get("breaker"))
+    return (
+        parse_max_cost(value.get("max_cost"), "openrelay.max_cost"),
+        _parse_breaker(value.get("breaker")),
+        _parse_output_contract(value.get("output_contract"), endpoint),
+    )
 
 
 def parse_max_cost(value, param):
@@ -123,6 +134,23 @@ def _parse_breaker(value):
             )
         rules.append(rule)
     return tuple(rules)  # failures above window: that rule can never trip (as with 0, it is off)
+
+
+def _parse_output_contract(contract, endpoint):
+    """The batch's output contract (docs/guides/output-contracts.md): as given once checked, False, or None."""
+    if contract is None:
+        return None
+    try:
+        checked = contracts.normalize_output_contract(contract, "openrelay.output_contract")
+    except RecordRejected as exc:
+        raise ApiError(exc.message, param=exc.param, code=exc.code) from None
+    if checked is not False and endpoint not in contracts.CONTRACT_ENDPOINTS:
+        raise ApiError(
+            f"Output contracts are supported on {' and '.join(contracts.CONTRACT_ENDPOINTS)} only.",
+            param="openrelay.output_contract",
+            code=contracts.CODE,
+        )
+    return contract
 
 
 def _parse_choice(data, param, allowed, default=None):

@@ -5,6 +5,7 @@ its param and OpenAI's message; it remembers the batch's model and the
 custom_ids taken, so records are checked in order, once each.
 """
 
+from batches.validation import contracts
 from batches.validation.extensions import (
     OPENRELAY_KEYS,
     TOOL_CONFIG_PARAM,
@@ -52,8 +53,10 @@ class RecordChecker:
     first one, the batch's model.
     """
 
-    def __init__(self, endpoint, *, models, workflows_enabled):
+    def __init__(self, endpoint, *, models, workflows_enabled, output_contract=None):
         self.endpoint = endpoint
+        # The batch's contract from create (contracts.normalize_output_contract), False or None.
+        self.output_contract = output_contract
         self.models = models  # enabled catalog names -> Model pk
         self.workflows_enabled = workflows_enabled
         self.model_name = None
@@ -143,6 +146,7 @@ class RecordChecker:
             )
         extensions = body.get("openrelay")
         if extensions is None:
+            self._check_contract(body, {})
             return
         if not isinstance(extensions, dict):
             raise wrong_type("invalid_request", "body.openrelay", "an object", extensions)
@@ -152,6 +156,20 @@ class RecordChecker:
                     "invalid_request", f"Unknown parameter 'body.openrelay.{key}'.", f"body.openrelay.{key}"
                 )
         self._check_tool_or_workflow(extensions)
+        self._check_contract(body, extensions)
+
+    def _check_contract(self, body, extensions):
+        if "workflow" in extensions:
+            if "output_contract" in extensions:
+                raise RecordRejected(
+                    contracts.CODE,
+                    "A workflow record's contracts go on its requests: each request body's response_format "
+                    "or openrelay.output_contract.",
+                    contracts.PARAM,
+                )
+            contracts.contract_for(body, self.endpoint)  # its root request's response_format
+            return
+        contracts.contract_for(body, self.endpoint, self.output_contract)
 
     def _check_tool_or_workflow(self, extensions):
         if "tool_config" in extensions and "workflow" in extensions:

@@ -172,7 +172,7 @@ COMPONENTS = {
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
             "openrelay": {
                 "type": "object",
-                "required": ["implausible_usage"],
+                "required": ["implausible_usage", "output_contracts"],
                 "properties": {
                     "implausible_usage": {
                         "type": "integer",
@@ -185,6 +185,17 @@ COMPONENTS = {
                     "paused": ref("BatchPause"),
                     "max_cost": {**_NULLABLE_STRING, "description": "The batch's spend cap in USD, or null."},
                     "breaker": ref("BatchBreaker"),
+                    "output_contracts": {
+                        "type": "object",
+                        "description": (
+                            "Output contracts: records re-asked, re-asks made, and records still invalid after "
+                            "their last re-ask (error code invalid_output)."
+                        ),
+                        "required": ["reasked", "reasks", "invalid_output"],
+                        "properties": {
+                            name: {"type": "integer", "minimum": 0} for name in ("reasked", "reasks", "invalid_output")
+                        },
+                    },
                 },
             },
         },
@@ -215,10 +226,10 @@ COMPONENTS = {
             "consecutive": {"type": "integer", "minimum": 0, "maximum": 50000},
         },
     },
-    "BatchGuardrails": {
+    "BatchCreateOptions": {
         "type": "object",
         "additionalProperties": False,
-        "description": "OpenRelay's own create options: a spend cap and the error breaker's rules.",
+        "description": "OpenRelay's own create options: a spend cap, the error breaker's rules, an output contract.",
         "properties": {
             "max_cost": {
                 "oneOf": [
@@ -232,6 +243,23 @@ COMPONENTS = {
                 "oneOf": [{"type": "boolean", "enum": [False]}, ref("BatchBreaker")],
                 "nullable": True,
                 "description": "false turns the breaker off; an object sets its rules (missing ones keep defaults).",
+            },
+            "output_contract": {
+                "description": (
+                    "The batch's output contract: {schema: a JSON Schema, max_reasks: 0-5}, or false to "
+                    "turn off the contracts response_format would give (docs/guides/output-contracts.md)."
+                ),
+                "oneOf": [
+                    {
+                        "type": "object",
+                        "properties": {
+                            "schema": {"type": "object"},
+                            "max_reasks": {"type": "integer", "minimum": 0},
+                        },
+                        "additionalProperties": False,
+                    },
+                    {"type": "boolean", "enum": [False]},
+                ],
             },
         },
     },
@@ -289,7 +317,7 @@ COMPONENTS = {
                 },
             },
             "priority": {"type": "string", "enum": ["standard", "expedited"]},
-            "openrelay": ref("BatchGuardrails"),
+            "openrelay": ref("BatchCreateOptions"),
         },
     },
 }

@@ -7,6 +7,7 @@ its progress live in waiting.py, the tables in output.py.
 
 from __future__ import annotations
 
+import json
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from pathlib import Path
@@ -86,16 +87,30 @@ def batches_create(
     ] = None,
     priority: Annotated[Priority | None, typer.Option("--priority")] = None,
     max_cost: MaxCost = None,
+    output_contract: Annotated[
+        Path | None,
+        typer.Option(
+            "--output-contract",
+            exists=True,
+            dir_okay=False,
+            readable=True,
+            help="A JSON Schema file every record's answer must match (re-asked when it does not).",
+        ),
+    ] = None,
+    max_reasks: Annotated[
+        int | None, typer.Option("--max-reasks", min=0, help="Re-asks a failing answer gets (default 2, at most 5).")
+    ] = None,
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the batch to finish, with a progress bar.")] = False,
     poll_interval: PollInterval = 1.0,
     download_dir: DownloadDir = None,
 ):
     """Upload --input-file (purpose batch), then create a batch from it."""
     state = ctx.obj
+    contract = _output_contract(output_contract, max_reasks)  # read before the upload: a bad file uploads nothing
     client = state.client()
     file = _upload(client, input_file)
     batch = _create_batch(
-        client, file["id"], endpoint, completion_window, _metadata_pairs(metadata), priority, max_cost
+        client, file["id"], endpoint, completion_window, _metadata_pairs(metadata), priority, max_cost, contract
     )
     if not state.json:
         state.out.print(Text(f"Uploaded {input_file.name} as {file['id']} ({file['bytes']:,} bytes)."))
@@ -109,14 +124,34 @@ def batches_create(
         print_json(batch)
 
 
-def _create_batch(client, file_id, endpoint, completion_window, metadata, priority, max_cost=None):
+def _output_contract(schema_path, max_reasks):
+    """The create's openrelay.output_contract from --output-contract and --max-reasks, or None."""
+    if schema_path is None and max_reasks is None:
+        return None
+    contract = {}
+    if schema_path is not None:
+        try:
+            contract["schema"] = json.loads(schema_path.read_text())
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(
+                f"{schema_path} is not a JSON file: {exc}", param_hint="--output-contract"
+            ) from None
+    if max_reasks is not None:
+        contract["max_reasks"] = max_reasks
+    return contract
+
+
+def _create_batch(
+    client, file_id, endpoint, completion_window, metadata, priority, max_cost=None, output_contract=None
+):
     body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": completion_window}
     if metadata:
         body["metadata"] = metadata
     if priority is not None:
         body["priority"] = priority.value
-    if max_cost is not None:
-        body["openrelay"] = {"max_cost": max_cost}
+    options = {"max_cost": max_cost, "output_contract": output_contract}
+    if any(value is not None for value in options.values()):
+        body["openrelay"] = {key: value for key, value in options.items() if value is not None}
     try:
         return client.call("POST", "batches", json=body)
     except ApiFailure:

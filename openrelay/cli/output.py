@@ -77,6 +77,15 @@ def _batch_rows(batch):
         ("error file", batch.get("error_file_id") or "-"),
         ("requests", f"total {counts['total']}  completed {counts['completed']}  failed {counts['failed']}"),
     ]
+    contracts = (batch.get("openrelay") or {}).get("output_contracts") or {}
+    if any(contracts.values()):
+        rows.append(
+            (
+                "re-asks",
+                f"records {contracts.get('reasked', 0):,}  re-asks {contracts.get('reasks', 0):,}  "
+                f"invalid output {contracts.get('invalid_output', 0):,}",
+            )
+        )
     usage = batch.get("usage")
     if usage:
         rows.append(

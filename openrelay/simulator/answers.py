@@ -33,6 +33,7 @@ from openrelay.simulator.bodies import (
     response_text,
 )
 from openrelay.simulator.directives import parse_tool_directives, sized_answer, strip_directives, wanted_tokens
+from openrelay.simulator.structured import answers_in, plan_json_answer
 
 ECHO_CHARS = 60
 DEFAULT_EMBEDDING_DIMENSIONS = 16
@@ -150,8 +151,12 @@ def answer_chat(body: dict[str, Any]) -> dict[str, Any]:
 
 def _content_choices(body: dict[str, Any], messages: list[Any]) -> tuple[list[dict[str, Any]], int]:
     cap = _token_cap(body, "max_completion_tokens", "max_tokens")
-    answer = sized_answer(chat_answer_text(messages), wanted_tokens(chat_text(body)))
-    text, tokens, finish_reason = cap_answer(answer, cap)
+    prompt = chat_text(body)
+    answer = sized_answer(chat_answer_text(messages), wanted_tokens(prompt))
+    planned = plan_json_answer(body, prompt, answers_in(messages), answer)
+    text, tokens, finish_reason = cap_answer(planned.text if planned else answer, cap)
+    if planned is not None and planned.truncated:
+        finish_reason = "length"
     message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None, "annotations": []}
     n = _choice_count(body)
     choices = [_chat_choice(i, message, finish_reason) for i in range(n)]
@@ -318,7 +323,11 @@ def answer_responses(body: dict[str, Any]) -> dict[str, Any]:
     cap = _token_cap(body, "max_output_tokens")
     reasoning = _reasoning_tokens(body)
     answer = "Simulated response to: " + strip_directives(last_user)[:ECHO_CHARS]
-    text, tokens, finish_reason = cap_answer(sized_answer(answer, wanted_tokens(response_text(body))), cap)
+    answer = sized_answer(answer, wanted_tokens(response_text(body)))
+    planned = plan_json_answer(body, response_text(body), answers_in(inputs), answer, responses=True)
+    text, tokens, finish_reason = cap_answer(planned.text if planned else answer, cap)
+    if planned is not None and planned.truncated:
+        finish_reason = "length"
     output: list[dict[str, Any]] = [] if not reasoning else [{"type": "reasoning", "id": _new_id("rs_"), "summary": []}]
     output.append(
         {

@@ -1,7 +1,8 @@
 """The `[[...]]` directives in a request's text.
 
 Faults (`status`, `drop`, `hang`, `latency`), tool behaviour (`tool_rounds`,
-`tool_calls`, `tool_args`) and the answer's size (`tokens`). Parsing them,
+`tool_calls`, `tool_args`) and the answer's size (`tokens`); JSON answers'
+directives (`answer_json`, `invalid_output`) are read in structured.py. Parsing them,
 padding or cutting an answer to `[[tokens:N]]`, and removing them from the
 text an answer echoes. Pure text functions: they import nothing else of the
 package.
@@ -24,7 +25,10 @@ _TOOL_ROUNDS = re.compile(r"\[\[tool_rounds:(\d+)\]\]")
 _TOOL_CALLS = re.compile(r"\[\[tool_calls:(\d+)\]\]")
 _TOOL_ARGS_OPENING = "[[tool_args:"
 _TOKENS = re.compile(r"\[\[tokens:(\d+)\]\]")
-_ANY_DIRECTIVE = re.compile(r"\[\[(?:status|drop|hang|latency|tool_rounds|tool_calls|tool_args|tokens)\b.*?\]\]", re.S)
+_ANY_DIRECTIVE = re.compile(
+    r"\[\[(?:status|drop|hang|latency|tool_rounds|tool_calls|tool_args|tokens|invalid_output|answer_json)\b.*?\]\]",
+    re.S,
+)
 # Four characters are one token, so " sim" pads an answer one token at a time.
 PADDING = " sim"
 

@@ -75,6 +75,7 @@
     const usage = batch.usage || {};
     const cost = usage.cost || {};
     const cur = cost.currency;
+    const contracts = (batch.openrelay || {}).output_contracts || {};
     return {
       id: batch.id,
       endpoint: batch.endpoint,
@@ -100,6 +101,9 @@
       cost_input: money(cost.input, cur),
       cost_cached_input: money(cost.cached_input, cur),
       cost_output: money(cost.output, cur),
+      reasked: int(contracts.reasked),
+      reasks: int(contracts.reasks),
+      invalid_output: int(contracts.invalid_output),
       created: when(batch.created_at),
     };
   }

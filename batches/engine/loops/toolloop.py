@@ -4,6 +4,10 @@ The loop owns rounds, usage and stripping; the executor (executors.py) only
 turns one turn's tool calls into results. Every turn is its own model call
 through ctx.caller, so each has the call time limit and failover.
 
+Under an output contract (contract.py) the final answer is checked, and a
+failing one re-asked as one more turn of the loop (its turns kept in the
+checkpoint with the rounds), up to the contract's max_reasks.
+
 Billing follows batch-api.txt: a record that ends in an output line is billed
 the sum of all its turns; a record that fails anywhere in the loop (a model
 error, a turn stopped at the limit, an executor failure) is billed nothing,
@@ -20,12 +24,13 @@ every turn of the run that produced the output is counted once.
 
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.context import RecordContext
+from batches.engine.loops import contract as contracts
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.engine.tools.executors import ToolExecutionFailed, make_executor
 from batches.validation.extensions import RecordRejected, normalize_tool_config
 
 
-async def run(ctx: RecordContext, record, body):
+async def run(ctx: RecordContext, record, body, contract=None):
     try:
         # Normalized again at run time, so what runs is the clamped config
         # even if the line was accepted under older limits.
@@ -35,7 +40,7 @@ async def run(ctx: RecordContext, record, body):
     # A new executor on every run: a resumed MCP record starts a new session.
     executor = make_executor(ctx, record.custom_id, config)
     try:
-        return await ToolLoop(ctx, record, executor, decode(record.checkpoint)).run(
+        return await ToolLoop(ctx, record, executor, decode(record.checkpoint), contract).run(
             strip_openrelay(body), config["max_rounds"]
         )
     finally:
@@ -47,9 +52,10 @@ class ToolLoop:
     added so far (an assistant message and its tool messages per round), the rounds, the
     usage, and the turn whose tool calls are being executed, if any."""
 
-    def __init__(self, ctx: RecordContext, record, executor, state):
-        self.ctx, self.record, self.executor = ctx, record, executor
+    def __init__(self, ctx: RecordContext, record, executor, state, contract=None):
+        self.ctx, self.record, self.executor, self.contract = ctx, record, executor, contract
         state = state or {}
+        self.reasks = state.get("reasks", 0)
         self.added = state.get("added", [])
         self.rounds = state.get("rounds", 0)
         self.usage = usage_from(state.get("usage"))
@@ -69,7 +75,15 @@ class ToolLoop:
                 message, tool_calls = requested_tool_calls(result.body)
                 if tool_calls is None or self.rounds >= max_rounds:
                     # Exhausted rounds end like OpenAI: the last answer, as the model gave it.
-                    return _final(result, self.usage, self.rounds)
+                    errors = contracts.check(self.contract, result.body, CHAT) if self.contract else []
+                    if not errors:
+                        return _final(result, self.usage, self.rounds, self.reasks)
+                    if self.reasks >= self.contract.max_reasks:
+                        return contracts.invalid_output(result, self.usage, CHAT, self._counts(), errors)
+                    self.added.extend(contracts.reask_turns(self.contract, result.body, CHAT, errors))
+                    self.reasks += 1
+                    await self._checkpoint()
+                    continue
                 self.pending = message
                 await self._checkpoint()
             try:
@@ -84,12 +98,16 @@ class ToolLoop:
             self.rounds += 1
             await self._checkpoint()
 
+    def _counts(self):
+        return {name: n for name, n in (("tool_rounds", self.rounds), ("reasks", self.reasks)) if n}
+
     async def _checkpoint(self):
         await self.ctx.checkpoint(
             self.record,
             {
                 "kind": "tools",
                 "rounds": self.rounds,
+                "reasks": self.reasks,
                 "usage": usage_state(self.usage),
                 "added": self.added,
                 "pending": self.pending,
@@ -121,11 +139,15 @@ def requested_tool_calls(response_body):
     return message, tool_calls
 
 
-def _final(result, usage, rounds):
+CHAT = "/v1/chat/completions"
+
+
+def _final(result, usage, rounds, reasks=0):
     if not isinstance(result.body, dict):
         # Not a chat completion at all; stored as the server sent it.
         return RecordOutcome(True, result.status_code, result.request_id, result.body, usage=usage)
     body = {**result.body, "usage": usage.as_openai()}
-    if rounds:
-        body["openrelay"] = {"tool_rounds": rounds}
-    return RecordOutcome(True, result.status_code, result.request_id, body, usage=usage)
+    counts = {name: n for name, n in (("tool_rounds", rounds), ("reasks", reasks)) if n}
+    if counts:
+        body["openrelay"] = counts
+    return RecordOutcome(True, result.status_code, result.request_id, body, usage=usage, reasks=reasks)

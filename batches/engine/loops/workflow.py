@@ -6,6 +6,12 @@ concurrently as the next step), `completed` (the record succeeds with its
 output) or `failed`. Steps, requests and tokens bound the loop; a request
 stopped at the call limit is only a failed result, never the record's end.
 
+A request whose body asks for JSON (its response_format, or its own
+`openrelay.output_contract`) runs under that output contract (contract.py):
+its answer is checked and re-asked within the request, and one still
+invalid comes back to the callback as a failed request (`invalid_output`,
+its last answer in `response`), billed nothing like every failed request.
+
 Every request that succeeded is billed, whatever the record comes to, so
 every outcome here carries the usage summed so far.
 
@@ -29,7 +35,9 @@ import asyncio
 from batches.engine.calls.caller import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.context import RecordContext
+from batches.engine.loops import contract as contracts
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
+from batches.validation.contracts import contract_for
 from batches.validation.extensions import RecordRejected, normalize_workflow
 from openrelay.lib.ids import new_request_id
 from openrelay.lib.outbound import OutboundError
@@ -155,10 +163,33 @@ class WorkflowLoop:
                 f"'{self.ctx.model_name}'; every request of a workflow must name the batch's model."
             )
             return _failed(request_id, None, "model_mismatch", message), Usage()
+        try:
+            contract = contract_for(body, self.ctx.endpoint)
+        except RecordRejected as exc:
+            return _failed(request_id, None, exc.code, redact(exc.message, self.secrets)), Usage()
+        if contract is not None:
+            return await self._checked_request(request_id, strip_openrelay(body), contract)
         result = await self.ctx.caller.call(self.ctx.endpoint, strip_openrelay(body))
         if result.ok:
             response = {"status_code": result.status_code, "body": result.body}
             return {"id": request_id, "status": "succeeded", "response": response, "error": None}, result.usage
+        return self._call_failed(request_id, result)
+
+    async def _checked_request(self, request_id, body, contract):
+        endpoint = self.ctx.endpoint
+        result, usage, reasks, errors = await contracts.checked_call(self.ctx, body, contract)
+        if not result.ok:
+            return self._call_failed(request_id, result)
+        extra = {"reasks": reasks} if reasks else {}
+        if not errors:
+            outcome = contracts.passed(result, usage, endpoint, extra)
+            response = {"status_code": result.status_code, "body": outcome.body}
+            return {"id": request_id, "status": "succeeded", "response": response, "error": None}, usage
+        outcome = contracts.invalid_output(result, usage, endpoint, extra, errors)
+        response = {"status_code": result.status_code, "body": outcome.body}
+        return _failed(request_id, response, "invalid_output", outcome.error_message), Usage()
+
+    def _call_failed(self, request_id, result):
         if result.kind == "response":
             response = {"status_code": result.status_code, "body": result.body}
             message = f"The model answered HTTP {result.status_code}{_upstream_reason(result.body)}"

@@ -55,7 +55,8 @@ class Command(BaseCommand):
             metavar="PART",
             help="run only these parts: big (measurements 1, 2, 6, 8), e2e (3), first_call (4), "
             "latency (5), scale (7), fairness (9), recovery (10), many (11), flow (12, 13: adaptive "
-            "concurrency), prefix (14: prefix-aware dispatch)",
+            "concurrency), prefix (14: prefix-aware dispatch); opt-in: big_answers (15), contracts (16, 17: output "
+            "contracts)",
         )
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/performance.md)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
