@@ -181,6 +181,55 @@ def _scan_file(file, checker, param, sink=None):
         raise ApiError(rejected.message, param=param, code=rejected.code) from None
 
 
+def check_input(*, organization, endpoint, input_file_id=None, requests=None, observe=None):
+    """Create's validation of the input without creating anything: (ScanResult, RecordChecker).
+
+    The same lookups, limits and record checks as create_batch, so a quote
+    accepts and rejects exactly what a create would. Inline requests are read
+    from memory, never stored. `observe(obj, line)` sees each accepted record.
+    Raises ApiError (400) where create would.
+    """
+    checker = _checker(endpoint, organization)
+    if observe is not None:
+        checker = _Observed(checker, observe)
+    if requests is None:
+        file = _find_input_file(organization, input_file_id, timezone.now())
+        return _scan_file(file, checker, "input_file_id"), checker
+    if not requests:
+        raise ApiError("The input contains no requests.", param="requests", code="empty_file")
+    if len(requests) > MAX_RECORDS:
+        raise ApiError(too_many_message(MAX_RECORDS), param="requests", code="too_many_requests")
+    try:
+        return scan(_ChunkStream(_inline_lines(requests)), checker), checker
+    except FileRejected as rejected:
+        raise ApiError(rejected.message, param="requests", code=rejected.code) from None
+
+
+class _Observed:
+    """A RecordChecker that shows each record it accepts to `observe` (the quote counts them)."""
+
+    def __init__(self, checker, observe):
+        self.checker, self.observe = checker, observe
+
+    def __getattr__(self, name):
+        return getattr(self.checker, name)
+
+    def check(self, obj, line):
+        custom_id = self.checker.check(obj, line)
+        self.observe(obj, line)
+        return custom_id
+
+
+class _ChunkStream:
+    """read() over an iterator of byte chunks: the inline lines as scan reads a file."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+
+    def read(self, size=-1):
+        return next(self.chunks, b"")
+
+
 def _lock_input_file(file, organization):
     # Locking the row orders this create against a concurrent delete of the
     # file: either the delete sees the pin, or this sees the file gone.

@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 
 from batches import catalog, services
 from batches.engine import results
+from batches.estimate import quote as quotes
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation.params import parse_create_params
@@ -79,6 +80,19 @@ class BatchListView(APIView):
     )
     def get(self, request):
         return Response(newest_first_page(request, _batches(request), batch_object, "batch"))
+
+
+class BatchEstimateView(APIView):
+    @extend_schema(
+        operation_id="batches_estimate",
+        summary="Quote a batch without creating it: records, tokens, cost, time, and the window",
+        request={"application/json": openapi.ref("BatchCreate")},
+        responses={200: openapi.ref("BatchEstimate"), **openapi.errors(400, 401, 404, 413, 415)},
+    )
+    def post(self, request):
+        params = parse_create_params(json_body(request))
+        quote = quotes.estimate(organization=request.user.organization, **vars(params))
+        return Response(quotes.quote_object(quote))
 
 
 class BatchDetailView(APIView):
