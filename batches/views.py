@@ -23,8 +23,8 @@ from openrelay.core import idempotency
 
 
 def _batches(request):
-    # The progress samples are the dashboard's (up to ~3 KB a batch); the Batch object has no place for them.
-    return Batch.objects.for_org(request.user.organization).select_related(*PRESENTER_RELATED).defer("progress")
+    # The progress samples (up to ~3 KB a batch) are read for the Batch object's expected completion.
+    return Batch.objects.for_org(request.user.organization).select_related(*PRESENTER_RELATED)
 
 
 def _get_batch(request, batch_id):

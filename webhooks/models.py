@@ -14,7 +14,9 @@ BATCH_EVENTS = {
     "expired": "batch.expired",
     "cancelled": "batch.cancelled",
 }
-EVENT_TYPES = tuple(BATCH_EVENTS.values())
+# Sent while a batch runs, once, when it is expected to finish past its window (batches/estimate/risk.py).
+AT_RISK_EVENT = "batch.at_risk"
+EVENT_TYPES = (*BATCH_EVENTS.values(), AT_RISK_EVENT)
 
 
 def new_endpoint_id():

@@ -55,7 +55,7 @@ class InputCount:
             "method": self.method,
             "records": self.records,
             "counted_records": self.counted,
-            "sampled": self.counted < self.records,
+            "sampled": 0 < self.counted < self.records,
             "error_pct": round(self.error_pct, 2),
             "note": self.note,
         }

@@ -75,7 +75,7 @@ def test_rotating_the_secret_with_and_without_the_old_one(sdk, receiver, verifie
 def test_the_event_types_list(sdk):
     listed = sdk.webhooks.event_types.list()
     assert listed.object == "list"
-    assert listed.data == ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
+    assert listed.data == ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled", "batch.at_risk"]
 
 
 @pytest.mark.parametrize(
