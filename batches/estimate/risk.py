@@ -9,8 +9,7 @@ is past its expires_at, with the figures, so a user can act before expiry
 conditional update only one run can win.
 """
 
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.db import transaction
 from django.utils import timezone
@@ -32,7 +31,7 @@ def expected_completion(batch, now=None):
     left_s = progress.eta_s(rate, batch.total_count - done)
     if left_s is None:
         return None
-    return datetime.fromtimestamp(now.timestamp() + left_s, tz=dt_timezone.utc)
+    return datetime.fromtimestamp(now.timestamp() + left_s, tz=UTC)
 
 
 def warn_at_risk(now=None):
