@@ -49,7 +49,7 @@ def estimate(
     """Quote what `create_batch` with these arguments would run (ApiError where create would refuse)."""
     now = timezone.now()
     tally = RecordTally(endpoint)
-    result, checker = services.check_input(
+    result, checker, read_records = services.check_input(
         organization=organization,
         endpoint=endpoint,
         input_file_id=input_file_id,
@@ -76,6 +76,7 @@ def estimate(
         quote.notes.append("No record would be accepted: nothing would run.")
         return quote
     history = histories.output_history(organization, checker.model_pk, endpoint)
+    tally.load_bodies(read_records)
     quote.input = _input_tokens(tally, checker.model_pk)
     rounds = _tool_rounds(tally, history)
     output = _output_tokens(tally, history, rounds)

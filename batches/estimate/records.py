@@ -2,8 +2,8 @@
 
 Nothing grows with the input but the caps' histogram (one entry a distinct
 max_tokens value): 50,000 records hold as little memory as create's scan.
-The sample (reservoir sampling, seeded so a quote repeats) is what the
-tokenizer counts exactly; every record's local count scales it to the whole.
+The sample (reservoir sampling, seeded so a quote repeats: line numbers, the
+bodies read again after the scan) is what the tokenizer counts exactly; every record's local count scales it to the whole.
 """
 
 import math
@@ -32,8 +32,9 @@ def approximate_tokens(chars):
 
 @dataclass
 class Sampled:
-    body: dict
+    line: int
     chars: int
+    body: dict | None = None  # read again after the scan (load_bodies): 200 bodies of up to 10 MB are not kept
 
 
 @dataclass
@@ -58,16 +59,22 @@ class RecordTally:
         self.caps[output_cap(self.endpoint, body)] += 1
         if isinstance(body.get("openrelay"), dict) and body["openrelay"].get("tool_config") is not None:
             self.tool_records += 1
-        self._keep(body, chars)
+        self._keep(line, chars)
 
-    def _keep(self, body, chars):
+    def _keep(self, line, chars):
         # Reservoir sampling (Algorithm R): every record has the same chance to be in the sample.
         if len(self.sample) < SAMPLE_SIZE:
-            self.sample.append(Sampled(body, chars))
+            self.sample.append(Sampled(line, chars))
             return
         slot = self.rng.randrange(self.records)
         if slot < SAMPLE_SIZE:
-            self.sample[slot] = Sampled(body, chars)
+            self.sample[slot] = Sampled(line, chars)
+
+    def load_bodies(self, read_records):
+        """Read the sampled records' bodies (read_records: {line: record} for lines)."""
+        records = read_records([sampled.line for sampled in self.sample])
+        for sampled in self.sample:
+            sampled.body = records[sampled.line]["body"]
 
     @property
     def sampled(self):

@@ -112,7 +112,7 @@ def _accuracy(bench, Row, records):
     theirs = _file(bench, "est-b.jsonl", records, api=bench.api_b, start=10_000)
     mine = _file(bench, "est-a.jsonl", records, start=20_000)
     b_batch, _, _ = bench.api_b.create(theirs)
-    _wait_running(bench, b_batch["id"], seconds=8)
+    _wait_running(bench, b_batch["id"], seconds=2 if bench.scale.quick else 10)
     quoted = quote(bench.api, mine)
     batch, _, answered = bench.api.create(mine)
     row = bench.wait_done(batch["id"], 900)
@@ -168,6 +168,7 @@ def _wait_running(bench, public_id, seconds):
     while True:
         row = bench.stack.db.batch(public_id)
         if row["in_progress_at"] and time.time() - row["in_progress_at"] >= seconds and row["done"]:
+            assert row["done"] < row["total"], f"org B's batch ended before the quote: {row}"
             return row
         if time.monotonic() > deadline:
             raise RuntimeError(f"batch {public_id} did not start running")
