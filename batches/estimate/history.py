@@ -35,18 +35,29 @@ def output_history(organization, model_id, endpoint):
     )
     if not batch_pks:
         return OutputHistory()
-    succeeded = Record.objects.filter(batch_id__in=batch_pks, status=RecordStatus.SUCCEEDED)
-    tokens = list(
-        succeeded.order_by("-batch_id", "-line").values_list("completion_tokens", flat=True)[:HISTORY_RECORDS]
-    )
+    tokens = _recent_output_tokens(batch_pks)
     history = OutputHistory()
     if tokens:
         history.records, history.mean = len(tokens), statistics.fmean(tokens)
         history.low, history.high = _percentiles(tokens)
-    rounds = _tool_rounds(succeeded.filter(batch_id__in=batch_pks[:5]))
+    rounds = _tool_rounds(Record.objects.filter(batch_id__in=batch_pks[:5], status=RecordStatus.SUCCEEDED))
     if rounds:
         history.tool_records, history.tool_rounds = len(rounds), statistics.fmean(rounds)
     return history
+
+
+def _recent_output_tokens(batch_pks):
+    """Output tokens of the newest HISTORY_RECORDS succeeded records, a batch at a time, newest first:
+    each query is one range of the (batch, status, line) index, where one query over every batch
+    sorted all their succeeded records (up to 2.5 million) to keep 2,000."""
+    tokens = []
+    for batch_pk in batch_pks:
+        wanted = HISTORY_RECORDS - len(tokens)
+        if wanted <= 0:
+            break
+        succeeded = Record.objects.filter(batch_id=batch_pk, status=RecordStatus.SUCCEEDED).order_by("-line")
+        tokens += succeeded.values_list("completion_tokens", flat=True)[:wanted]
+    return tokens
 
 
 def _percentiles(values):

@@ -211,3 +211,18 @@ def test_the_openapi_document_serves_it(client):
     assert document["components"]["schemas"]["BatchEstimate"]["properties"]["object"]["enum"] == [
         "openrelay.batch_estimate"
     ]
+
+
+def test_tool_calling_records_take_their_rounds_from_history(alice, fresh_sim):
+    deploy(MODEL, fresh_sim.base_url)
+    past = make_batch(alice.org, [chat("x")] * 4)
+    past.records.update(status="succeeded", completion_tokens=10, response_body='{"openrelay": {"tool_rounds": 2}}')
+    tools = {"openrelay": {"tool_config": {"url": "https://tools.example.com/call"}}}
+    plain = ok(quote(alice, requests=[line(1, "x" * 400)]))
+    answer = ok(quote(alice, requests=[line(1, "x" * 400, **tools)]))
+
+    assert answer["tool_rounds"] == {"records": 1, "expected": 2.0, "basis": "history", "history_records": 4}
+    assert plain["tool_rounds"] is None
+    # Each round sends the conversation again, and answers again.
+    assert answer["output_tokens"]["expected"] == 3 * plain["output_tokens"]["expected"] == 30
+    assert float(answer["cost"]["expected"]) >= float(plain["cost"]["expected"])
