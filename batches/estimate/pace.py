@@ -104,14 +104,30 @@ def _recent_pace(model_id, now):
             :RECENT_BATCHES
         ]
     )
-    seconds = records = work = 0.0
+    records = work = 0.0
+    spans = []
     for row in finished:
-        seconds += max(0.001, (row["finalizing_at"] - row["in_progress_at"]).total_seconds())
+        spans.append((row["in_progress_at"].timestamp(), row["finalizing_at"].timestamp()))
         records += row["completed_count"] + row["failed_count"]
         work += units(row["input_tokens"], row["output_tokens"])
-    if not seconds or not work:
+    # Batches that ran at once shared the model: their work took the union of their spans, not the sum.
+    seconds = max(0.001, _covered(spans))
+    if not work:
         return None
     return work / seconds, records / seconds
+
+
+def _covered(spans):
+    """Seconds covered by the union of (start, end) spans."""
+    covered, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            covered += end - start
+            reach = end
+        elif end > reach:
+            covered += end - reach
+            reach = end
+    return covered
 
 
 def finish_after(pace, organization_id, expedited, work):

@@ -49,26 +49,33 @@ class RecordTally:
     caps: Counter = field(default_factory=Counter)  # max output tokens -> records (None: uncapped)
     sample: list = field(default_factory=list)
     rng: random.Random = field(default_factory=lambda: random.Random(41))
+    _next_kept: int = 0  # the record count at which the reservoir next takes one (Algorithm L)
+    _weight: float = 1.0
 
     def observe(self, obj, line):
         body = obj["body"]
-        chars = len(input_text(self.endpoint, body))
+        chars = input_length(self.endpoint, body)
         self.records += 1
         self.chars += chars
         self.approx_tokens += approximate_tokens(chars)
         self.caps[output_cap(self.endpoint, body)] += 1
-        if isinstance(body.get("openrelay"), dict) and body["openrelay"].get("tool_config") is not None:
+        extensions = body.get("openrelay")
+        if extensions is not None and isinstance(extensions, dict) and extensions.get("tool_config") is not None:
             self.tool_records += 1
-        self._keep(line, chars)
-
-    def _keep(self, line, chars):
-        # Reservoir sampling (Algorithm R): every record has the same chance to be in the sample.
         if len(self.sample) < SAMPLE_SIZE:
             self.sample.append(Sampled(line, chars))
-            return
-        slot = self.rng.randrange(self.records)
-        if slot < SAMPLE_SIZE:
-            self.sample[slot] = Sampled(line, chars)
+            if len(self.sample) == SAMPLE_SIZE:
+                self._skip()
+        elif self.records == self._next_kept:
+            self.sample[self.rng.randrange(SAMPLE_SIZE)] = Sampled(line, chars)
+            self._skip()
+
+    def _skip(self):
+        """Reservoir sampling by Li's Algorithm L: every record has the same chance to be in the
+        sample, and only the records taken cost a random draw (Algorithm R drew one a record:
+        0.4 s of a 50,000-record quote)."""
+        self._weight *= math.exp(math.log(self.rng.random()) / SAMPLE_SIZE)
+        self._next_kept = self.records + math.floor(math.log(self.rng.random()) / math.log(1 - self._weight)) + 1
 
     def load_bodies(self, read_records):
         """Read the sampled records' bodies (read_records: {line: record} for lines)."""
@@ -92,6 +99,24 @@ def output_cap(endpoint, body):
 def _choices(body):
     n = body.get("n")
     return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+
+def input_length(endpoint, body):
+    """The characters of a record's input text (messages, prompt or input), as a local count reads it.
+
+    Lengths are summed, not the text joined: the quote reads every record of the file."""
+    if endpoint == "/v1/chat/completions":
+        messages = _listed(body.get("messages"))
+        return sum(_message_length(m) for m in messages) + max(0, len(messages) - 1)
+    if endpoint == "/v1/responses":
+        return len(input_text(endpoint, body))
+    value = body.get("prompt") if endpoint == "/v1/completions" else body.get("input")
+    if isinstance(value, str):
+        return len(value)
+    items = _listed(value)
+    return sum(len(item) if isinstance(item, str) else len(_content_text([item])) for item in items) + max(
+        0, len(items) - 1
+    )
 
 
 def input_text(endpoint, body):
@@ -119,6 +144,15 @@ def _content_text(content):
     if isinstance(content, list):
         return "".join(part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str))
     return ""
+
+
+def _message_length(message):
+    if not isinstance(message, dict):
+        return 0
+    content = message.get("content")
+    length = len(content) if isinstance(content, str) else len(_content_text(content))
+    calls = message.get("tool_calls")
+    return length if not calls else length + len(_message_text({"tool_calls": calls}))
 
 
 def _message_text(message):

@@ -226,3 +226,61 @@ def test_tool_calling_records_take_their_rounds_from_history(alice, fresh_sim):
     # Each round sends the conversation again, and answers again.
     assert answer["output_tokens"]["expected"] == 3 * plain["output_tokens"]["expected"] == 30
     assert float(answer["cost"]["expected"]) >= float(plain["cost"]["expected"])
+
+
+def test_the_local_length_is_the_texts():
+    from batches.estimate.records import input_length, input_text
+
+    bodies = [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [
+                    {"role": "user", "content": "ab"},
+                    {
+                        "role": "assistant",
+                        "content": [{"type": "text", "text": "cd"}],
+                        "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}],
+                    },
+                ]
+            },
+        ),
+        ("/v1/completions", {"prompt": ["one", "two"]}),
+        ("/v1/embeddings", {"input": "three"}),
+        ("/v1/responses", {"instructions": "be brief", "input": "hi"}),
+    ]
+    for endpoint, body in bodies:
+        assert input_length(endpoint, body) == len(input_text(endpoint, body)), endpoint
+
+
+def test_the_sample_is_uniform_over_the_records():
+    from batches.estimate.records import SAMPLE_SIZE, RecordTally
+
+    tally = RecordTally("/v1/embeddings")
+    for line in range(1, 20_001):
+        tally.observe({"body": {"input": "x"}}, line)
+    lines = sorted(s.line for s in tally.sample)
+    assert len(set(lines)) == SAMPLE_SIZE
+    halves = sum(line <= 10_000 for line in lines)
+    assert 70 <= halves <= 130  # about half from each half of the file (binomial, sd 7)
+
+
+def test_batches_that_ran_at_once_count_their_time_once():
+    from batches.estimate.pace import _covered
+
+    assert _covered([(0, 10), (5, 20), (30, 40)]) == 30
+    assert _covered([(0, 10), (2, 3)]) == 10
+
+
+def test_fair_sharing_splits_the_model_between_organizations():
+    from batches.estimate.pace import Pace, Queued, finish_after
+
+    pace = Pace(units_per_s=10.0, records_per_s=1.0, basis="running", queued=[Queued(2, False, 100.0)])
+    # Org 2's 100 units and org 1's 100 units share 10 a second: both end at 20 s.
+    assert finish_after(pace, 1, False, 100.0) == pytest.approx(20.0)
+    # 300 units: 20 s sharing (100 of them), then 200 units alone at 10 a second.
+    assert finish_after(pace, 1, False, 300.0) == pytest.approx(40.0)
+    # Inside one organization, an expedited batch goes first: alone, it takes its org's whole share.
+    own = Pace(units_per_s=10.0, records_per_s=1.0, basis="running", queued=[Queued(1, False, 100.0)])
+    assert finish_after(own, 1, True, 50.0) == pytest.approx(5.0)
+    assert finish_after(Pace(None, None, "none"), 1, False, 10.0) is None
