@@ -341,6 +341,8 @@ LOGGING = {
         "django.request": {"level": "ERROR"},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
+        # httpx logs every request it sends at INFO: a quote's 200 tokenizer calls were 200 lines.
+        "httpx": {"level": "WARNING"},
         # uvicorn gives its loggers handlers of its own before it loads the application; in json,
         # theirs become ours too, so a web process writes no plain line ("Started server process").
         **(
