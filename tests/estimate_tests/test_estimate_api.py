@@ -15,8 +15,13 @@ from tests.helpers import CHAT, MODEL, chat, deploy, make_batch
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def line(i, content=None, **body):
-    return {"custom_id": f"req-{i}", "method": "POST", "url": CHAT, "body": chat(content or f"question {i}", **body)}
+def line(i, content=None, model=MODEL, **body):
+    return {
+        "custom_id": f"req-{i}",
+        "method": "POST",
+        "url": CHAT,
+        "body": {**chat(content or f"question {i}", **body), "model": model},
+    }
 
 
 def quote(persona, **params):
@@ -284,3 +289,22 @@ def test_fair_sharing_splits_the_model_between_organizations():
     own = Pace(units_per_s=10.0, records_per_s=1.0, basis="running", queued=[Queued(1, False, 100.0)])
     assert finish_after(own, 1, True, 50.0) == pytest.approx(5.0)
     assert finish_after(Pace(None, None, "none"), 1, False, 10.0) is None
+
+
+def test_a_failing_tokenizer_leaves_the_approximation_with_its_reason(alice):
+    from openrelay.simulator.config import SimulatorConfig
+    from openrelay.simulator.server import run_in_thread
+
+    with run_in_thread(SimulatorConfig(tokenizer="vllm", fail_all_status=503)) as failing:
+        deploy(MODEL, failing.base_url)
+        answer = ok(quote(alice, requests=[line(1, "x" * 40)]))
+    assert answer["input_tokens"]["method"] == "approximation"
+    assert "HTTP 503" in answer["input_tokens"]["note"]
+
+
+def test_an_input_of_rejected_records_only_quotes_nothing_to_run(alice, fresh_sim):
+    deploy(MODEL, fresh_sim.base_url)
+    answer = ok(quote(alice, requests=[{"custom_id": "a"}, line(2, model="nobody/unknown")]))
+    assert answer["request_counts"] == {"total": 0, "rejected": 2}
+    assert answer["input_tokens"] is None and answer["cost"] is None and answer["fits_window"] is None
+    assert answer["notes"] == ["No record would be accepted: nothing would run."]
