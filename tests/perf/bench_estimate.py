@@ -47,7 +47,7 @@ def write_shaped(path, records, model, *, line_bytes=300, start=0):
     """Chat lines whose answers vary: 16 to 80 output tokens ([[tokens:N]]), prompts of 1 to 3 x line_bytes/3."""
     import orjson
 
-    filler = "lorem ipsum dolor sit amet " * (line_bytes // 27 + 1)
+    filler = "lorem ipsum dolor sit amet " * (2 * line_bytes // 27 + 1)
     with open(path, "wb") as out:
         for i in range(start, start + records):
             size = max(20, line_bytes // 2 * (1 + i % 3) - 180)  # lines of about line_bytes on average
