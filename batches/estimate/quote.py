@@ -7,7 +7,7 @@ object (quote_object). Every figure says how it was made (`method`,
 `basis`) and the quote as a whole how far to trust it (`confidence`).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.conf import settings
@@ -33,14 +33,14 @@ class Quote:
     model_name: str | None
     accepted: int
     errors: list
-    input: tokens.InputCount | None
-    output: dict | None
-    tool_rounds: dict | None
-    cost: dict | None
-    time: dict | None
-    fits_window: object  # True, False, "at_risk", or None when the time can't be told
-    confidence: str
-    notes: list
+    input: tokens.InputCount | None = None
+    output: dict | None = None
+    tool_rounds: dict | None = None
+    cost: dict | None = None
+    time: dict | None = None
+    fits_window: object = None  # True, False, "at_risk", or None when the time can't be told
+    confidence: str = "low"
+    notes: list = field(default_factory=list)
 
 
 def estimate(
@@ -56,22 +56,7 @@ def estimate(
         requests=requests,
         observe=tally.observe,
     )
-    quote = Quote(
-        endpoint,
-        priority,
-        completion_window,
-        checker.model_name,
-        result.accepted,
-        result.errors,
-        None,
-        None,
-        None,
-        None,
-        None,
-        None,
-        "low",
-        [],
-    )
+    quote = Quote(endpoint, priority, completion_window, checker.model_name, result.accepted, result.errors)
     if not result.accepted or checker.model_pk is None:
         quote.notes.append("No record would be accepted: nothing would run.")
         return quote
