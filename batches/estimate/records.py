@@ -107,7 +107,10 @@ def input_length(endpoint, body):
     Lengths are summed, not the text joined: the quote reads every record of the file."""
     if endpoint == "/v1/chat/completions":
         messages = _listed(body.get("messages"))
-        return sum(_message_length(m) for m in messages) + max(0, len(messages) - 1)
+        length = len(messages) - 1 if messages else 0  # the newlines between them
+        for message in messages:
+            length += _message_length(message)
+        return length
     if endpoint == "/v1/responses":
         return len(input_text(endpoint, body))
     value = body.get("prompt") if endpoint == "/v1/completions" else body.get("input")
@@ -147,12 +150,12 @@ def _content_text(content):
 
 
 def _message_length(message):
-    if not isinstance(message, dict):
+    if type(message) is not dict:
         return 0
     content = message.get("content")
-    length = len(content) if isinstance(content, str) else len(_content_text(content))
+    length = len(content) if type(content) is str else len(_content_text(content))
     calls = message.get("tool_calls")
-    return length if not calls else length + len(_message_text({"tool_calls": calls}))
+    return length + len(_message_text({"tool_calls": calls})) if calls else length
 
 
 def _message_text(message):
