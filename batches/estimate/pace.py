@@ -133,7 +133,7 @@ def _covered(spans):
 def finish_after(pace, organization_id, expedited, work):
     """Seconds until `work` units of a new batch are done, the model's pace shared fairly.
 
-    Fair sharing as the engine's gate does it (batches.engine.scheduler): the
+    Fair sharing as the engine's gate does it (batches.engine.fairness): the
     organizations with work split the model evenly; inside one, expedited
     batches go before standard ones and batches of a kind split its share
     evenly. Each step runs until the next batch finishes, then shares again.
