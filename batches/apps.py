@@ -4,6 +4,8 @@ from openrelay.lib import schedules
 
 # The safety net that closes what no engine closed (batches/engine/sweeper.py).
 SWEEPER_SCHEDULE = {"name": "batches.sweep", "func": "batches.tasks.sweep", "minutes": 1}
+# batch.at_risk: a running batch newly expected to finish past its window (batches/estimate/risk.py).
+AT_RISK_SCHEDULE = {"name": "batches.at_risk", "func": "batches.tasks.warn_at_risk", "minutes": 1}
 
 
 class BatchesConfig(AppConfig):
@@ -15,5 +17,6 @@ class BatchesConfig(AppConfig):
         from batches.engine import process
 
         schedules.every(self, **SWEEPER_SCHEDULE)
+        schedules.every(self, **AT_RISK_SCHEDULE)
         # Every q2 worker process runs an engine beside its tasks.
         post_spawn.connect(process.on_spawn, dispatch_uid="openrelay-engine")

@@ -127,6 +127,8 @@ class Batch(models.Model):
     price_output = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     price_multiplier = models.DecimalField(max_digits=4, decimal_places=2, default=Decimal("0.5"))
     billed_at = models.DateTimeField(null=True, blank=True)
+    # When batch.at_risk was sent (its expected completion passed expires_at): once a batch.
+    at_risk_at = models.DateTimeField(null=True, blank=True, editable=False)
     # [[t, completed, failed], ...] over the run, bounded (batches.progress): the chart and the rate.
     progress = models.JSONField(default=list, blank=True, editable=False)
 

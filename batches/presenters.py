@@ -5,6 +5,7 @@ Shared by the API, the dashboard and the CLI. Load batches with
 list costs one query.
 """
 
+from batches.estimate.risk import expected_completion
 from billing.pricing import batch_cost, usd
 
 PRESENTER_RELATED = ("output_file", "error_file")
@@ -63,6 +64,8 @@ def _batch_object(batch, errors):
         "openrelay": {
             # Records whose server-reported usage cannot be right: billed as reported, counted here.
             "implausible_usage": batch.implausible_usage_count,
+            # While it runs: when it is expected to finish, at its last minute's pace (the dashboard's ETA).
+            "expected_completion_at": _unix(expected_completion(batch)),
             # Guardrails (batches.guardrails): why and since when it is paused, its cap, its breaker.
             "paused": paused_object(batch),
             "max_cost": usd(batch.max_cost_nanos) if batch.max_cost_nanos is not None else None,

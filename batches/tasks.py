@@ -9,3 +9,9 @@ def sweep():
     from batches.engine.sweeper import sweep as run_sweep
 
     return run_sweep()
+
+
+def warn_at_risk():
+    from batches.estimate.risk import warn_at_risk as warn
+
+    return warn()

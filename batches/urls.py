@@ -9,6 +9,8 @@ urlpatterns = [
     path("models", views.ModelListView.as_view(), name="model-list"),
     path("models/<path:model_id>", views.ModelDetailView.as_view(), name="model-detail"),
     path("limits", views.LimitsView.as_view(), name="limits"),
+    # OpenRelay's own: what a create with the same body would accept, cost and take, creating nothing.
+    path("batches/estimate", views.BatchEstimateView.as_view(), name="batch-estimate"),
     path("batches/<str:batch_id>", views.BatchDetailView.as_view(), name="batch-detail"),
     path("batches/<str:batch_id>/cancel", views.BatchCancelView.as_view(), name="batch-cancel"),
     # OpenRelay's own: pause a running batch (it claims nothing) and resume it (batches.guardrails).

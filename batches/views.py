@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 
 from batches import catalog, guardrails, services
 from batches.engine import results
+from batches.estimate import quote as quotes
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation.params import parse_create_params, parse_max_cost
@@ -23,8 +24,8 @@ from openrelay.core import idempotency
 
 
 def _batches(request):
-    # The progress samples are the dashboard's (up to ~3 KB a batch); the Batch object has no place for them.
-    return Batch.objects.for_org(request.user.organization).select_related(*PRESENTER_RELATED).defer("progress")
+    # The progress samples (up to ~3 KB a batch) are read for the Batch object's expected completion.
+    return Batch.objects.for_org(request.user.organization).select_related(*PRESENTER_RELATED)
 
 
 def _get_batch(request, batch_id):
@@ -80,6 +81,19 @@ class BatchListView(APIView):
     )
     def get(self, request):
         return Response(newest_first_page(request, _batches(request), batch_object, "batch"))
+
+
+class BatchEstimateView(APIView):
+    @extend_schema(
+        operation_id="batches_estimate",
+        summary="Quote a batch without creating it: records, tokens, cost, time, and the window",
+        request={"application/json": openapi.ref("BatchCreate")},
+        responses={200: openapi.ref("BatchEstimate"), **openapi.errors(400, 401, 404, 413, 415)},
+    )
+    def post(self, request):
+        params = parse_create_params(json_body(request))
+        quote = quotes.estimate(organization=request.user.organization, **vars(params))
+        return Response(quotes.quote_object(quote))
 
 
 class BatchDetailView(APIView):

@@ -281,6 +281,9 @@ OPENRELAY_FLUSH_MAX_BYTES = envint("OPENRELAY_FLUSH_MAX_BYTES", 64 * 1024 * 1024
 # A model server that goes silent this long in the middle of its answer counts as failed.
 OPENRELAY_MODEL_IDLE_TIMEOUT_S = envfloat("OPENRELAY_MODEL_IDLE_TIMEOUT_S", 60.0, minimum=0.01)
 OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum=1)
+# A quote (POST /v1/batches/estimate) waits this long for one answer of a model server's tokenizer
+# before it counts by the approximation instead (batches.estimate.tokens).
+OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S = envfloat("OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S", 5.0, minimum=0.01)
 # A record is its engine's while the lease lives; engines renew theirs every
 # quarter of it, so a dead engine's records are claimable again within this at worst (engines
 # find a dead one within about a second: batches/engine/liveness.py).
@@ -350,6 +353,8 @@ LOGGING = {
         "django.request": {"level": "ERROR"},
         "daphne": {"level": "WARNING"},
         "django_q": {"level": "WARNING"},
+        # httpx logs every request it sends at INFO: a quote's 200 tokenizer calls were 200 lines.
+        "httpx": {"level": "WARNING"},
         # uvicorn gives its loggers handlers of its own before it loads the application; in json,
         # theirs become ours too, so a web process writes no plain line ("Started server process").
         **(

@@ -16,7 +16,9 @@ BATCH_EVENTS = {
 }
 # A running batch paused (a guardrail or its owner) and resumed: batches.lifecycle.pause / resume.
 PAUSE_EVENTS = ("batch.paused", "batch.resumed")
-EVENT_TYPES = (*BATCH_EVENTS.values(), *PAUSE_EVENTS)
+# Sent while a batch runs, once, when it is expected to finish past its window (batches/estimate/risk.py).
+AT_RISK_EVENT = "batch.at_risk"
+EVENT_TYPES = (*BATCH_EVENTS.values(), *PAUSE_EVENTS, AT_RISK_EVENT)
 
 
 def new_endpoint_id():

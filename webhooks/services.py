@@ -28,7 +28,7 @@ from openrelay.api.errors import ApiError
 from openrelay.lib.outbound import OutboundClient, OutboundError
 from openrelay.lib.redaction import redact
 from webhooks import sender, signing
-from webhooks.models import BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
+from webhooks.models import AT_RISK_EVENT, BATCH_EVENTS, DeliveryStatus, WebhookDelivery, WebhookEndpoint, new_event_id
 
 logger = logging.getLogger("webhooks")
 
@@ -132,16 +132,22 @@ def batch_finished(batch, status, now):
         batch_event(batch, event_type, now)
 
 
-def batch_event(batch, event_type, now):
-    """Record `event_type` of the batch for every endpoint that subscribes to it (in the caller's
+def batch_at_risk(batch, figures, now):
+    """Record `batch.at_risk` with its figures for every endpoint that subscribes (in the caller's
     transaction), and send them once it commits."""
+    batch_event(batch, AT_RISK_EVENT, now, figures)
+
+
+def batch_event(batch, event_type, now, figures=None):
+    """Record `event_type` of the batch for every endpoint that subscribes to it (in the caller's
+    transaction), and send them once it commits; OpenRelay's own events carry `figures`."""
     endpoints = [
         e for e in WebhookEndpoint.objects.filter(organization_id=batch.organization_id) if event_type in e.event_types
     ]
     if not endpoints:
         return
     event_id = new_event_id()
-    payload = _event_payload(event_id, event_type, int(now.timestamp()), batch.public_id).decode()
+    payload = _event_payload(event_id, event_type, int(now.timestamp()), batch.public_id, figures).decode()
     # The task sent after the commit makes the first attempt; the retry sweep
     # only steps in if that task was lost (a broker hiccup, a crash).
     first_sweep = now + timedelta(seconds=RETRY_AFTER_S[0])
@@ -156,11 +162,11 @@ def batch_event(batch, event_type, now):
     transaction.on_commit(lambda: _send_after_commit(org_id, pks), robust=True)
 
 
-def _event_payload(event_id, event_type, created_at, batch_id):
-    # OpenAI's event shape: {"id", "object": "event", "type", "created_at", "data": {"id"}}.
-    return orjson.dumps(
-        {"id": event_id, "object": "event", "type": event_type, "created_at": created_at, "data": {"id": batch_id}}
-    )
+def _event_payload(event_id, event_type, created_at, batch_id, figures=None):
+    # OpenAI's event shape: {"id", "object": "event", "type", "created_at", "data": {"id"}}; OpenRelay's
+    # own events carry their figures beside the id.
+    data = {"id": batch_id, **(figures or {})}
+    return orjson.dumps({"id": event_id, "object": "event", "type": event_type, "created_at": created_at, "data": data})
 
 
 def _send_after_commit(org_id, pks):

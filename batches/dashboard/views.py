@@ -34,6 +34,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from batches import guardrails, operator, progress, selectors, services
 from batches.engine import results
+from batches.estimate import quote as quotes
 from batches.lifecycle import PAUSABLE
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import PRESENTER_RELATED, batch_object
@@ -493,11 +494,47 @@ def new_batch(request):
     if refused is not None:
         upload.close()
         return refused
+    if upload.fields.get("action") == "quote":
+        return _quote_page(request, upload)
     try:
         batch = _create_batch(request, upload)
     except ApiError as exc:
         return _new_batch_page(request, error=exc.message, status=exc.status, fields=upload.fields)
     return redirect(reverse("dashboard:batch", args=[batch.public_id]) + "?created=1")
+
+
+def _quote_page(request, upload):
+    """The form again with a quote of what Create would do. A dropped file is stored and chosen in
+    the form, so Create then runs what was quoted without uploading it twice."""
+    fields = upload.fields
+    if upload.problem is not None:
+        upload.close()
+        return _new_batch_page(request, error=upload.problem.message, status=upload.problem.status, fields=fields)
+    try:
+        if upload.file is not None:
+            input_file_id = file_services.create_uploaded_file(
+                organization=request.organization, upload=upload.file
+            ).public_id
+        elif fields.get("input_file_id"):
+            input_file_id = fields["input_file_id"]
+        else:
+            raise ApiError("Choose or drop a JSONL file, or pick one you uploaded before.", param="file")
+        params = parse_create_params(_form_body(fields, input_file_id))
+        quote = quotes.quote_object(quotes.estimate(organization=request.organization, **vars(params)))
+    except ApiError as exc:
+        return _new_batch_page(request, error=exc.message, status=exc.status, fields=fields)
+    return _new_batch_page(request, selected=input_file_id, fields=fields, quote=quote)
+
+
+def _form_body(fields, input_file_id):
+    return {
+        "input_file_id": input_file_id,
+        "endpoint": fields.get("endpoint") or None,
+        "completion_window": "24h",
+        "priority": fields.get("priority") or None,
+        "metadata": _form_metadata(fields),
+        "openrelay": {"max_cost": (fields.get("max_cost") or "").strip() or None},
+    }
 
 
 def _create_batch(request, upload):
@@ -515,16 +552,7 @@ def _create_batch(request, upload):
     else:
         raise ApiError("Choose or drop a JSONL file, or pick one you uploaded before.", param="file")
     try:
-        params = parse_create_params(
-            {
-                "input_file_id": input_file_id,
-                "endpoint": fields.get("endpoint") or None,
-                "completion_window": "24h",
-                "priority": fields.get("priority") or None,
-                "metadata": _form_metadata(fields),
-                "openrelay": {"max_cost": (fields.get("max_cost") or "").strip() or None},
-            }
-        )
+        params = parse_create_params(_form_body(fields, input_file_id))
         return services.create_batch(organization=request.organization, **vars(params))
     except ApiError:
         if stored is not None:  # uploaded for this batch only; nothing else refers to it
@@ -553,7 +581,7 @@ def _metadata_rows(fields):
     return [(key.strip(), value) for key, value in zip(keys, values, strict=False)]
 
 
-def _new_batch_page(request, *, selected=None, error=None, status=200, fields=None):
+def _new_batch_page(request, *, selected=None, error=None, status=200, fields=None, quote=None):
     fields = fields or {}
     rows = [row for row in _metadata_rows(fields) if row[0] or row[1]]
     choices = File.objects.for_org(request.organization).live().filter(purpose=Purpose.BATCH).order_by("-created_at")
@@ -572,10 +600,61 @@ def _new_batch_page(request, *, selected=None, error=None, status=200, fields=No
             "metadata_rows": rows + [("", "")] * max(0, METADATA_ROWS - len(rows)),
             "max_metadata": MAX_METADATA_PAIRS,
             "error": error,
+            "quote": quote,
+            "quote_rows": _quote_rows(quote) if quote else None,
             "nav": "new",
         },
         status=status,
     )
+
+
+FITS = {True: "yes", False: "no", "at_risk": "at risk", None: "unknown"}
+
+
+def _quote_rows(quote):
+    """The quote as the New batch page shows it: (what, figure, how it was made) a row."""
+    counts = quote["request_counts"]
+    rows = [("Records", f"{counts['total']:,} accepted, {counts['rejected']:,} rejected", "create's own checks")]
+    tokens, output, cost, time = (quote.get(k) for k in ("input_tokens", "output_tokens", "cost", "time"))
+    if tokens:
+        how = tokens["method"].replace("_", " ")
+        if tokens["sampled"]:
+            how += f", {tokens['counted_records']:,} of {tokens['records']:,} records counted"
+        if tokens["error_pct"]:
+            how += f", ±{tokens['error_pct']}%"
+        rows.append(("Input tokens", f"{tokens['total']:,}", how))
+    if output:
+        rows.append(
+            ("Output tokens", f"{output['low']:,} / {output['expected']:,} / {output['high']:,}", output["basis"])
+        )
+    if cost:
+        rows.append(("Cost (USD)", f"{cost['low']} / {cost['expected']} / {cost['high']}", "low / expected / high"))
+    if time:
+        expected = time["expected_duration_s"]
+        done = time["expected_completion_at"]
+        rows.append(
+            (
+                "Done by",
+                _datetime(done).strftime("%Y-%m-%d %H:%M UTC") if done else "unknown",
+                f"{_duration(expected)} at the model's pace ({time['basis'].replace('_', ' ')})"
+                if expected is not None
+                else "no measured pace yet",
+            )
+        )
+    rows.append(("Fits the 24 h window", FITS[quote["fits_window"]], f"confidence {quote['confidence']}"))
+    return rows
+
+
+def _datetime(timestamp):
+    return datetime.fromtimestamp(timestamp, UTC)
+
+
+def _duration(seconds):
+    if seconds < 120:
+        return f"{round(seconds)} s"
+    if seconds < 7200:
+        return f"{round(seconds / 60)} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 @require_GET

@@ -196,6 +196,13 @@ COMPONENTS = {
                             name: {"type": "integer", "minimum": 0} for name in ("reasked", "reasks", "invalid_output")
                         },
                     },
+                    "expected_completion_at": {
+                        **_NULLABLE_INT,
+                        "description": (
+                            "While the batch runs: when it is expected to finish (unix seconds), at the pace of "
+                            "its last minute. Null before it runs, when it is stalled, and once it is finished."
+                        ),
+                    },
                 },
             },
         },
@@ -325,7 +332,15 @@ COMPONENTS = {
 
 _EVENT_TYPE = {
     "type": "string",
-    "enum": ["batch.completed", "batch.failed", "batch.expired", "batch.cancelled", "batch.paused", "batch.resumed"],
+    "enum": [
+        "batch.completed",
+        "batch.failed",
+        "batch.expired",
+        "batch.cancelled",
+        "batch.paused",
+        "batch.resumed",
+        "batch.at_risk",
+    ],
 }
 _ENDPOINT_PROPERTIES = {
     "id": {"type": "string"},
@@ -415,6 +430,99 @@ COMPONENTS.update(
         },
     }
 )
+
+
+_TOKEN_RANGE = {
+    "type": "object",
+    "nullable": True,
+    "properties": {
+        "low": {"type": "integer"},
+        "expected": {"type": "integer"},
+        "high": {"type": "integer"},
+        "ceiling": {**_NULLABLE_INT, "description": "The sum of the records' output caps; null if one has none."},
+        "basis": {"type": "string", "enum": ["history", "max_tokens", "default", "none"]},
+        "history_records": {"type": "integer"},
+    },
+}
+COMPONENTS["BatchEstimate"] = {
+    "type": "object",
+    "description": "A quote for a batch (POST /v1/batches/estimate): nothing is created. docs/guides/estimates.md.",
+    "required": ["object", "endpoint", "request_counts", "fits_window", "confidence", "notes"],
+    "properties": {
+        "object": {"type": "string", "enum": ["openrelay.batch_estimate"]},
+        "endpoint": {"type": "string"},
+        "model": _NULLABLE_STRING,
+        "completion_window": {"type": "string"},
+        "priority": {"type": "string", "enum": ["standard", "expedited"]},
+        "request_counts": {
+            "type": "object",
+            "properties": {"total": {"type": "integer"}, "rejected": {"type": "integer"}},
+        },
+        "errors": {
+            "type": "object",
+            "nullable": True,
+            "properties": {"object": {"type": "string"}, "data": {"type": "array", "items": ref("BatchError")}},
+        },
+        "input_tokens": {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "total": {"type": "integer"},
+                "method": {"type": "string", "enum": ["llamacpp_input_tokens", "vllm_tokenize", "approximation"]},
+                "records": {"type": "integer"},
+                "counted_records": {"type": "integer"},
+                "sampled": {"type": "boolean"},
+                "error_pct": {"type": "number", "description": "The total's 95% error, in %."},
+                "note": _NULLABLE_STRING,
+            },
+        },
+        "output_tokens": _TOKEN_RANGE,
+        "tool_rounds": {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "records": {"type": "integer"},
+                "expected": {"type": "number"},
+                "basis": {"type": "string", "enum": ["history", "default"]},
+                "history_records": {"type": "integer"},
+            },
+        },
+        "cost": {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "currency": {"type": "string"},
+                "low": {"type": "string"},
+                "expected": {"type": "string"},
+                "high": {"type": "string"},
+                "prices": {"type": "object", "additionalProperties": {"type": "string"}},
+                "priced": {"type": "boolean"},
+            },
+        },
+        "time": {
+            "type": "object",
+            "nullable": True,
+            "properties": {
+                "expected_duration_s": {"type": "number", "nullable": True},
+                "low_duration_s": {"type": "number", "nullable": True},
+                "high_duration_s": {"type": "number", "nullable": True},
+                "expected_completion_at": _NULLABLE_INT,
+                "window_ends_at": {"type": "integer"},
+                "basis": {"type": "string", "enum": ["running", "recent_batches", "none"]},
+                "records_per_second": {"type": "number", "nullable": True},
+                "concurrency_limit": {"type": "integer"},
+                "queued_ahead": {"type": "object", "additionalProperties": {"type": "integer"}},
+            },
+        },
+        "fits_window": {
+            "nullable": True,
+            "oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["at_risk"]}],
+            "description": 'true, false, "at_risk" (the high figure misses the window), or null (no time).',
+        },
+        "confidence": {"type": "string", "enum": ["high", "medium", "low"]},
+        "notes": {"type": "array", "items": {"type": "string"}},
+    },
+}
 
 
 _BOUNDED = {

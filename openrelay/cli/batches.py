@@ -1,5 +1,5 @@
-"""`orl batches`: create (upload and submit in one step), get, list, pause, resume, cancel, retry,
-results, wait.
+"""`orl batches`: create (upload and submit in one step), estimate, get, list, pause, resume, cancel,
+retry, results, wait.
 
 The commands register on `batches_app`, which app.py adds to the root as `batches`. Waiting and
 its progress live in waiting.py, the tables in output.py.
@@ -20,7 +20,15 @@ from openrelay.api.lists import list_object
 from openrelay.cli.client import ApiFailure, CliError, _segment
 from openrelay.cli.downloads import download_route
 from openrelay.cli.files import _upload
-from openrelay.cli.output import emit, emit_page, print_json, report_saved, show_batch, show_batch_list
+from openrelay.cli.output import (
+    emit,
+    emit_page,
+    print_json,
+    report_saved,
+    show_batch,
+    show_batch_list,
+    show_estimate,
+)
 from openrelay.cli.waiting import _waiting, finish_waiting
 
 
@@ -161,6 +169,42 @@ def _create_batch(
         except CliError:
             pass
         raise
+
+
+@batches_app.command("estimate")
+def batches_estimate(
+    ctx: typer.Context,
+    input_file: Annotated[
+        Path,
+        typer.Option("--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests."),
+    ],
+    endpoint: Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")],
+    completion_window: Annotated[str, typer.Option("--completion-window")] = "24h",
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option("--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs."),
+    ] = None,
+    priority: Annotated[Priority | None, typer.Option("--priority")] = None,
+):
+    """Quote a batch without creating it: records, tokens, cost, time, and whether it fits the window.
+
+    Takes create's arguments. The file is uploaded for the quote and deleted after it."""
+    state = ctx.obj
+    client = state.client()
+    file = _upload(client, input_file)
+    body = {"input_file_id": file["id"], "endpoint": endpoint, "completion_window": completion_window}
+    if metadata:
+        body["metadata"] = _metadata_pairs(metadata)
+    if priority is not None:
+        body["priority"] = priority.value
+    try:
+        quote = client.call("POST", "batches/estimate", json=body)
+    finally:
+        try:
+            client.call("DELETE", f"files/{_segment(file['id'])}")
+        except CliError:
+            pass
+    emit(state, quote, show_estimate)
 
 
 @batches_app.command("get")

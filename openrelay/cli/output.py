@@ -155,6 +155,71 @@ def show_rejections(state, batch):
         state.out.print(Text(f"... and {len(rejected) - REJECTIONS_SHOWN} more: orl --json batches get {batch['id']}"))
 
 
+def show_estimate(state, quote):
+    """A quote (POST /v1/batches/estimate): each figure with how it was made, then the notes and rejections."""
+    state.out.print(_kv_table(_estimate_rows(quote)))
+    for note in quote.get("notes") or ():
+        state.out.print(Text(f"note: {note}"))
+    show_rejections(state, {**quote, "id": "(estimate)"})
+
+
+def _estimate_rows(quote):
+    counts = quote["request_counts"]
+    rows = [
+        ("model", quote.get("model") or "-"),
+        ("records", f"{counts['total']:,} accepted  {counts['rejected']:,} rejected"),
+    ]
+    tokens, output, cost, time = (quote.get(k) for k in ("input_tokens", "output_tokens", "cost", "time"))
+    if tokens:
+        how = tokens["method"]
+        if tokens["sampled"]:
+            how += f", {tokens['counted_records']:,} of {tokens['records']:,} records counted"
+        if tokens["error_pct"]:
+            how += f", ±{tokens['error_pct']}%"
+        rows.append(("input tokens", f"{tokens['total']:,} ({how})"))
+    if output:
+        rows.append(
+            (
+                "output tokens",
+                f"{output['low']:,} / {output['expected']:,} / {output['high']:,} "
+                f"low/expected/high ({output['basis']})",
+            )
+        )
+    if quote.get("tool_rounds"):
+        rounds = quote["tool_rounds"]
+        rows.append(("tool rounds", f"{rounds['expected']} a record over {rounds['records']:,} ({rounds['basis']})"))
+    if cost:
+        rows.append(
+            ("cost", f"{cost['low']} / {cost['expected']} / {cost['high']} {cost['currency']} low/expected/high")
+        )
+    if time:
+        rows.append(("duration", _duration_text(time)))
+        rows.append(("expected done", _when(time["expected_completion_at"])))
+        queued = time["queued_ahead"]
+        rows.append(("queued ahead", f"{queued['records']:,} records in {queued['batches']} batch(es)"))
+    rows.append(
+        ("fits window", {True: "yes", False: "no", "at_risk": "at risk", None: "unknown"}[quote["fits_window"]])
+    )
+    rows.append(("confidence", quote["confidence"]))
+    return rows
+
+
+def _duration_text(time):
+    if time["expected_duration_s"] is None:
+        return f"unknown ({time['basis']})"
+    low, expected, high = (_span(time[k]) for k in ("low_duration_s", "expected_duration_s", "high_duration_s"))
+    return f"{expected} (low {low}, high {high}; pace: {time['basis']})"
+
+
+def _span(seconds):
+    seconds = int(seconds)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 def show_batch_list(state, batches, has_more):
     table = Table()
     for column in ("id", "status", "endpoint", "model", "done", "failed", "created"):

@@ -19,6 +19,12 @@ Endpoints
   (and zero the capacity model's figures, empty its prefix cache).
 - `GET /_sim/stats`: the capacity model's figures (see "Capacity model").
 - `GET /metrics`: only with `metrics` set (404 otherwise, as before).
+- `POST /tokenize` and `POST /v1/chat/completions/input_tokens`: only with
+  `tokenizer` set. "vllm": vLLM's /tokenize (`messages` or `prompt` ->
+  `{"count", "max_model_len", "tokens"}`); "llamacpp": llama.cpp's
+  input_tokens route (a chat request -> `{"input_tokens"}`) and its raw-text
+  /tokenize (`content` -> `{"tokens"}`, no count). Both count by the token
+  rule below, so a count equals the call's `prompt_tokens`; both are recorded.
 
 Token rule
 ----------

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from openrelay.simulator.config import DEFAULT_MODELS, METRICS_STYLES, SimulatorConfig
+from openrelay.simulator.config import DEFAULT_MODELS, METRICS_STYLES, TOKENIZER_STYLES, SimulatorConfig
 from openrelay.simulator.server import serve
 
 
@@ -58,6 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     capacity.add_argument(
         "--metrics", choices=METRICS_STYLES[1:], default="", help="serve GET /metrics in this server's style"
     )
+    capacity.add_argument(
+        "--tokenizer", choices=TOKENIZER_STYLES[1:], default="", help="serve this server's tokenizer route"
+    )
 
 
 def parse_error_rates(text: str) -> dict[int, float]:
@@ -95,6 +98,7 @@ def config_from_options(options: Mapping[str, Any]) -> SimulatorConfig:
         decode_contention=options.get("decode_contention") or 0.0,
         prefix_cache_tokens=options.get("prefix_cache_tokens") or 0,
         metrics=options.get("metrics") or "",
+        tokenizer=options.get("tokenizer") or "",
     )
 
 

@@ -14,6 +14,9 @@ from dataclasses import dataclass, field
 
 DEFAULT_MODELS = ("gpt-4o-mini", "gpt-4o", "text-embedding-3-small")
 METRICS_STYLES = ("", "vllm", "llamacpp")
+# The tokenizer route a server offers: vLLM's POST /tokenize, or llama.cpp's POST /v1/chat/completions/input_tokens
+# (with its raw-text /tokenize beside it).
+TOKENIZER_STYLES = ("", "vllm", "llamacpp")
 
 
 @dataclass
@@ -38,6 +41,7 @@ class SimulatorConfig:
     decode_contention: float = 0.0
     prefix_cache_tokens: int = 0
     metrics: str = ""  # "", "vllm" or "llamacpp"
+    tokenizer: str = ""  # "", "vllm" or "llamacpp": the tokenizer route it serves (none by default)
 
     def __post_init__(self) -> None:
         self.error_rates = {int(s): float(p) for s, p in dict(self.error_rates).items()}
@@ -54,6 +58,8 @@ class SimulatorConfig:
             raise ValueError("the per-token costs and decode_contention must not be negative")
         if self.metrics not in METRICS_STYLES:
             raise ValueError(f"metrics must be one of {', '.join(repr(m) for m in METRICS_STYLES)}")
+        if self.tokenizer not in TOKENIZER_STYLES:
+            raise ValueError(f"tokenizer must be one of {', '.join(repr(t) for t in TOKENIZER_STYLES)}")
 
     @property
     def draws_at_random(self) -> bool:

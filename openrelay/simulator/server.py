@@ -34,7 +34,14 @@ from openrelay.simulator.answers import (
     count_tokens,
     error_envelope,
 )
-from openrelay.simulator.bodies import chat_text, completion_text, embedding_text, moderation_text, response_text
+from openrelay.simulator.bodies import (
+    chat_messages,
+    chat_text,
+    completion_text,
+    embedding_text,
+    moderation_text,
+    response_text,
+)
 from openrelay.simulator.capacity import (
     BLOCK_TOKENS,
     CapacityModel,
@@ -250,6 +257,47 @@ class ModelServer:
         text = render_metrics(self.config, self.capacity.stats())
         return web.Response(body=text.encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE})
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's POST /tokenize ({"messages"} or {"prompt"} -> "count") or llama.cpp's raw-text one
+        ({"content"} -> "tokens" only), counted by the rule the answers report their prompt_tokens with."""
+        body = await self._tokenizer_body(request)
+        if isinstance(body, web.Response):
+            return body
+        if self.config.tokenizer == "llamacpp":
+            content = body.get("content")
+            text = content if isinstance(content, str) else ""
+            return json_response({"tokens": list(range(count_tokens(text) if text else 0))})
+        if isinstance(body.get("messages"), list):
+            count = count_tokens(chat_text(body))
+        elif isinstance(body.get("prompt"), str):
+            count = count_tokens(body["prompt"])
+        else:
+            return json_response(error_envelope(400, "Either 'messages' or 'prompt' is required."), 400)
+        return json_response({"count": count, "max_model_len": 8192, "tokens": list(range(count))})
+
+    async def chat_input_tokens(self, request: web.Request) -> web.Response:
+        """llama.cpp's POST /v1/chat/completions/input_tokens: the chat request's prompt tokens, as its call reports."""
+        body = await self._tokenizer_body(request)
+        if isinstance(body, web.Response):
+            return body
+        if not chat_messages(body):
+            return json_response(error_envelope(400, "messages must be a non-empty array", "messages"), 400)
+        return json_response({"input_tokens": count_tokens(chat_text(body))})
+
+    async def _tokenizer_body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        try:
+            body = orjson.loads(await request.read())
+        except orjson.JSONDecodeError:
+            body = None
+        self.state.record(request.path, request.headers, body)
+        if not self._authorized(request):
+            return json_response(error_envelope(401, "Invalid API key."), 401)
+        if self.config.fail_all_status:
+            return failure_response(self.config, self.config.fail_all_status)
+        if not isinstance(body, dict):
+            return json_response(error_envelope(400, "The body must be a JSON object."), 400)
+        return body
+
     async def not_found(self, request: web.Request) -> web.Response:
         message = f"Invalid URL ({request.method} {request.path})"
         return json_response(error_envelope(404, message), 404)
@@ -272,6 +320,10 @@ def build_app(config: SimulatorConfig | None = None) -> web.Application:
     app.router.add_get("/_sim/stats", server.stats)
     if server.config.metrics:
         app.router.add_get("/metrics", server.metrics)
+    if server.config.tokenizer:
+        app.router.add_post("/tokenize", server.tokenize)
+    if server.config.tokenizer == "llamacpp":
+        app.router.add_post("/v1/chat/completions/input_tokens", server.chat_input_tokens)
     app.router.add_route("*", "/{tail:.*}", server.not_found)
     app.on_shutdown.append(server.wake_parked)
     return app

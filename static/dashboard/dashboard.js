@@ -470,10 +470,19 @@
   }
 
   document.querySelectorAll("form[data-new-batch]").forEach(function (form) {
-    form.addEventListener("submit", function () {
-      const button = form.querySelector("[data-submit]");
+    form.addEventListener("submit", function (event) {
+      const quoting = event.submitter && event.submitter.hasAttribute("data-quote-button");
+      const button = quoting ? event.submitter : form.querySelector("[data-submit]");
       button.disabled = true;
-      button.textContent = "Uploading and checking every record\u2026";
+      button.textContent = quoting ? "Counting tokens and reading the queue\u2026" : "Uploading and checking every record\u2026";
+      if (quoting) {
+        // A disabled button's value is not sent: carry the action in a field of its own.
+        const action = document.createElement("input");
+        action.type = "hidden";
+        action.name = "action";
+        action.value = "quote";
+        form.append(action);
+      }
     });
   });
 })();

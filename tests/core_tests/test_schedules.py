@@ -5,11 +5,11 @@ import pytest
 from django.core.management.sql import emit_post_migrate_signal
 from django_q.models import Schedule
 
-from batches.apps import SWEEPER_SCHEDULE
+from batches.apps import AT_RISK_SCHEDULE, SWEEPER_SCHEDULE
 from files.apps import EXPIRY_SCHEDULE
 from webhooks.apps import RETRY_SCHEDULE
 
-SCHEDULES = [SWEEPER_SCHEDULE, EXPIRY_SCHEDULE, RETRY_SCHEDULE]
+SCHEDULES = [SWEEPER_SCHEDULE, AT_RISK_SCHEDULE, EXPIRY_SCHEDULE, RETRY_SCHEDULE]
 
 pytestmark = pytest.mark.django_db
 

@@ -81,6 +81,7 @@ import orjson
 import psutil
 
 from openrelay.lib import children
+from tests.perf import bench_estimate
 from tests.perf.common import wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +115,7 @@ LEASE_S = 10
 E2E_ROUNDS = 3
 
 TARGETS = {
+    **bench_estimate.TARGETS,
     "create": "<= 6x parse, < 100 MB",
     "upload": ">= 150 MB/s",
     "e2e": ">= 1.0x, <= 1 ms CPU/rec",
@@ -149,6 +151,7 @@ PARTS = {
     "prefix": ("prefix_aware",),
     "big_answers": ("big_answers",),
     "contracts": ("contracts_reask", "contracts_throughput"),
+    "estimate": ("estimates",),
 }
 # Parts a run without --only leaves out: big_answers takes ~20 minutes and ~7 GB at full size;
 # contracts (issue 38) runs 120,000 records at full size.
@@ -1091,6 +1094,10 @@ class Bench:
             f"({', '.join(str(SCALE_SHARE * w) for w in SCALE_WORKERS)}), so each engine's share is {SCALE_SHARE}",
             {"records_per_s": rates, "x2": x2, "x4": x4},
         )
+
+    # 41: the quote's accuracy, its window verdict and its cost (tests/perf/bench_estimate.py)
+    def estimates(self):
+        bench_estimate.run_part(self, Row)
 
     # 9: fairness between organizations
     def fairness(self):

@@ -97,6 +97,7 @@ def test_files_batches_and_webhook_operations_are_described():
     assert sorted(operation_ids) == sorted(
         [
             "batches_create",
+            "batches_estimate",
             "batches_list",
             "batches_retrieve",
             "batches_cancel",

@@ -82,6 +82,7 @@ def test_the_event_types_list(sdk):
         "batch.cancelled",
         "batch.paused",
         "batch.resumed",
+        "batch.at_risk",
     ]
 
 

@@ -1,0 +1,166 @@
+"""How fast a model works now and what is queued on it: the engine's figures a quote's time needs.
+
+Read through these few functions only, from what the engines already write
+(the running batches' progress samples and counters, finished batches'
+timestamps, the adaptive limits they publish), so the engine's internals
+can change under them.
+
+Work is counted in units a record costs the server: its output tokens
+plus INPUT_WEIGHT of its input tokens (a prompt token is prefilled in one
+pass with the others; an output token is decoded alone). Measured rates are
+turned into units a second, so a batch of longer answers than those running
+is quoted slower.
+"""
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from batches import catalog, progress
+from batches.models import Batch, BatchStatus
+
+INPUT_WEIGHT = 0.05
+RECENT_BATCHES = 5  # finished batches whose pace stands in when none runs
+RECENT_WINDOW = timedelta(days=1)
+
+
+def units(input_tokens, output_tokens):
+    return output_tokens + INPUT_WEIGHT * input_tokens
+
+
+@dataclass
+class Queued:
+    """A running batch's work left, as fair sharing hands out the model's pace."""
+
+    organization_id: int
+    expedited: bool
+    units: float
+
+
+@dataclass
+class Pace:
+    units_per_s: float | None  # the model's measured pace; None: nothing to measure
+    records_per_s: float | None
+    basis: str  # "running" (the last minute's running batches), "recent_batches", "none"
+    queued: list = field(default_factory=list)  # [Queued] of every running batch on the model
+    queued_records: int = 0
+    concurrency_limit: int = 0
+
+
+def model_pace(model_id, now, fallback_units_per_record):
+    """The model's pace and its queue now. `fallback_units_per_record` prices a running batch that
+    has finished no record yet (the quoted batch's own)."""
+    running = list(
+        Batch.objects.filter(model_id=model_id, status=BatchStatus.IN_PROGRESS).values(
+            "organization_id",
+            "priority",
+            "total_count",
+            "completed_count",
+            "failed_count",
+            "input_tokens",
+            "output_tokens",
+            "progress",
+            "in_progress_at",
+        )
+    )
+    pace = Pace(None, None, "none", concurrency_limit=catalog.concurrency_now().get(model_id, 0))
+    records_per_s = units_per_s = 0.0
+    for row in running:
+        done = row["completed_count"] + row["failed_count"]
+        per_record = units(row["input_tokens"], row["output_tokens"]) / done if done else fallback_units_per_record
+        left = max(0, row["total_count"] - done)
+        pace.queued.append(Queued(row["organization_id"], row["priority"] == "expedited", left * per_record))
+        pace.queued_records += left
+        rate = _running_rate(row, now)
+        records_per_s += rate
+        units_per_s += rate * per_record
+    if units_per_s > 0:
+        pace.units_per_s, pace.records_per_s, pace.basis = units_per_s, records_per_s, "running"
+        return pace
+    recent = _recent_pace(model_id, now)
+    if recent is not None:
+        pace.units_per_s, pace.records_per_s = recent
+        pace.basis = "recent_batches"
+    return pace
+
+
+def _running_rate(row, now):
+    # The dashboard's rate: records finished a second over the last minute (batches.progress).
+    start = row["in_progress_at"].timestamp() if row["in_progress_at"] else None
+    samples = progress.series(start, row["progress"])
+    return progress.rate(samples, now.timestamp(), row["completed_count"] + row["failed_count"]) or 0.0
+
+
+def _recent_pace(model_id, now):
+    """(units/s, records/s) the model's last finished batches ran at, from their start and finish."""
+    finished = (
+        Batch.objects.filter(
+            model_id=model_id,
+            status=BatchStatus.COMPLETED,
+            in_progress_at__isnull=False,
+            finalizing_at__gte=now - RECENT_WINDOW,
+        )
+        .order_by("-finalizing_at")
+        .values("in_progress_at", "finalizing_at", "completed_count", "failed_count", "input_tokens", "output_tokens")[
+            :RECENT_BATCHES
+        ]
+    )
+    records = work = 0.0
+    spans = []
+    for row in finished:
+        spans.append((row["in_progress_at"].timestamp(), row["finalizing_at"].timestamp()))
+        records += row["completed_count"] + row["failed_count"]
+        work += units(row["input_tokens"], row["output_tokens"])
+    # Batches that ran at once shared the model: their work took the union of their spans, not the sum.
+    seconds = max(0.001, _covered(spans))
+    if not work:
+        return None
+    return work / seconds, records / seconds
+
+
+def _covered(spans):
+    """Seconds covered by the union of (start, end) spans."""
+    covered, reach = 0.0, None
+    for start, end in sorted(spans):
+        if reach is None or start > reach:
+            covered += end - start
+            reach = end
+        elif end > reach:
+            covered += end - reach
+            reach = end
+    return covered
+
+
+def finish_after(pace, organization_id, expedited, work):
+    """Seconds until `work` units of a new batch are done, the model's pace shared fairly.
+
+    Fair sharing as the engine's gate does it (batches.engine.fairness): the
+    organizations with work split the model evenly; inside one, expedited
+    batches go before standard ones and batches of a kind split its share
+    evenly. Each step runs until the next batch finishes, then shares again.
+    """
+    if not pace.units_per_s:
+        return None
+    mine = Queued(organization_id, expedited, work)
+    batches = [Queued(q.organization_id, q.expedited, q.units) for q in pace.queued if q.units > 0] + [mine]
+    elapsed = 0.0
+    while mine.units > 1e-9:
+        rates = _shares(batches, pace.units_per_s)
+        step = min(b.units / rates[id(b)] for b in batches if rates.get(id(b)))
+        for batch in batches:
+            batch.units -= rates.get(id(batch), 0.0) * step
+        elapsed += step
+        batches = [b for b in batches if b.units > 1e-9]
+    return elapsed
+
+
+def _shares(batches, units_per_s):
+    organizations = {}
+    for batch in batches:
+        organizations.setdefault(batch.organization_id, []).append(batch)
+    rates = {}
+    for members in organizations.values():
+        share = units_per_s / len(organizations)
+        first = [b for b in members if b.expedited] or members
+        for batch in first:
+            rates[id(batch)] = share / len(first)
+    return rates
