@@ -38,18 +38,20 @@ def create_batch(
     metadata=None,
     output_expires_after_s=None,
     priority=Priority.STANDARD,
+    max_records=MAX_RECORDS,
 ):
     """Validate every record of the input and create the batch (the engines pick it up).
 
     The input is either an uploaded purpose-`batch` file or inline `requests`,
     which are first stored as such a file so every batch has one. Raises
-    ApiError (400) for a request that can't make a batch at all.
+    ApiError (400) for a request that can't make a batch at all, or one of
+    more than `max_records` requests (Message Batches take more than OpenAI's).
     """
     now = timezone.now()
     if requests is None:
         file, param = _find_input_file(organization, input_file_id, now), "input_file_id"
     else:
-        file, param = _store_inline_requests(organization, requests, now), "requests"
+        file, param = _store_inline_requests(organization, requests, now, max_records), "requests"
     fields = dict(
         organization=organization,
         file=file,
@@ -64,9 +66,9 @@ def create_batch(
     try:
         checker = _checker(endpoint, organization)
         if connection.vendor == "postgresql":
-            batch = _create_streaming(file, checker, param, fields)
+            batch = _create_streaming(file, checker, param, fields, max_records)
         else:
-            batch = _create_after_scan(file, checker, param, fields)
+            batch = _create_after_scan(file, checker, param, fields, max_records)
         committed = True
     finally:
         if requests is not None and not committed:
@@ -74,10 +76,10 @@ def create_batch(
     return batch
 
 
-def _create_after_scan(file, checker, param, fields):
+def _create_after_scan(file, checker, param, fields, max_records):
     # The file is read before the transaction opens: on SQLite a write
     # transaction locks the whole database, and a 200 MB pass takes ~0.5 s.
-    result = _scan_file(file, checker, param)
+    result = _scan_file(file, checker, param, max_records=max_records)
     with transaction.atomic():
         _lock_input_file(file, fields["organization"])
         batch = _create_batch_row(checker=checker, result=result, **fields)
@@ -86,7 +88,7 @@ def _create_after_scan(file, checker, param, fields):
     return batch
 
 
-def _create_streaming(file, checker, param, fields):
+def _create_streaming(file, checker, param, fields, max_records):
     """PostgreSQL: records go into COPY as the scan accepts them, under the batch id taken
     first, so the server stores them (on another core) while this process reads on.
 
@@ -100,7 +102,7 @@ def _create_streaming(file, checker, param, fields):
         _lock_input_file(file, fields["organization"])
         pk = _next_batch_pk()
         with _record_copy(pk) as write:
-            result = _scan_file(file, checker, param, sink=write)
+            result = _scan_file(file, checker, param, sink=write, max_records=max_records)
         batch = _create_batch_row(pk=pk, checker=checker, result=result, **fields)
         _start_or_fail(batch, file, result)
     return batch
@@ -141,11 +143,11 @@ def _check_input_file(file, input_file_id, organization, now):
         raise ApiError(f"File {input_file_id} has expired.", param="input_file_id", code="invalid_value")
 
 
-def _store_inline_requests(organization, requests, now):
+def _store_inline_requests(organization, requests, now, max_records):
     if not requests:
         raise ApiError("The input contains no requests.", param="requests", code="empty_file")
-    if len(requests) > MAX_RECORDS:
-        raise ApiError(too_many_message(MAX_RECORDS), param="requests", code="too_many_requests")
+    if len(requests) > max_records:
+        raise ApiError(too_many_message(max_records), param="requests", code="too_many_requests")
     return files.create_file_from_chunks(
         organization=organization,
         filename=INLINE_FILENAME,
@@ -173,10 +175,10 @@ def _checker(endpoint, organization):
     )
 
 
-def _scan_file(file, checker, param, sink=None):
+def _scan_file(file, checker, param, sink=None, max_records=MAX_RECORDS):
     try:
         with files.open_content(file) as stream:
-            return scan(stream, checker, sink=sink)
+            return scan(stream, checker, sink=sink, max_records=max_records)
     except FileRejected as rejected:
         raise ApiError(rejected.message, param=param, code=rejected.code) from None
 

@@ -61,6 +61,8 @@ MIDDLEWARE = [
     # /healthz and /readyz, before anything that checks the Host or opens a session.
     "openrelay.web.probes.ProbeMiddleware",
     "openrelay.web.middleware.RequestIdMiddleware",
+    # Outside everything that answers an error, so each reaches Anthropic's routes in Anthropic's envelope.
+    "openrelay.web.middleware.AnthropicErrorMiddleware",
     "openrelay.web.middleware.HostRoutingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the dashboard's CSS and JS) under any ASGI server, no web server in front needed.

@@ -49,6 +49,7 @@ from openrelay.simulator.capacity import (
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.directives import FaultDirectives, parse_fault_directives
 from openrelay.simulator.faults import ANSWER, DROP, FAIL, HANG, choose_outcome, seeded_draw
+from openrelay.simulator.messages import answer_messages, messages_text
 from openrelay.simulator.metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from openrelay.simulator.state import SimulatorState
 
@@ -90,6 +91,7 @@ MODEL_ENDPOINTS = {
     "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings),
     "/v1/responses": ModelEndpoint(response_text, answer_responses, response_prefix_text),
     "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations),
+    "/v1/messages": ModelEndpoint(messages_text, answer_messages, messages_text),
 }
 
 

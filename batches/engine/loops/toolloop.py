@@ -34,8 +34,11 @@ async def run(ctx: RecordContext, record, body):
         return RecordOutcome.error(exc.code, exc.message)
     # A new executor on every run: a resumed MCP record starts a new session.
     executor = make_executor(ctx, record.custom_id, config)
+    loop = ToolLoop
+    if ctx.endpoint == "/v1/messages":
+        from batches.engine.loops.message_tools import MessageToolLoop as loop
     try:
-        return await ToolLoop(ctx, record, executor, decode(record.checkpoint)).run(
+        return await loop(ctx, record, executor, decode(record.checkpoint)).run(
             strip_openrelay(body), config["max_rounds"]
         )
     finally:
@@ -66,23 +69,38 @@ class ToolLoop:
                     # from_call bills none of it, and earlier turns are dropped too.
                     return RecordOutcome.from_call(result)
                 self.usage += result.usage
-                message, tool_calls = requested_tool_calls(result.body)
+                message, tool_calls = self.requested(result.body)
                 if tool_calls is None or self.rounds >= max_rounds:
                     # Exhausted rounds end like OpenAI: the last answer, as the model gave it.
-                    return _final(result, self.usage, self.rounds)
+                    return self.final(result, self.usage, self.rounds)
                 self.pending = message
                 await self._checkpoint()
             try:
                 results = await self.executor.execute(
-                    self.pending["tool_calls"], self.ctx.key(self.record, "round", self.rounds + 1)
+                    self.requested(self.pending, answer=False)[1], self.ctx.key(self.record, "round", self.rounds + 1)
                 )
             except ToolExecutionFailed as exc:
                 return RecordOutcome.error("tool_execution_failed", str(exc))
-            self.added.append(self.pending)
-            self.added.extend({"role": "tool", "tool_call_id": r.tool_call_id, "content": r.content} for r in results)
+            self.added.extend(self.round_messages(self.pending, results))
             self.pending = None
             self.rounds += 1
             await self._checkpoint()
+
+    # The conversation's shape: chat completions here, Anthropic Messages in message_tools.
+
+    def requested(self, body, answer=True):
+        """(the assistant message, its tool calls as OpenAI `tool_calls`), or (None, None): from an
+        answer's body, or (answer=False) from the assistant message kept as `pending`."""
+        if not answer:
+            return body, body["tool_calls"]
+        return requested_tool_calls(body)
+
+    def round_messages(self, assistant, results):
+        """What one executed round adds to the conversation."""
+        return [assistant, *({"role": "tool", "tool_call_id": r.tool_call_id, "content": r.content} for r in results)]
+
+    def final(self, result, usage, rounds):
+        return _final(result, usage, rounds)
 
     async def _checkpoint(self):
         await self.ctx.checkpoint(
