@@ -38,14 +38,15 @@ def create_batch(
     metadata=None,
     output_expires_after_s=None,
     priority=Priority.STANDARD,
-    max_records=MAX_RECORDS,
+    max_records=None,
 ):
     """Validate every record of the input and create the batch (the engines pick it up).
 
     The input is either an uploaded purpose-`batch` file or inline `requests`,
     which are first stored as such a file so every batch has one. Raises
     ApiError (400) for a request that can't make a batch at all, or one of
-    more than `max_records` requests (Message Batches take more than OpenAI's).
+    more than `max_records` requests (default: the scan's MAX_RECORDS; Message
+    Batches take more).
     """
     now = timezone.now()
     if requests is None:
@@ -144,6 +145,7 @@ def _check_input_file(file, input_file_id, organization, now):
 
 
 def _store_inline_requests(organization, requests, now, max_records):
+    max_records = max_records or MAX_RECORDS
     if not requests:
         raise ApiError("The input contains no requests.", param="requests", code="empty_file")
     if len(requests) > max_records:
@@ -175,10 +177,11 @@ def _checker(endpoint, organization):
     )
 
 
-def _scan_file(file, checker, param, sink=None, max_records=MAX_RECORDS):
+def _scan_file(file, checker, param, sink=None, max_records=None):
+    limit = {} if max_records is None else {"max_records": max_records}
     try:
         with files.open_content(file) as stream:
-            return scan(stream, checker, sink=sink, max_records=max_records)
+            return scan(stream, checker, sink=sink, **limit)
     except FileRejected as rejected:
         raise ApiError(rejected.message, param=param, code=rejected.code) from None
 

@@ -130,14 +130,15 @@ def _unknown_cursor(cursor, param):
 
 
 def _body(request):
+    limit = settings.OPENRELAY_MAX_MESSAGE_BATCH_BYTES
     try:
-        return json_body(request)
+        return json_body(request, max_bytes=limit)
     except ApiError as exc:
         if exc.status != 413:
             raise
         raise ApiError(
-            f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes, this server's limit "
-            f"for a Message Batch (OPENRELAY_MAX_JSON_BODY_BYTES). Split the requests into several batches.",
+            f"The request body is larger than {limit:,} bytes, this server's limit for a Message Batch "
+            "(OPENRELAY_MAX_MESSAGE_BATCH_BYTES). Split the requests into several batches.",
             status=413,
             code="request_too_large",
         ) from None

@@ -3,6 +3,7 @@ list both ways, cancel, delete and results, with translated and pass-through dep
 
 import anthropic
 import httpx
+import orjson
 import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
 from django.utils import timezone
@@ -194,3 +195,31 @@ class TestErrors:
         assert raw.status_code == 405 and raw.json()["error"]["type"] == "invalid_request_error"
         raw = httpx.get(f"{live_server.url}/v1/messages/batches")
         assert raw.status_code == 401 and raw.json()["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.django_db(transaction=True)
+class TestLimits:
+    def test_a_body_past_the_json_cap_but_within_the_batch_cap_is_taken(self, claude, translated, settings):
+        settings.OPENRELAY_MAX_MESSAGE_BATCH_BYTES = 256 * 1024 * 1024
+        text = "x" * 6000
+        created = claude.messages.batches.create(requests=[request(f"r{i}", text) for i in range(2000)])
+        assert created.request_counts.processing == 2000  # a 12 MB body: OPENRELAY_MAX_JSON_BODY_BYTES is 10 MB
+
+    def test_a_body_past_the_batch_cap_is_a_413_naming_it(self, claude, translated, settings):
+        settings.OPENRELAY_MAX_MESSAGE_BATCH_BYTES = 4096
+        with pytest.raises(anthropic.APIStatusError) as refused:
+            claude.messages.batches.create(requests=[request(f"r{i}", "y" * 100) for i in range(100)])
+        assert refused.value.status_code == 413
+        assert refused.value.body["error"]["type"] == "request_too_large"
+        assert "OPENRELAY_MAX_MESSAGE_BATCH_BYTES" in refused.value.body["error"]["message"]
+
+    def test_more_than_100000_requests_is_a_400(self, live_server, alice, translated):
+        body = {"requests": [{"custom_id": f"r{i}", "params": {}} for i in range(100_001)]}
+        raw = httpx.post(
+            f"{live_server.url}/v1/messages/batches",
+            content=orjson.dumps(body),
+            headers={"x-api-key": alice.key, "content-type": "application/json"},
+            timeout=60,
+        )
+        assert raw.status_code == 400
+        assert raw.json()["error"]["code"] == "too_many_requests" and "100,000" in raw.json()["error"]["message"]
