@@ -27,9 +27,18 @@ from openrelay.core.auth import AnthropicKeyAuthentication
 LIST_LIMIT_MAX = 1000
 MESSAGE_BATCH_ID = OpenApiParameter("message_batch_id", str, OpenApiParameter.PATH)
 LIST_PARAMETERS = [
-    OpenApiParameter("limit", int, description="1 to 1000; 20 when absent."),
-    OpenApiParameter("after_id", str, description="The page after (older than) this Message Batch."),
-    OpenApiParameter("before_id", str, description="The page before (newer than) this Message Batch."),
+    OpenApiParameter(
+        "limit",
+        {"type": "integer", "minimum": 1, "maximum": LIST_LIMIT_MAX},
+        OpenApiParameter.QUERY,
+        description="Page size (default 20).",
+    ),
+    OpenApiParameter(
+        "after_id", str, OpenApiParameter.QUERY, description="The page after (older than) this Message Batch."
+    ),
+    OpenApiParameter(
+        "before_id", str, OpenApiParameter.QUERY, description="The page before (newer than) this Message Batch."
+    ),
 ]
 
 
@@ -80,7 +89,7 @@ class MessageBatchListView(AnthropicView):
         operation_id="message_batches_list",
         summary="List Message Batches, newest first",
         parameters=LIST_PARAMETERS,
-        responses={200: openapi.ref("MessageBatchList"), **openapi.anthropic_errors(400, 401)},
+        responses={200: openapi.ref("MessageBatchList"), **openapi.anthropic_errors(400, 401, 404)},
     )
     def get(self, request):
         query = request.query_params

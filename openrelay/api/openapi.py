@@ -208,6 +208,7 @@ COMPONENTS = {
                     "/v1/embeddings",
                     "/v1/responses",
                     "/v1/moderations",
+                    "/v1/messages",
                 ],
             },
             "completion_window": {"type": "string", "enum": ["24h"]},
@@ -551,16 +552,24 @@ WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParame
 
 
 class AnthropicKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Anthropic's routes take the key as x-api-key or as a Bearer token: either one, not both."""
+
     target_class = "openrelay.core.auth.AnthropicKeyAuthentication"
-    name = "AnthropicApiKeyAuth"
+    name = ["AnthropicApiKeyAuth", "AnthropicBearerAuth"]
+
+    def get_security_requirement(self, auto_schema):
+        return [{name: []} for name in self.name]  # alternatives
 
     def get_security_definition(self, auto_schema):
-        return {
-            "type": "apiKey",
-            "in": "header",
-            "name": "x-api-key",
-            "description": "An organization API key (`or_...`); `Authorization: Bearer or_...` works too.",
-        }
+        return [
+            {
+                "type": "apiKey",
+                "in": "header",
+                "name": "x-api-key",
+                "description": "An organization API key (`or_...`), as Anthropic's clients send it.",
+            },
+            {"type": "http", "scheme": "bearer", "description": "An organization API key: `Bearer or_...`."},
+        ]
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
