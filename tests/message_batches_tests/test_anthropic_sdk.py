@@ -6,10 +6,12 @@ import httpx
 import orjson
 import pytest
 from anthropic.types.messages import MessageBatch, MessageBatchIndividualResponse
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.utils import timezone
 
 from batches.engine.runner import run_batch
 from batches.models import Batch, BatchStatus
+from tests.helpers import read_lines
 from tests.message_batches_tests.conftest import NATIVE, TRANSLATED, request
 
 CHAT, MESSAGES = "/v1/chat/completions", "/v1/messages"
@@ -223,3 +225,49 @@ class TestLimits:
         )
         assert raw.status_code == 400
         assert raw.json()["error"]["code"] == "too_many_requests" and "100,000" in raw.json()["error"]["message"]
+
+
+@pytest.mark.django_db(transaction=True)
+class TestMoreOfTheContract:
+    def test_model_server_errors_are_doubly_wrapped_errored_lines(self, claude, translated, native, sim):
+        for model in (TRANSLATED, NATIVE):
+            created = claude.messages.batches.create(
+                requests=[
+                    request("bad", "No [[status:400]]", model=model),
+                    request("gone", "No [[status:404]]", model=model),
+                ]
+            )
+            run_batch(batch_of(created).pk)
+            results = results_by_id(claude, created.id)
+            for custom_id, kind in (("bad", "invalid_request_error"), ("gone", "not_found_error")):
+                error = results[custom_id].error
+                assert results[custom_id].type == "errored" and error.type == "error", (model, results)
+                assert error.error.type == kind and error.error.message and "sim-upstream" not in error.error.message
+                assert error.request_id
+            ended = claude.messages.batches.retrieve(created.id)
+            assert ended.request_counts.errored == 2
+            batch = batch_of(created)
+            assert batch.input_tokens == batch.output_tokens == 0  # errored requests are not billed
+
+    def test_an_idempotency_key_answers_the_first_batch_again(self, claude, translated):
+        key = {"Idempotency-Key": "nightly-1"}
+        first = claude.messages.batches.create(requests=[request("a")], extra_headers=key)
+        again = claude.messages.batches.create(requests=[request("a")], extra_headers=key)
+        assert again.id == first.id
+        with pytest.raises(anthropic.ConflictError) as conflict:
+            claude.messages.batches.create(requests=[request("b")], extra_headers=key)
+        assert conflict.value.body["error"]["code"] == "idempotency_key_reused"
+
+    def test_the_openai_dialect_runs_messages_lines_from_a_file(self, alice, translated):
+        line = {"custom_id": "f-1", "method": "POST", "url": MESSAGES, "body": request("f-1")["params"]}
+        upload = SimpleUploadedFile("m.jsonl", orjson.dumps(line) + b"\n", content_type="application/jsonl")
+        file = alice.client.post("/v1/files", {"purpose": "batch", "file": upload}, format="multipart").json()
+        created = alice.client.post(
+            "/v1/batches",
+            {"input_file_id": file["id"], "endpoint": MESSAGES, "completion_window": "24h"},
+            format="json",
+        ).json()
+        run_batch(Batch.objects.get(public_id=created["id"]).pk)
+        [output] = read_lines(Batch.objects.get(public_id=created["id"]).output_file)
+        message = output["response"]["body"]
+        assert message["type"] == "message" and message["content"][0]["type"] == "text"
