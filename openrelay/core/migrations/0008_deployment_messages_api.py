@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('openrelay', '0006_idempotency_key'),
+        ('openrelay', '0007_deployment_needs_canary'),
     ]
 
     operations = [
