@@ -4,6 +4,7 @@ from django.db import transaction
 
 from batches import services
 from batches.message_batches.params import MAX_REQUESTS, MESSAGES
+from batches.message_batches.presenters import message_batch_id
 from batches.models import Batch
 from files import services as files
 from openrelay.api.errors import ApiError
@@ -36,7 +37,7 @@ def delete_message_batch(batch):
     entry (billing.models.LedgerEntry names the batch by id, it holds no key to it)."""
     if not batch.is_terminal:
         raise ApiError(
-            f"Message Batch {batch.public_id.replace('batch_', 'msgbatch_', 1)} is still processing and cannot be "
+            f"Message Batch {message_batch_id(batch)} is still processing and cannot be "
             "deleted; cancel it first, then delete it once it has ended.",
             code="batch_not_ended",
         )

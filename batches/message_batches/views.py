@@ -111,25 +111,19 @@ class MessageBatchListView(AnthropicView):
 
 
 def _page(request, limit, after, before):
-    """Newest first: after_id pages to older batches, before_id to newer ones (read oldest first, then turned)."""
-    cursor = after or before
+    """Newest first: after_id pages to older batches, before_id to newer ones (read oldest first, then turned).
+    A cursor that names no Message Batch of the caller's is a 404: an empty page would read as the list's end."""
+    cursor, param = (after, "after_id") if after else (before, "before_id")
     public_id = presenters.batch_public_id(cursor) if cursor else None
     if cursor and public_id is None:
-        raise _unknown_cursor(cursor, "after_id" if after else "before_id")
-    try:
-        if before:
-            rows, has_more = cursor_page(
-                _message_batches(request), limit=limit, after=public_id, order="asc", no_cursor=_Unknown()
-            )
-            return rows[::-1], has_more
-        return cursor_page(_message_batches(request), limit=limit, after=public_id, order="desc", no_cursor=_Unknown())
-    except _Unknown:
-        # An empty page would read as the end of the list: a cursor that names nothing is an error.
-        raise _unknown_cursor(cursor, "after_id" if after else "before_id") from None
-
-
-class _Unknown(Exception):
-    pass
+        raise _unknown_cursor(cursor, param)
+    no_cursor = _unknown_cursor(cursor or "", param)
+    if before:
+        rows, has_more = cursor_page(
+            _message_batches(request), limit=limit, after=public_id, order="asc", no_cursor=no_cursor
+        )
+        return rows[::-1], has_more
+    return cursor_page(_message_batches(request), limit=limit, after=public_id, order="desc", no_cursor=no_cursor)
 
 
 def _unknown_cursor(cursor, param):
