@@ -79,3 +79,17 @@ def test_a_real_cluster_runs_a_message_batch(claude, translated, native, cluster
     assert {results[f"t{i}"].type for i in range(20)} == {"succeeded"}
     # A batch runs one model: the first request's; the others are errored as refused.
     assert results["n0"].type == "errored" and "single model" in results["n0"].error.error.message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_dashboard_shows_a_message_batch_with_its_anthropic_id(
+    claude, alice, translated, client, django_user_model
+):
+    from openrelay.core.models import Membership
+
+    created = claude.messages.batches.create(requests=[request("a")])
+    user = django_user_model.objects.create_user("alice-user", password="pw")
+    Membership.objects.create(user=user, organization=alice.org)
+    client.force_login(user)
+    page = client.get(f"/batches/{created.id.replace('msgbatch_', 'batch_')}").content.decode()
+    assert "/v1/messages" in page and created.id in page
