@@ -271,3 +271,29 @@ class TestMoreOfTheContract:
         [output] = read_lines(Batch.objects.get(public_id=created["id"]).output_file)
         message = output["response"]["body"]
         assert message["type"] == "message" and message["content"][0]["type"] == "text"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_list_page_costs_the_same_queries_whatever_its_length(alice, translated):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_X_API_KEY=alice.key)
+
+    def create(n):
+        for i in range(n):
+            created = client.post("/v1/messages/batches", {"requests": [request(f"q{i}")]}, format="json").json()
+            run_batch(Batch.objects.get(public_id=created["id"].replace("msgbatch_", "batch_")).pk)  # ended: counted
+
+    def queries():
+        client.get("/v1/messages/batches")  # the key's row is read once, then reused
+        with CaptureQueriesContext(connection) as captured:
+            assert client.get("/v1/messages/batches?limit=100").status_code == 200
+        return len(captured)
+
+    create(2)
+    few = queries()
+    create(4)
+    assert queries() == few <= 3  # the page, and the canceled / expired counts of its ended batches
