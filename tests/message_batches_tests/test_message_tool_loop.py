@@ -5,9 +5,10 @@ from dataclasses import replace
 
 import pytest
 
+from batches.engine import checkpoints
 from batches.engine.calls.caller import ModelCaller, Upstream
-from batches.engine.loops import checkpoints, toolloop
-from batches.engine.runner import RecordContext
+from batches.engine.context import RecordContext
+from batches.engine.loops import dispatch
 from batches.engine.store import ClaimedRecord
 from openrelay.lib.outbound import OutboundClient
 
@@ -15,11 +16,14 @@ MESSAGES = "/v1/messages"
 WEATHER = {"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
 
-class Saved(RecordContext):
-    """A record context that keeps what the loop checkpoints, stored as the engine stores it (encoded then)."""
+class Sink:
+    """Where the loop's checkpoints go: kept as the engine stores them (encoded, then and there)."""
 
-    async def checkpoint(self, record, state):
-        self.saved.append(checkpoints.encode(state))
+    def __init__(self, saved):
+        self.saved = saved
+
+    async def save(self, pk, data):
+        self.saved.append(data)
 
 
 def run(sim, executor, body, record, saved, messages_api):
@@ -27,9 +31,10 @@ def run(sim, executor, body, record, saved, messages_api):
         upstream = Upstream(sim.base_url, "sim-model", "", 8, messages_api=messages_api)
         caller = ModelCaller([upstream], time_limit_s=10.0, retries=0)
         async with caller, OutboundClient(allow_private=True) as outbound:
-            ctx = Saved(1, "batch_test", 1, MESSAGES, "sim-model", caller, outbound=outbound)
-            ctx.saved = saved
-            return await toolloop.run(ctx, record, body)
+            ctx = RecordContext(
+                1, "batch_test", 1, MESSAGES, "sim-model", caller, outbound=outbound, checkpoints=Sink(saved)
+            )
+            return await dispatch.run_record(ctx, record, body)
 
     return asyncio.run(go())
 

@@ -8,8 +8,13 @@ loop's own.
 
 import orjson
 
+from batches.engine.loops import toolloop
 from batches.engine.loops.toolloop import ToolLoop
 from batches.engine.outcomes import RecordOutcome
+
+
+async def run(ctx, record, body):
+    return await toolloop.run(ctx, record, body, shape=MessageToolLoop)
 
 
 class MessageToolLoop(ToolLoop):

@@ -25,7 +25,8 @@ from batches.engine.tools.executors import ToolExecutionFailed, make_executor
 from batches.validation.extensions import RecordRejected, normalize_tool_config
 
 
-async def run(ctx: RecordContext, record, body):
+async def run(ctx: RecordContext, record, body, shape=None):
+    """Run a tool-calling record; `shape` is the loop class of its conversation (ToolLoop: chat)."""
     try:
         # Normalized again at run time, so what runs is the clamped config
         # even if the line was accepted under older limits.
@@ -34,9 +35,7 @@ async def run(ctx: RecordContext, record, body):
         return RecordOutcome.error(exc.code, exc.message)
     # A new executor on every run: a resumed MCP record starts a new session.
     executor = make_executor(ctx, record.custom_id, config)
-    loop = ToolLoop
-    if ctx.endpoint == "/v1/messages":
-        from batches.engine.loops.message_tools import MessageToolLoop as loop
+    loop = shape or ToolLoop
     try:
         return await loop(ctx, record, executor, decode(record.checkpoint)).run(
             strip_openrelay(body), config["max_rounds"]
