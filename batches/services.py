@@ -44,21 +44,23 @@ def create_batch(
     max_cost_nanos=None,
     breaker=None,
     output_contract=None,
+    max_records=None,
 ):
     """Validate every record of the input and create the batch (the engines pick it up).
 
     The input is either an uploaded purpose-`batch` file or inline `requests`,
     which are first stored as such a file so every batch has one. Raises
-    ApiError (400) for a request that can't make a batch at all, BudgetExceeded
-    (402) when the organization has spent its monthly budget. `breaker`:
-    (window, failures, consecutive), None for a rule's default.
+    ApiError (400) for a request that can't make a batch at all, or one of
+    more than `max_records` requests (default: the scan's MAX_RECORDS; Message
+    Batches take more); BudgetExceeded (402) when the organization has spent its
+    monthly budget. `breaker`: (window, failures, consecutive), None for a rule's default.
     """
     guardrails.check_budget(organization)
     now = timezone.now()
     if requests is None:
         file, param = _find_input_file(organization, input_file_id, now), "input_file_id"
     else:
-        file, param = _store_inline_requests(organization, requests, now), "requests"
+        file, param = _store_inline_requests(organization, requests, now, max_records), "requests"
     fields = dict(
         organization=organization,
         file=file,
@@ -76,9 +78,9 @@ def create_batch(
     try:
         checker = _checker(endpoint, organization, output_contract)
         if connection.vendor == "postgresql":
-            batch = _create_streaming(file, checker, param, fields)
+            batch = _create_streaming(file, checker, param, fields, max_records)
         else:
-            batch = _create_after_scan(file, checker, param, fields)
+            batch = _create_after_scan(file, checker, param, fields, max_records)
         committed = True
     finally:
         if requests is not None and not committed:
@@ -96,10 +98,10 @@ def _breaker_fields(rules):
     ).as_fields()
 
 
-def _create_after_scan(file, checker, param, fields):
+def _create_after_scan(file, checker, param, fields, max_records):
     # The file is read before the transaction opens: on SQLite a write
     # transaction locks the whole database, and a 200 MB pass takes ~0.5 s.
-    result = _scan_file(file, checker, param)
+    result = _scan_file(file, checker, param, max_records=max_records)
     with transaction.atomic():
         _lock_input_file(file, fields["organization"])
         batch = _create_batch_row(checker=checker, result=result, **fields)
@@ -108,7 +110,7 @@ def _create_after_scan(file, checker, param, fields):
     return batch
 
 
-def _create_streaming(file, checker, param, fields):
+def _create_streaming(file, checker, param, fields, max_records):
     """PostgreSQL: records go into COPY as the scan accepts them, under the batch id taken
     first, so the server stores them (on another core) while this process reads on.
 
@@ -122,7 +124,7 @@ def _create_streaming(file, checker, param, fields):
         _lock_input_file(file, fields["organization"])
         pk = _next_batch_pk()
         with _record_copy(pk) as write:
-            result = _scan_file(file, checker, param, sink=write)
+            result = _scan_file(file, checker, param, sink=write, max_records=max_records)
         batch = _create_batch_row(pk=pk, checker=checker, result=result, **fields)
         _start_or_fail(batch, file, result)
     return batch
@@ -163,11 +165,12 @@ def _check_input_file(file, input_file_id, organization, now):
         raise ApiError(f"File {input_file_id} has expired.", param="input_file_id", code="invalid_value")
 
 
-def _store_inline_requests(organization, requests, now):
+def _store_inline_requests(organization, requests, now, max_records):
+    max_records = max_records or MAX_RECORDS
     if not requests:
         raise ApiError("The input contains no requests.", param="requests", code="empty_file")
-    if len(requests) > MAX_RECORDS:
-        raise ApiError(too_many_message(MAX_RECORDS), param="requests", code="too_many_requests")
+    if len(requests) > max_records:
+        raise ApiError(too_many_message(max_records), param="requests", code="too_many_requests")
     return files.create_file_from_chunks(
         organization=organization,
         filename=INLINE_FILENAME,
@@ -196,10 +199,11 @@ def _checker(endpoint, organization, output_contract=None):
     )
 
 
-def _scan_file(file, checker, param, sink=None):
+def _scan_file(file, checker, param, sink=None, max_records=None):
+    limit = {} if max_records is None else {"max_records": max_records}
     try:
         with files.open_content(file) as stream:
-            return scan(stream, checker, sink=sink)
+            return scan(stream, checker, sink=sink, **limit)
     except FileRejected as rejected:
         raise ApiError(rejected.message, param=param, code=rejected.code) from None
 

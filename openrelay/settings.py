@@ -61,6 +61,8 @@ MIDDLEWARE = [
     # /healthz and /readyz, before anything that checks the Host or opens a session.
     "openrelay.web.probes.ProbeMiddleware",
     "openrelay.web.middleware.RequestIdMiddleware",
+    # Outside everything that answers an error, so each reaches Anthropic's routes in Anthropic's envelope.
+    "openrelay.web.middleware.AnthropicErrorMiddleware",
     "openrelay.web.middleware.HostRoutingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the dashboard's CSS and JS) under any ASGI server, no web server in front needed.
@@ -204,6 +206,10 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 2_621_440
 FILE_UPLOAD_TEMP_DIR = str(DATA_DIR / "tmp")
 (DATA_DIR / "tmp").mkdir(exist_ok=True)
 DATA_UPLOAD_MAX_MEMORY_SIZE = envint("OPENRELAY_MAX_JSON_BODY_BYTES", 10 * 1024 * 1024, minimum=1024)
+# A Message Batch create (POST /v1/messages/batches) carries its requests inline: Anthropic takes 256 MB.
+# The body spools to disk as it arrives; parsing holds it and its objects in the web process (tests/perf/
+# bench_message_batches.py measures the peak).
+OPENRELAY_MAX_MESSAGE_BATCH_BYTES = envint("OPENRELAY_MAX_MESSAGE_BATCH_BYTES", 256 * 1024 * 1024, minimum=1024)
 # A request's head (request line and headers) in all; past it 431 (openrelay.web.webserver).
 OPENRELAY_MAX_HEADER_BYTES = envint("OPENRELAY_MAX_HEADER_BYTES", 64 * 1024, minimum=1024)
 # ... and the time it may take to arrive; past it 408 and the connection closed (openrelay.web.webserver).

@@ -7,6 +7,8 @@ from batches.metrics import metrics_view
 urlpatterns = [
     path("v1/", include("files.urls")),
     path("v1/", include("batches.urls")),
+    # Anthropic's Message Batches: the same batches in a second dialect.
+    path("v1/", include("batches.message_batches.urls")),
     path("v1/", include("billing.urls")),
     path("v1/", include("webhooks.urls")),
     # JSON, as the name says (the plain SpectacularAPIView answers YAML by default).

@@ -80,10 +80,16 @@ class Peers(EngineState):
         for index, row in enumerate(rows):
             upstream = lane.upstreams.get(row["pk"])
             settings_now = (row["base_url"], row["upstream_model"] or row["model__name"], row["api_key"])
-            if upstream is None or upstream.settings != settings_now:
+            if upstream is None or upstream.settings != (*settings_now, row["messages_api"]):
                 if upstream is not None:
                     self._retire(lane, upstream)
-                upstream = Upstream(*settings_now, row["max_concurrency"], deployment_id=row["pk"], config=self.config)
+                upstream = Upstream(
+                    *settings_now,
+                    row["max_concurrency"],
+                    deployment_id=row["pk"],
+                    config=self.config,
+                    messages_api=row["messages_api"],
+                )
             upstream.concurrency = max(1, row["max_concurrency"])
             # Offset by the deployment's place, so the engines that take one slot more
             # are not the same ones on every deployment; never more than the others

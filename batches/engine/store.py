@@ -357,6 +357,7 @@ def deployments(model_ids):
         "upstream_model",
         "api_key",
         "max_concurrency",
+        "messages_api",
         "health",
         "health_changed_at",
         "needs_canary",

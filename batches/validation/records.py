@@ -17,8 +17,11 @@ from batches.validation.extensions import (
 )
 from openrelay.api.params import missing_parameter, shown
 
-# Tool loops and workflows read and extend a chat conversation: no other endpoint has one.
+# Workflows read and extend a chat conversation: no other endpoint has one. Tool loops run on
+# Anthropic Messages too (tool_use blocks answered with tool_result blocks).
 CHAT_ONLY = "/v1/chat/completions"
+MESSAGES = "/v1/messages"
+TOOL_ENDPOINTS = (CHAT_ONLY, MESSAGES)
 MAX_CUSTOM_ID = 512
 
 # Endpoint -> (the body key that carries the input, its message, the API's name).
@@ -28,6 +31,7 @@ BODY_INPUT = {
     "/v1/embeddings": ("input", "Input parameter is required.", "Embeddings"),
     "/v1/responses": ("input", "Input parameter is required.", "Responses"),
     "/v1/moderations": ("input", "Input parameter is required.", "Moderations"),
+    "/v1/messages": ("messages", "messages: Field required", "Messages"),
 }
 # Endpoint -> {body key: why it cannot work in a batch}. A key set to null (or false) is fine.
 UNSUPPORTED_FIELDS = {
@@ -79,6 +83,8 @@ class RecordChecker:
         self._check_body_shape(body)
         self._check_stream(body)
         self._check_supported(body)
+        if self.endpoint == MESSAGES:
+            _check_max_tokens(body)
         model = self._check_model(body["model"])
         self._check_extensions(body)
         self._claim(custom_id, model, line)
@@ -179,10 +185,10 @@ class RecordChecker:
                 "body.openrelay",
             )
         if "tool_config" in extensions:
-            if self.endpoint != CHAT_ONLY:
+            if self.endpoint not in TOOL_ENDPOINTS:
                 raise RecordRejected(
                     "invalid_tool_config",
-                    f"'openrelay.tool_config' is only supported on {CHAT_ONLY}.",
+                    f"'openrelay.tool_config' is only supported on {' and '.join(TOOL_ENDPOINTS)}.",
                     TOOL_CONFIG_PARAM,
                 )
             normalize_tool_config(extensions["tool_config"])
@@ -209,6 +215,20 @@ class RecordChecker:
         self.seen[custom_id] = line
         if self.model_name is None:
             self.model_name = model
+
+
+def _check_max_tokens(body):
+    """A Messages request must say how many tokens it may generate: an integer of at least 1
+    (0, Anthropic's cache pre-warming, runs nothing worth a batch)."""
+    value = body.get("max_tokens")
+    if value is None:
+        raise RecordRejected("missing_required_parameter", "max_tokens: Field required", "body.max_tokens")
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise RecordRejected(
+            "invalid_request",
+            f"max_tokens: expected an integer of at least 1, but got {shown(value)} instead.",
+            "body.max_tokens",
+        )
 
 
 def _check_custom_id(custom_id):

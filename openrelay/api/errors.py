@@ -80,6 +80,37 @@ def error_response(status, message, *, param=None, code=None, type=None, headers
     return response
 
 
+# Anthropic's error types by status (what its SDK and clients read; https status -> type).
+_ANTHROPIC_TYPE_BY_STATUS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    402: "billing_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(status):
+    return _ANTHROPIC_TYPE_BY_STATUS.get(status, "api_error" if status >= 500 else "invalid_request_error")
+
+
+def anthropic_envelope(status, error, request_id=None):
+    """Our envelope's `error` object in Anthropic's: {"type": "error", "error": {"type", "message"}, "request_id"}.
+    OpenRelay's `code` and `param` ride along inside `error` (Anthropic's clients ignore what they don't know)."""
+    inner = {"type": anthropic_error_type(status), "message": error.get("message", "")}
+    for name in ("code", "param"):
+        if error.get(name) is not None:
+            inner[name] = error[name]
+    return {"type": "error", "error": inner, "request_id": request_id}
+
+
 def method_not_allowed(method, path, allowed, hint=None):
     """The 405 message: which methods the route does serve, and how to do what was likely meant."""
     served = ", ".join(m for m in allowed if m not in ("HEAD", "OPTIONS"))

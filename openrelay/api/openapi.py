@@ -10,7 +10,7 @@ route and runs schemathesis against it.
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 
-from openrelay.api.errors import error_type
+from openrelay.api.errors import anthropic_error_type, error_type
 
 
 def ref(name):
@@ -306,6 +306,7 @@ COMPONENTS = {
                     "/v1/embeddings",
                     "/v1/responses",
                     "/v1/moderations",
+                    "/v1/messages",
                 ],
             },
             "completion_window": {"type": "string", "enum": ["24h"]},
@@ -603,6 +604,116 @@ COMPONENTS.update(
 )
 
 
+# Anthropic's Message Batches (batches.message_batches): its objects and its error envelope.
+_RFC3339 = {"type": "string", "format": "date-time"}
+_NULLABLE_RFC3339 = {**_RFC3339, "nullable": True}
+_COUNTS = ("processing", "succeeded", "errored", "canceled", "expired")
+COMPONENTS.update(
+    {
+        "AnthropicError": {
+            "type": "object",
+            "required": ["type", "error"],
+            "properties": {
+                "type": {"type": "string", "enum": ["error"]},
+                "error": {
+                    "type": "object",
+                    "required": ["type", "message"],
+                    "properties": {
+                        "type": {"type": "string"},
+                        "message": {"type": "string"},
+                        "code": {"type": "string", "description": "OpenRelay's code for the error."},
+                        "param": {"type": "string"},
+                    },
+                },
+                "request_id": _NULLABLE_STRING,
+            },
+        },
+        "MessageBatchCreate": {
+            "type": "object",
+            "required": ["requests"],
+            "properties": {
+                "requests": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": 100000,
+                    "items": {
+                        "type": "object",
+                        "required": ["custom_id", "params"],
+                        "properties": {
+                            "custom_id": {"type": "string", "minLength": 1, "maxLength": 64},
+                            "params": {
+                                "type": "object",
+                                "description": "A non-streaming Messages request: model, max_tokens (>= 1) and "
+                                "messages required; OpenRelay's `openrelay.tool_config` allowed.",
+                            },
+                        },
+                    },
+                }
+            },
+        },
+        "MessageBatch": {
+            "type": "object",
+            "required": [
+                "id",
+                "type",
+                "processing_status",
+                "request_counts",
+                "ended_at",
+                "created_at",
+                "expires_at",
+                "archived_at",
+                "cancel_initiated_at",
+                "results_url",
+            ],
+            "properties": {
+                "id": {"type": "string", "description": "msgbatch_<x>: the batch batch_<x> of the OpenAI dialect."},
+                "type": {"type": "string", "enum": ["message_batch"]},
+                "processing_status": {"type": "string", "enum": ["in_progress", "canceling", "ended"]},
+                "request_counts": {
+                    "type": "object",
+                    "required": list(_COUNTS),
+                    "properties": {name: {"type": "integer"} for name in _COUNTS},
+                },
+                "ended_at": _NULLABLE_RFC3339,
+                "created_at": _RFC3339,
+                "expires_at": _RFC3339,
+                "archived_at": _NULLABLE_RFC3339,
+                "cancel_initiated_at": _NULLABLE_RFC3339,
+                "results_url": {**_NULLABLE_STRING, "description": "Relative to the server, once ended."},
+            },
+        },
+        "MessageBatchList": {
+            "type": "object",
+            "required": ["data", "has_more", "first_id", "last_id"],
+            "properties": {
+                "data": {"type": "array", "items": ref("MessageBatch")},
+                "has_more": {"type": "boolean"},
+                "first_id": _NULLABLE_STRING,
+                "last_id": _NULLABLE_STRING,
+            },
+        },
+        "DeletedMessageBatch": {
+            "type": "object",
+            "required": ["id", "type"],
+            "properties": {
+                "id": {"type": "string"},
+                "type": {"type": "string", "enum": ["message_batch_deleted"]},
+            },
+        },
+    }
+)
+
+
+def anthropic_errors(*statuses):
+    """Error responses in Anthropic's envelope (the /v1/messages routes), one per status."""
+    return {
+        status: OpenApiResponse(
+            response=ref("AnthropicError"), description=f"Anthropic error envelope ({anthropic_error_type(status)})"
+        )
+        for status in statuses
+    }
+
+
 def errors(*statuses):
     """Error responses in the envelope, one per status."""
     return {
@@ -657,6 +768,27 @@ RESULT_CODE = OpenApiParameter(
     "error's code, or http_<status> for a model's non-2xx answer.",
 )
 WEBHOOK_ENDPOINT_ID = OpenApiParameter("webhook_endpoint_id", str, OpenApiParameter.PATH)
+
+
+class AnthropicKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    """Anthropic's routes take the key as x-api-key or as a Bearer token: either one, not both."""
+
+    target_class = "openrelay.core.auth.AnthropicKeyAuthentication"
+    name = ["AnthropicApiKeyAuth", "AnthropicBearerAuth"]
+
+    def get_security_requirement(self, auto_schema):
+        return [{name: []} for name in self.name]  # alternatives
+
+    def get_security_definition(self, auto_schema):
+        return [
+            {
+                "type": "apiKey",
+                "in": "header",
+                "name": "x-api-key",
+                "description": "An organization API key (`or_...`), as Anthropic's clients send it.",
+            },
+            {"type": "http", "scheme": "bearer", "description": "An organization API key: `Bearer or_...`."},
+        ]
 
 
 class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):

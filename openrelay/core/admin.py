@@ -62,7 +62,7 @@ class DeploymentForm(forms.ModelForm):
 
     class Meta:
         model = Deployment
-        fields = ("model", "base_url", "upstream_model", "api_key", "max_concurrency", "enabled")
+        fields = ("model", "base_url", "upstream_model", "api_key", "max_concurrency", "messages_api", "enabled")
 
     def clean_api_key(self):
         value = self.cleaned_data.get("api_key")
@@ -92,6 +92,7 @@ class DeploymentAdmin(admin.ModelAdmin):
         "base_url",
         "upstream_model",
         "max_concurrency",
+        "messages_api",
         "enabled",
         "health",
         "health_changed_at",

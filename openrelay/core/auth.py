@@ -92,3 +92,22 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request):
         return 'Bearer realm="openrelay"'
+
+
+class AnthropicKeyAuthentication(ApiKeyAuthentication):
+    """Anthropic's clients send the key as `x-api-key` (or as a Bearer token with `auth_token`): either works."""
+
+    def authenticate(self, request):
+        if "HTTP_X_API_KEY" not in request.META:
+            if not request.META.get("HTTP_AUTHORIZATION"):
+                raise exceptions.NotAuthenticated(
+                    "You didn't provide an API key. Send it as 'x-api-key: or_...' or 'Authorization: Bearer or_...'."
+                )
+            return super().authenticate(request)
+        key = authenticate_key(request.META["HTTP_X_API_KEY"].strip())  # sent but blank: a wrong key, not none
+        if key is None:
+            raise exceptions.AuthenticationFailed("Incorrect API key provided.")
+        return ApiPrincipal(key), key
+
+    def authenticate_header(self, request):
+        return 'x-api-key realm="openrelay"'

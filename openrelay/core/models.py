@@ -121,6 +121,13 @@ class DeploymentHealth(models.TextChoices):
     UNHEALTHY = "unhealthy"
 
 
+class MessagesApi(models.TextChoices):
+    """How a deployment runs Anthropic Messages requests (`/v1/messages` records)."""
+
+    TRANSLATE = "translate", "Translate to chat completions"
+    NATIVE = "native", "Pass through to its /v1/messages"
+
+
 class Deployment(models.Model):
     """One OpenAI-compatible server that can run a Model."""
 
@@ -133,6 +140,15 @@ class Deployment(models.Model):
     max_concurrency = models.PositiveIntegerField(default=64)
     enabled = models.BooleanField(default=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Every deployment serves chat completions (the catalog's contract), so translating is the default
+    # that always works; vLLM, llama.cpp and Ollama also serve /v1/messages and may take it as written.
+    messages_api = models.CharField(
+        max_length=16,
+        choices=MessagesApi.choices,
+        default=MessagesApi.TRANSLATE,
+        help_text="Anthropic Messages records: translated to /v1/chat/completions, or sent to the server's "
+        "own /v1/messages as written.",
+    )
 
     # Written by the engines (batches.engine.calls.health) as they take a failing
     # deployment out of the rotation and probe it back in.

@@ -10,6 +10,10 @@ Endpoints
 ---------
 - `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
   `POST /v1/responses`, `POST /v1/moderations`
+- `POST /v1/messages`: Anthropic's Messages API (messages.py), as vLLM,
+  llama.cpp and Ollama serve it: the chat rules in Anthropic's shapes
+  (content blocks, `tool_use` / `tool_result`, `stop_reason`, usage with
+  `cache_read_input_tokens` apart from `input_tokens`)
 - `GET /v1/models`
 - `GET /_sim/requests`: the recorded model calls, oldest first, each
   `{"path", "headers", "body"}`; secret headers (`authorization`, `api-key`,

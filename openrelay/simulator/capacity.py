@@ -274,6 +274,8 @@ def usage_counts(payload: dict[str, Any]) -> tuple[int | None, int]:
     usage = payload.get("usage")
     if not isinstance(usage, dict):
         return None, 0
+    if "cache_read_input_tokens" in usage:  # an Anthropic Message: its input_tokens leave the cache out
+        return usage["input_tokens"] + usage["cache_read_input_tokens"], usage["output_tokens"]
     if "input_tokens" in usage:
         return usage["input_tokens"], usage["output_tokens"]
     return usage["prompt_tokens"], usage.get("completion_tokens", 0)
@@ -281,6 +283,10 @@ def usage_counts(payload: dict[str, Any]) -> tuple[int | None, int]:
 
 def report_cached_tokens(payload: dict[str, Any], cached: int) -> None:
     usage = payload.get("usage") or {}
+    if "cache_read_input_tokens" in usage:
+        prompt = usage["input_tokens"] + usage["cache_read_input_tokens"]
+        usage["cache_read_input_tokens"], usage["input_tokens"] = cached, prompt - cached
+        return
     details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
     if details is not None:
         details["cached_tokens"] = cached

@@ -56,6 +56,7 @@ from openrelay.simulator.capacity import (
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.directives import FaultDirectives, parse_fault_directives
 from openrelay.simulator.faults import ANSWER, DROP, FAIL, HANG, choose_outcome, seeded_draw
+from openrelay.simulator.messages import answer_messages, messages_text
 from openrelay.simulator.metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from openrelay.simulator.state import SimulatorState
 
@@ -81,6 +82,30 @@ def failure_response(config: SimulatorConfig, status: int, model: Any = None) ->
     return json_response(error_envelope(status, message), status=status, headers=headers)
 
 
+MESSAGES_PATH = "/v1/messages"
+# Anthropic's error types by status, as its Messages API (and vLLM's /v1/messages) answers them.
+ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(response: web.Response) -> None:
+    """An error answer of /v1/messages in Anthropic's envelope: {"type": "error", "error": {"type", "message"}}."""
+    try:
+        error = orjson.loads(response.body)["error"]  # type: ignore[arg-type]
+    except (orjson.JSONDecodeError, KeyError, TypeError):
+        return
+    kind = ANTHROPIC_ERROR_TYPES.get(response.status, "api_error")
+    response.body = orjson.dumps({"type": "error", "error": {"type": kind, "message": error.get("message", "")}})
+
+
 # ---------------------------------------------------------------- the server
 
 
@@ -97,6 +122,7 @@ MODEL_ENDPOINTS = {
     "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings),
     "/v1/responses": ModelEndpoint(response_text, answer_responses, response_prefix_text),
     "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations),
+    "/v1/messages": ModelEndpoint(messages_text, answer_messages, messages_text),
 }
 
 
@@ -110,6 +136,12 @@ class ModelServer:
         self._parked: set[asyncio.Task[Any]] = set()
 
     async def model_call(self, request: web.Request) -> web.StreamResponse:
+        response = await self._model_call(request)
+        if request.path == MESSAGES_PATH and response.status >= 400 and isinstance(response, web.Response):
+            anthropic_error(response)
+        return response
+
+    async def _model_call(self, request: web.Request) -> web.StreamResponse:
         endpoint = MODEL_ENDPOINTS[request.path]
         raw = await request.read()
         try:

@@ -39,10 +39,16 @@ from django.db import close_old_connections
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 
-def body_cap(content_type):
-    """The most body bytes kept for a request of this Content-Type."""
+# Anthropic's Message Batch create carries every request in its JSON body (batches.message_batches).
+MESSAGE_BATCHES_PATH = "/v1/messages/batches"
+
+
+def body_cap(content_type, path=""):
+    """The most body bytes kept for a request of this Content-Type (to this path)."""
     if content_type.lower().startswith("multipart/form-data"):
         return settings.OPENRELAY_MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES
+    if path == MESSAGE_BATCHES_PATH:
+        return max(settings.OPENRELAY_MAX_MESSAGE_BATCH_BYTES, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
@@ -52,7 +58,7 @@ class _Receive:
     def __init__(self, receive, scope):
         self.receive = receive
         content_type = next((value for name, value in scope.get("headers", ()) if name == b"content-type"), b"")
-        self.cap = body_cap(content_type.decode("latin-1"))
+        self.cap = body_cap(content_type.decode("latin-1"), scope.get("path", ""))
 
     def __call__(self):
         return self.receive()

@@ -9,6 +9,7 @@ from django.conf import settings
 INFERENCE_PREFIXES = (
     "/v1/files",
     "/v1/batches",
+    "/v1/messages",  # Anthropic's Message Batches (batches.message_batches)
     "/v1/models",
     "/v1/limits",
     "/v1/webhook_endpoints",

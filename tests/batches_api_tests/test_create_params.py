@@ -23,7 +23,7 @@ class TestCreateParams:
                 "endpoint",
                 "invalid_value",
                 "Invalid value for 'endpoint': '/v1/invalid/endpoint'. Supported values are: '/v1/chat/completions', "
-                "'/v1/completions', '/v1/embeddings', '/v1/responses', and '/v1/moderations'.",
+                "'/v1/completions', '/v1/embeddings', '/v1/responses', '/v1/moderations', and '/v1/messages'.",
             ),
             ({"endpoint": None}, "endpoint", "missing_required_parameter", "Missing required parameter: 'endpoint'."),
             ({"endpoint": ["/v1/chat/completions"]}, "endpoint", "invalid_value", "Supported values"),

@@ -110,7 +110,9 @@ def test_the_migration_turns_the_old_default_of_zero_into_no_discount():
     )
 
     executor = MigrationExecutor(connection)
-    executor.migrate(after)
+    # Every app's leaves, not billing's alone: going back to billing 0002 also undid the later
+    # migrations of the apps that depend on it, which the tests after this one need.
+    executor.migrate(after + [leaf for leaf in executor.loader.graph.leaf_nodes() if leaf not in after])
 
     assert Price.objects.get(pk=defaulted.pk).cached_input_per_mtok is None
     assert Price.objects.get(pk=discounted.pk).cached_input_per_mtok == Decimal("0.05")

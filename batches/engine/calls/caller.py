@@ -26,7 +26,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from batches.engine.calls import tallies
+from batches.engine.calls import messages, tallies
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
@@ -129,9 +129,12 @@ class Upstream:
         max_answer_bytes=None,
         adaptive=None,
         config=None,
+        messages_api="translate",
     ):
         config = config or EngineConfig.read()
         self.base_url = base_url
+        # Anthropic Messages records: "translate" to chat completions, or "native" (its own /v1/messages).
+        self.messages_api = messages_api
         self.upstream_model = upstream_model
         self.api_key = api_key
         self.concurrency = max(1, concurrency)
@@ -200,7 +203,7 @@ class Upstream:
     @property
     def settings(self):
         """What a change of in the admin makes a new Upstream for (max_concurrency only moves the share)."""
-        return (self.base_url, self.upstream_model, self.api_key)
+        return (self.base_url, self.upstream_model, self.api_key, self.messages_api)
 
     def head(self, endpoint, method="POST"):
         """The prepared request head for an API endpoint ("/v1/chat/completions"). Raises ValueError."""
@@ -208,9 +211,13 @@ class Upstream:
         if head is None:
             if self.origin is None:
                 raise ValueError(self.problem)
-            head = self._heads[(endpoint, method)] = self.origin.prepare(
-                endpoint.removeprefix("/v1"), self.headers, method
-            )
+            headers = self.headers
+            if endpoint == messages.MESSAGES:
+                # What Anthropic-format servers read: the version, and the key as x-api-key too.
+                headers = {**headers, "anthropic-version": "2023-06-01"}
+                if self.api_key:
+                    headers["x-api-key"] = self.api_key
+            head = self._heads[(endpoint, method)] = self.origin.prepare(endpoint.removeprefix("/v1"), headers, method)
         return head
 
     def close(self):
@@ -393,6 +400,13 @@ class ModelCaller:
         asked = body.get("model")
         payload = dict(body)
         payload["model"] = upstream.upstream_model
+        dialect = endpoint == messages.MESSAGES
+        if dialect and upstream.messages_api != "native":
+            endpoint, payload = messages.CHAT, messages.chat_request(payload)
+        result = await self._attempt_at(upstream, endpoint, payload, asked)
+        return messages.as_message(result, asked, body, translated=endpoint == messages.CHAT) if dialect else result
+
+    async def _attempt_at(self, upstream, endpoint, payload, asked):
         try:
             head = upstream.head(endpoint)
         except ValueError as exc:

@@ -1,5 +1,7 @@
 """What a model server says an answer used, read from whichever shape the endpoint answers in.
 
+Anthropic Messages report `input_tokens` (without the prompt cache's part),
+`cache_read_input_tokens`, `cache_creation_input_tokens` and `output_tokens`.
 Chat completions, completions and embeddings report `prompt_tokens` /
 `completion_tokens` (with `prompt_tokens_details.cached_tokens` and
 `completion_tokens_details.reasoning_tokens`); the Responses API reports
@@ -32,7 +34,12 @@ class Usage:
         usage = body.get("usage") if isinstance(body, dict) else None
         if not isinstance(usage, dict):
             return cls(implausible=1)  # a 200 that reports nothing at all
-        read = _read_responses if "input_tokens" in usage or "output_tokens" in usage else _read_chat
+        if body.get("type") == "message":
+            read = _read_anthropic
+        elif "input_tokens" in usage or "output_tokens" in usage:
+            read = _read_responses
+        else:
+            read = _read_chat
         found = read(usage)
         return found if not _implausible(body, found) else cls(*_counts(found), implausible=1)
 
@@ -84,6 +91,14 @@ def _read_responses(usage):
         _int(usage.get("output_tokens")),
         _detail(usage, "output_tokens_details", "reasoning_tokens"),
     )
+
+
+def _read_anthropic(usage):
+    """A Message's usage: its input_tokens leave out what was read from or written to the prompt
+    cache, so the prompt is all three; cache reads are the cached part (cache writes bill as input)."""
+    cache_read = _int(usage.get("cache_read_input_tokens"))
+    prompt = _int(usage.get("input_tokens")) + cache_read + _int(usage.get("cache_creation_input_tokens"))
+    return Usage(prompt, cache_read, _int(usage.get("output_tokens")), 0)
 
 
 def _counts(usage):

@@ -30,7 +30,8 @@ from batches.engine.tools.executors import ToolExecutionFailed, make_executor
 from batches.validation.extensions import RecordRejected, normalize_tool_config
 
 
-async def run(ctx: RecordContext, record, body, contract=None):
+async def run(ctx: RecordContext, record, body, contract=None, shape=None):
+    """Run a tool-calling record; `shape` is the loop class of its conversation (ToolLoop: chat)."""
     try:
         # Normalized again at run time, so what runs is the clamped config
         # even if the line was accepted under older limits.
@@ -39,8 +40,9 @@ async def run(ctx: RecordContext, record, body, contract=None):
         return RecordOutcome.error(exc.code, exc.message)
     # A new executor on every run: a resumed MCP record starts a new session.
     executor = make_executor(ctx, record.custom_id, config)
+    loop = shape or ToolLoop
     try:
-        return await ToolLoop(ctx, record, executor, decode(record.checkpoint), contract).run(
+        return await loop(ctx, record, executor, decode(record.checkpoint), contract).run(
             strip_openrelay(body), config["max_rounds"]
         )
     finally:
@@ -72,12 +74,12 @@ class ToolLoop:
                     # from_call bills none of it, and earlier turns are dropped too.
                     return RecordOutcome.from_call(result)
                 self.usage += result.usage
-                message, tool_calls = requested_tool_calls(result.body)
+                message, tool_calls = self.requested(result.body)
                 if tool_calls is None or self.rounds >= max_rounds:
                     # Exhausted rounds end like OpenAI: the last answer, as the model gave it.
                     errors = contracts.check(self.contract, result.body, CHAT) if self.contract else []
                     if not errors:
-                        return _final(result, self.usage, self.rounds, self.reasks)
+                        return self.final(result, self.usage, self.rounds, self.reasks)
                     if self.reasks >= self.contract.max_reasks:
                         return contracts.invalid_output(result, self.usage, CHAT, self._counts(), errors)
                     self.added.extend(contracts.reask_turns(self.contract, result.body, CHAT, errors))
@@ -88,18 +90,33 @@ class ToolLoop:
                 await self._checkpoint()
             try:
                 results = await self.executor.execute(
-                    self.pending["tool_calls"], self.ctx.key(self.record, "round", self.rounds + 1)
+                    self.requested(self.pending, answer=False)[1], self.ctx.key(self.record, "round", self.rounds + 1)
                 )
             except ToolExecutionFailed as exc:
                 return RecordOutcome.error("tool_execution_failed", str(exc))
-            self.added.append(self.pending)
-            self.added.extend({"role": "tool", "tool_call_id": r.tool_call_id, "content": r.content} for r in results)
+            self.added.extend(self.round_messages(self.pending, results))
             self.pending = None
             self.rounds += 1
             await self._checkpoint()
 
     def _counts(self):
         return {name: n for name, n in (("tool_rounds", self.rounds), ("reasks", self.reasks)) if n}
+
+    # The conversation's shape: chat completions here, Anthropic Messages in message_tools.
+
+    def requested(self, body, answer=True):
+        """(the assistant message, its tool calls as OpenAI `tool_calls`), or (None, None): from an
+        answer's body, or (answer=False) from the assistant message kept as `pending`."""
+        if not answer:
+            return body, body["tool_calls"]
+        return requested_tool_calls(body)
+
+    def round_messages(self, assistant, results):
+        """What one executed round adds to the conversation."""
+        return [assistant, *({"role": "tool", "tool_call_id": r.tool_call_id, "content": r.content} for r in results)]
+
+    def final(self, result, usage, rounds, reasks=0):
+        return _final(result, usage, rounds, reasks)
 
     async def _checkpoint(self):
         await self.ctx.checkpoint(

@@ -3,7 +3,7 @@ from decimal import Decimal, InvalidOperation
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from openrelay.core.models import Deployment, Model, Price
+from openrelay.core.models import Deployment, MessagesApi, Model, Price
 
 
 def _price(value):
@@ -40,6 +40,13 @@ class Command(BaseCommand):
         )
         parser.add_argument("--api-key", default=None, help="Upstream API key (stored, never displayed)")
         parser.add_argument("--concurrency", type=int, default=None, help="Max concurrent calls to this deployment")
+        parser.add_argument(
+            "--messages-api",
+            choices=[choice.value for choice in MessagesApi],
+            default=None,
+            help="Anthropic Messages records: 'translate' to chat completions (the default) or 'native' "
+            "(the server's own /v1/messages: vLLM, llama.cpp, Ollama)",
+        )
         parser.add_argument("--input-price", type=_price, default=None)
         parser.add_argument(
             "--cached-input-price",
@@ -53,7 +60,7 @@ class Command(BaseCommand):
         enabled.add_argument("--enable", action="store_true", help="Enable a disabled model (a new one is enabled)")
 
     @transaction.atomic
-    def handle(self, name, base_url, upstream_model, api_key, concurrency, disable, enable, **options):
+    def handle(self, name, base_url, upstream_model, api_key, concurrency, disable, enable, messages_api, **options):
         if concurrency is not None and concurrency < 1:
             raise CommandError("--concurrency must be at least 1.")
         # An option left out keeps the stored value: `--concurrency 4` alone once reset the upstream
@@ -69,6 +76,8 @@ class Command(BaseCommand):
             deployment.api_key = api_key
         if concurrency is not None:
             deployment.max_concurrency = concurrency
+        if messages_api is not None:
+            deployment.messages_api = messages_api
         deployment.save()
         price, _ = Price.objects.get_or_create(model=model)
         for field, option in (("input_per_mtok", "input_price"), ("output_per_mtok", "output_price")):

@@ -1,0 +1,49 @@
+"""Message Batch writes: create (the requests -> a `/v1/messages` batch), cancel and delete."""
+
+from django.db import transaction
+
+from batches import services
+from batches.message_batches.params import MAX_REQUESTS, MESSAGES
+from batches.message_batches.presenters import message_batch_id
+from batches.models import Batch
+from files import services as files
+from openrelay.api.errors import ApiError
+
+
+def create_message_batch(*, organization, lines):
+    """A batch of Messages requests (lines from params.parse_requests). Its rejected lines keep their custom_id,
+    so the results can name them."""
+    batch = services.create_batch(
+        organization=organization, endpoint=MESSAGES, requests=lines, max_records=MAX_REQUESTS
+    )
+    if batch.errors:
+        for error in batch.errors:
+            line = error.get("line")
+            if line is not None and 1 <= line <= len(lines):
+                error["custom_id"] = lines[line - 1]["custom_id"]
+        Batch.objects.filter(pk=batch.pk).update(errors=batch.errors)
+    return batch
+
+
+def cancel_message_batch(batch):
+    """Cancel a running batch; an ended one is answered as it is (there is nothing left to cancel)."""
+    if batch.is_terminal:
+        return batch
+    return services.cancel_batch(batch)
+
+
+def delete_message_batch(batch):
+    """Delete an ended batch: its row, its records and its files (input and results). The ledger keeps its
+    entry (billing.models.LedgerEntry names the batch by id, it holds no key to it)."""
+    if not batch.is_terminal:
+        raise ApiError(
+            f"Message Batch {message_batch_id(batch)} is still processing and cannot be "
+            "deleted; cancel it first, then delete it once it has ended.",
+            code="batch_not_ended",
+        )
+    with transaction.atomic():
+        for file in (batch.input_file, batch.output_file, batch.error_file):
+            if file is not None:
+                files.delete_file(file)
+        batch.records.all().delete()
+        batch.delete()
