@@ -15,6 +15,7 @@ pytest_plugins = [
     "tests.fixtures.simulator",  # sim_server, sim, fresh_sim, model
     "tests.fixtures.model_proxy",  # model_proxy (a LiteLLM-shaped proxy)
     "tests.fixtures.clusters",  # clusters (real q2 clusters)
+    "tests.fixtures.live_stack",  # live_stack (a running web + cluster + simulator, shared)
     "tests.fixtures.tool_executor",  # executor_server, executor
     "tests.fixtures.workflow_callback",  # callback_server, callback
     "tests.fixtures.webhook_receiver",  # receiver, verifier
