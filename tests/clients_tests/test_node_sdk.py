@@ -28,16 +28,16 @@ def run_node(script, *args, base_url, key):
     return json.loads(result.stdout)
 
 
-def test_it_streams_an_upload_runs_the_batch_and_downloads_it(uvicorn_server, worker, alice, tmp_path):
+def test_it_streams_an_upload_runs_the_batch_and_downloads_it(live_stack, model, alice, tmp_path):
     # A bad first line and 999 good ones: the upload takes them all, create rejects line 1, the 999 run.
     content = b'{"custom_id": "broken",\n' + b"".join(chat_line(f"r{i}", f"question {i}") for i in range(999))
     requests = tmp_path / "requests.jsonl"
     requests.write_bytes(content)
 
-    seen = run_node("batch_flow.mjs", requests, base_url=f"{uvicorn_server.url}/v1", key=alice.key)
+    seen = run_node("batch_flow.mjs", requests, base_url=f"{live_stack.url}/v1", key=alice.key)
 
     upload = seen["sent"][0]
-    assert (upload["method"], upload["url"], upload["streamed"]) == ("POST", f"{uvicorn_server.url}/v1/files", True)
+    assert (upload["method"], upload["url"], upload["streamed"]) == ("POST", f"{live_stack.url}/v1/files", True)
     assert (seen["file"]["bytes"], seen["file"]["filename"], seen["file"]["purpose"]) == (
         len(content),
         "requests.jsonl",

@@ -32,8 +32,8 @@ def run(client, tmp_path, endpoint, bodies, deadline_s=60):
     return batch, [json.loads(line) for line in output.splitlines()]
 
 
-def test_the_sdk_runs_a_responses_batch(uvicorn_server, worker, alice, tmp_path):
-    client = openai.OpenAI(base_url=f"{uvicorn_server.url}/v1", api_key=alice.key, max_retries=0)
+def test_the_sdk_runs_a_responses_batch(live_stack, model, alice, tmp_path):
+    client = openai.OpenAI(base_url=f"{live_stack.url}/v1", api_key=alice.key, max_retries=0)
     bodies = [{"input": f"Question {i}"} for i in range(20)]
     bodies.append(
         {
@@ -58,8 +58,8 @@ def test_the_sdk_runs_a_responses_batch(uvicorn_server, worker, alice, tmp_path)
     assert batch.model_extra["openrelay"]["implausible_usage"] == 0
 
 
-def test_the_sdk_runs_a_moderations_batch_billed_at_zero(uvicorn_server, worker, alice, tmp_path):
-    client = openai.OpenAI(base_url=f"{uvicorn_server.url}/v1", api_key=alice.key, max_retries=0)
+def test_the_sdk_runs_a_moderations_batch_billed_at_zero(live_stack, model, alice, tmp_path):
+    client = openai.OpenAI(base_url=f"{live_stack.url}/v1", api_key=alice.key, max_retries=0)
 
     batch, output = run(client, tmp_path, "/v1/moderations", [{"input": "text one"}, {"input": ["a", "b"]}])
 

@@ -17,7 +17,7 @@ from openrelay.core.auth import authenticate_key
 from openrelay.core.management.commands.up import CREDENTIALS_FILE, KEPT, Command
 from openrelay.core.models import ApiKey
 from openrelay.lib import children
-from tests.core_tests.test_up import EMBEDDED_ONLY, EMBEDDED_PASS_ONLY, ROOT
+from tests.core_tests.test_up import EMBEDDED_ONLY, ROOT
 from tests.helpers import free_port
 
 
@@ -107,8 +107,7 @@ def _kill(process):
     process.wait(timeout=10)
 
 
-@EMBEDDED_PASS_ONLY
-@pytest.mark.slow
+@pytest.mark.slow  # on the embedded defaults whatever the environment: the tier db_independent (pyproject.toml)
 def test_a_restart_prints_the_same_key_last(tmp_path):
     seen = []
     for _ in range(2):

@@ -93,13 +93,12 @@ def download(page, selector):
     return Path(info.value.path()).read_bytes().splitlines()
 
 
-def test_batch_page_live_rate_eta_failures_retry_and_the_chart_after_reload(member, processes, browser, shots):  # noqa: F811
+def test_batch_page_live_rate_eta_failures_retry_and_the_chart_after_reload(member, live_stack, browser, shots):  # noqa: F811
     page = browser
     records = 160
     with run_in_thread(SimulatorConfig()) as sim:
         catalog(sim, concurrency=4)
-        url = processes.web("uvicorn")
-        processes.workers()
+        url = live_stack.url
         sign_in(page, url)
 
         def body(i):
@@ -188,12 +187,11 @@ def test_batch_page_live_rate_eta_failures_retry_and_the_chart_after_reload(memb
         shots(page, "04-retry")
 
 
-def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, processes, browser, shots):  # noqa: F811
+def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, live_stack, browser, shots):  # noqa: F811
     page = browser
     with run_in_thread(SimulatorConfig()) as sim:
         catalog(sim, concurrency=2)
-        url = processes.web("uvicorn")
-        processes.workers()
+        url = live_stack.url
         sign_in(page, url)
         batch = services.create_batch(
             organization=member,
@@ -227,6 +225,69 @@ def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, processes
         shots(page, "02-list")
 
 
+def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staff, live_stack, browser, shots):  # noqa: F811
+    page = browser
+    with run_in_thread(SimulatorConfig()) as sim:
+        model = catalog(sim, concurrency=3)
+        deployment = model.deployments.get()
+        url = live_stack.url
+
+        sign_in(page, url)  # ada: a member, not an operator
+        assert page.locator("nav >> text=Operator").count() == 0
+        response = page.goto(url + "/operator")
+        assert response.status == 403
+        shots(page, "01-refused")
+        page.context.clear_cookies()  # signed out
+
+        sign_in_as(page, url, STAFF)
+        page.click("nav >> text=Operator")
+        page.wait_for_url(url + "/operator")
+        page.wait_for_selector("[data-live].open")
+        row = f"tr[data-deployment='{deployment.pk}']"
+        assert text(page, f"{row} [data-field=health]") == "healthy"
+        assert text(page, f"{row} [data-field=in_flight]") == "0"
+        page.evaluate("window.__notReloaded = true")
+
+        # Every tenth record is refused by the model (400): the record's error, not the deployment's.
+        batch = services.create_batch(
+            organization=member,
+            endpoint=CHAT,
+            requests=[
+                chat_line(f"o-{i}", f"slow {i} [[latency:700]]" + (" [[status:400]]" if i % 10 == 0 else ""))
+                for i in range(30)
+            ],
+        )
+        page.wait_for_function(
+            f'() => Number(document.querySelector("{row} [data-field=in_flight]").textContent) > 0', timeout=20_000
+        )
+        page.wait_for_selector(f"[data-running-batch='{batch.public_id}']")
+        assert int(text(page, f"{row} [data-field=in_flight]")) <= 3  # never past the deployment's limit
+        # The model's queue: records neither finished nor claimed, 30 at most, drained as it runs.
+        queued = f"tbody[data-model='{MODEL}'] [data-field=queued]"
+        page.wait_for_function(f'() => Number(document.querySelector("{queued}").textContent) > 0')
+        assert int(text(page, queued)) <= 30
+        # Calls counted as they are answered (each engine's last minute, summed), within the 30 made.
+        page.wait_for_function(
+            f'() => Number(document.querySelector("{row} [data-field=calls_a_minute]").textContent) > 0'
+        )
+        assert int(text(page, f"{row} [data-field=calls_a_minute]")) <= 30
+        shots(page, "02-running")
+        _wait_for(lambda: Batch.objects.get(pk=batch.pk).status == "completed", 60, "the batch to complete")
+        page.wait_for_selector("[data-no-running]", timeout=20_000)
+        page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=in_flight]\").textContent === '0'")
+        assert page.evaluate("window.__notReloaded") is True
+        # Every call of the batch, answered within the last minute (the model's lane has closed by now or soon).
+        page.wait_for_function(
+            f"() => document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent === '30'"
+        )
+        # The 3 refused of the 30 calls are counted as calls, not as the deployment failing.
+        assert text(page, f"{row} [data-field=error_rate]") == "0.0%"
+        assert page.locator(f"{row} [data-field=state]").count() == 0
+        assert text(page, queued) == "0"
+        shots(page, "03-idle")
+
+
+# Last: the tests without a cluster, after those sharing `live_stack` (with test_browser's first).
 def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member, processes, browser, shots):  # noqa: F811
     page = browser
     Model.objects.create(name=MODEL)
@@ -288,69 +349,6 @@ def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member
     page.click("[data-page=newer]")
     page.wait_for_url(re.compile(r"before=batch_"))
     assert page.locator("tbody[data-rows] tr[data-batch]").count() == 50
-
-
-def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staff, processes, browser, shots):  # noqa: F811
-    page = browser
-    with run_in_thread(SimulatorConfig()) as sim:
-        model = catalog(sim, concurrency=3)
-        deployment = model.deployments.get()
-        url = processes.web("uvicorn")
-        processes.workers()
-
-        sign_in(page, url)  # ada: a member, not an operator
-        assert page.locator("nav >> text=Operator").count() == 0
-        response = page.goto(url + "/operator")
-        assert response.status == 403
-        shots(page, "01-refused")
-        page.context.clear_cookies()  # signed out
-
-        sign_in_as(page, url, STAFF)
-        page.click("nav >> text=Operator")
-        page.wait_for_url(url + "/operator")
-        page.wait_for_selector("[data-live].open")
-        row = f"tr[data-deployment='{deployment.pk}']"
-        assert text(page, f"{row} [data-field=health]") == "healthy"
-        assert text(page, f"{row} [data-field=in_flight]") == "0"
-        page.evaluate("window.__notReloaded = true")
-
-        # Every tenth record is refused by the model (400): the record's error, not the deployment's.
-        batch = services.create_batch(
-            organization=member,
-            endpoint=CHAT,
-            requests=[
-                chat_line(f"o-{i}", f"slow {i} [[latency:700]]" + (" [[status:400]]" if i % 10 == 0 else ""))
-                for i in range(30)
-            ],
-        )
-        page.wait_for_function(
-            f'() => Number(document.querySelector("{row} [data-field=in_flight]").textContent) > 0', timeout=20_000
-        )
-        page.wait_for_selector(f"[data-running-batch='{batch.public_id}']")
-        assert int(text(page, f"{row} [data-field=in_flight]")) <= 3  # never past the deployment's limit
-        # The model's queue: records neither finished nor claimed, 30 at most, drained as it runs.
-        queued = f"tbody[data-model='{MODEL}'] [data-field=queued]"
-        page.wait_for_function(f'() => Number(document.querySelector("{queued}").textContent) > 0')
-        assert int(text(page, queued)) <= 30
-        # Calls counted as they are answered (each engine's last minute, summed), within the 30 made.
-        page.wait_for_function(
-            f'() => Number(document.querySelector("{row} [data-field=calls_a_minute]").textContent) > 0'
-        )
-        assert int(text(page, f"{row} [data-field=calls_a_minute]")) <= 30
-        shots(page, "02-running")
-        _wait_for(lambda: Batch.objects.get(pk=batch.pk).status == "completed", 60, "the batch to complete")
-        page.wait_for_selector("[data-no-running]", timeout=20_000)
-        page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=in_flight]\").textContent === '0'")
-        assert page.evaluate("window.__notReloaded") is True
-        # Every call of the batch, answered within the last minute (the model's lane has closed by now or soon).
-        page.wait_for_function(
-            f"() => document.querySelector(\"{row} [data-field=calls_a_minute]\").textContent === '30'"
-        )
-        # The 3 refused of the 30 calls are counted as calls, not as the deployment failing.
-        assert text(page, f"{row} [data-field=error_rate]") == "0.0%"
-        assert page.locator(f"{row} [data-field=state]").count() == 0
-        assert text(page, queued) == "0"
-        shots(page, "03-idle")
 
 
 @pytest.mark.skipif(

@@ -73,13 +73,12 @@ def watch_until(page, status):
     )
 
 
-def test_running_cancelled_and_retried_batches_show_one_truth(member, processes, browser, shots, tmp_path):  # noqa: F811
+def test_running_cancelled_and_retried_batches_show_one_truth(member, live_stack, browser, shots, tmp_path):  # noqa: F811
     page = browser
     _, key = ApiKey.issue(member, name="browser")
     with run_in_thread(SimulatorConfig()) as sim:
         catalog(sim, concurrency=2)
-        url = processes.web("uvicorn")
-        processes.workers()
+        url = live_stack.url
         sign_in(page, url)
 
         # Create through the form, with metadata (three pairs: one row added by the form's button).
