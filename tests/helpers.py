@@ -4,7 +4,10 @@ Import them: `from tests.helpers import chat, make_batch, wait_for`. A helper
 only one package uses stays in that package's conftest or helpers module.
 """
 
+import asyncio
+import gc
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -199,3 +202,32 @@ def streamed_multipart(fields, file_size, *, filename="upload", chunk=1024 * 102
         "Content-Length": str(len(head) + file_size + len(tail)),
     }
     return headers, body()
+
+
+class EngineThread:
+    """One engine in a thread of the test process, as a worker process runs it, working the given
+    batches (every batch when none are given) until stopped."""
+
+    def __init__(self, *batch_pks):
+        from batches.engine.runner import Engine
+
+        self.engine = Engine(only=batch_pks or None)
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self):
+        try:
+            asyncio.run(self.engine.run())
+        finally:
+            connections.close_all()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.engine.request_stop()
+        self.thread.join(timeout=60)
+        assert not self.thread.is_alive()
+        # The engine's threads (its closer) end without closing their database connections; collected
+        # here, or PostgreSQL refuses to drop the test database while they are open.
+        gc.collect()

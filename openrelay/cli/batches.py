@@ -74,6 +74,18 @@ MaxCost = Annotated[
         help="Spend cap in USD (e.g. 25 or 12.50): the batch pauses before it could cost more.",
     ),
 ]
+# The options create and estimate share: an estimate takes create's arguments.
+InputFile = Annotated[
+    Path,
+    typer.Option("--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests."),
+]
+Endpoint = Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")]
+CompletionWindow = Annotated[str, typer.Option("--completion-window")]
+Metadata = Annotated[
+    list[str] | None,
+    typer.Option("--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs."),
+]
+PriorityOption = Annotated[Priority | None, typer.Option("--priority")]
 DownloadDir = Annotated[
     Path | None,
     typer.Option("--download", file_okay=False, help="Save the output and error files into this directory."),
@@ -83,17 +95,11 @@ DownloadDir = Annotated[
 @batches_app.command("create")
 def batches_create(
     ctx: typer.Context,
-    input_file: Annotated[
-        Path,
-        typer.Option("--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests."),
-    ],
-    endpoint: Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")],
-    completion_window: Annotated[str, typer.Option("--completion-window")] = "24h",
-    metadata: Annotated[
-        list[str] | None,
-        typer.Option("--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs."),
-    ] = None,
-    priority: Annotated[Priority | None, typer.Option("--priority")] = None,
+    input_file: InputFile,
+    endpoint: Endpoint,
+    completion_window: CompletionWindow = "24h",
+    metadata: Metadata = None,
+    priority: PriorityOption = None,
     max_cost: MaxCost = None,
     output_contract: Annotated[
         Path | None,
@@ -174,17 +180,11 @@ def _create_batch(
 @batches_app.command("estimate")
 def batches_estimate(
     ctx: typer.Context,
-    input_file: Annotated[
-        Path,
-        typer.Option("--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests."),
-    ],
-    endpoint: Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")],
-    completion_window: Annotated[str, typer.Option("--completion-window")] = "24h",
-    metadata: Annotated[
-        list[str] | None,
-        typer.Option("--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs."),
-    ] = None,
-    priority: Annotated[Priority | None, typer.Option("--priority")] = None,
+    input_file: InputFile,
+    endpoint: Endpoint,
+    completion_window: CompletionWindow = "24h",
+    metadata: Metadata = None,
+    priority: PriorityOption = None,
 ):
     """Quote a batch without creating it: records, tokens, cost, time, and whether it fits the window.
 

@@ -1,40 +1,12 @@
 """An engine in a thread of the test process, and batches with prices and guardrails."""
 
-import asyncio
-import threading
 from decimal import Decimal
 
-from django.db import connections
-
-from batches.engine.runner import Engine
 from batches.models import Batch, Record
 from tests.helpers import chat, make_batch
 
 # $10 per 1M output tokens at the full rate, input free: a 100-token answer costs 1,000,000 nanos.
 OUTPUT_PRICE = Decimal("10")
-
-
-class EngineThread:
-    """One engine working the given batches until stopped (a worker process's engine, in a thread)."""
-
-    def __init__(self, *batch_pks):
-        self.engine = Engine(only=batch_pks or None)
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self):
-        try:
-            asyncio.run(self.engine.run())
-        finally:
-            connections.close_all()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.engine.request_stop()
-        self.thread.join(timeout=60)
-        assert not self.thread.is_alive()
 
 
 def priced_batch(org, count, *, text="q", max_cost_nanos=None, breaker=(0, 0, 0), **body):

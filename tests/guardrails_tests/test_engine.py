@@ -13,8 +13,8 @@ from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, PauseReason
 from billing.models import LedgerEntry
 from billing.pricing import batch_cost
-from tests.guardrails_tests.helpers import EngineThread, finished, fresh, priced_batch, running
-from tests.helpers import assert_exactly_once, chat, make_batch, wait_for
+from tests.guardrails_tests.helpers import finished, fresh, priced_batch, running
+from tests.helpers import EngineThread, assert_exactly_once, chat, make_batch, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NANOS_PER_CALL = 1_000_000  # 100 answer tokens at $10 / 1M

@@ -9,8 +9,6 @@ and per-host slots, A's calls filled the engine's one connection pool
 timeout_ms: "The tool executor timed out", with the executor never called.
 """
 
-import asyncio
-import gc
 import threading
 import time
 from types import SimpleNamespace
@@ -18,12 +16,10 @@ from types import SimpleNamespace
 import anyio
 import pytest
 import uvicorn
-from django.db import connections
 from mcp.server import MCPServer
 
-from batches.engine.runner import Engine
 from batches.models import Record
-from tests.helpers import chat, make_batch, make_persona, status_of, succeeded, wait_for
+from tests.helpers import EngineThread, chat, make_batch, make_persona, status_of, succeeded, wait_for
 
 LOOKUP_TOOL = {
     "type": "function",
@@ -57,32 +53,6 @@ def hanging_mcp():
     yield SimpleNamespace(url=f"http://127.0.0.1:{port}/mcp", calls=calls)
     uv.should_exit = True
     thread.join(timeout=10)
-
-
-class EngineThread:
-    """One engine in a thread of this process, as a worker process runs it, until stopped."""
-
-    def __init__(self):
-        self.engine = Engine()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self):
-        try:
-            asyncio.run(self.engine.run())
-        finally:
-            connections.close_all()
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.engine.request_stop()
-        self.thread.join(timeout=30)
-        assert not self.thread.is_alive()
-        # The engine's threads (its closer) end without closing their database connections; collected
-        # here, or PostgreSQL refuses to drop the test database while they are open.
-        gc.collect()
 
 
 def tool_record(text, **tool_config):
