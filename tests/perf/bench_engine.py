@@ -1095,7 +1095,7 @@ class Bench:
             {"records_per_s": rates, "x2": x2, "x4": x4},
         )
 
-    # 41: the quote's accuracy, its window verdict and its cost (tests/perf/bench_estimate.py)
+    # 18: the quote's accuracy, its window verdict and its cost (tests/perf/bench_estimate.py)
     def estimates(self):
         bench_estimate.run_part(self, Row)
 

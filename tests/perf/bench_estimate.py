@@ -128,7 +128,7 @@ def _accuracy(bench, Row, records):
     )
     bench.rows["estimate_tokens"] = Row(
         "estimate_tokens",
-        41,
+        18,
         "quote: input tokens vs the run",
         f"{tokens_err:+.2%}",
         TARGETS["estimate_tokens"],
@@ -140,7 +140,7 @@ def _accuracy(bench, Row, records):
     )
     bench.rows["estimate_cost"] = Row(
         "estimate_cost",
-        41,
+        18,
         "quote: expected cost vs the bill (with history)",
         f"{cost_err:+.1%}",
         TARGETS["estimate_cost"],
@@ -151,7 +151,7 @@ def _accuracy(bench, Row, records):
     )
     bench.rows["estimate_time"] = Row(
         "estimate_time",
-        41,
+        18,
         "quote: expected duration vs the run",
         f"{time_err:+.1%}",
         TARGETS["estimate_time"],
@@ -160,7 +160,7 @@ def _accuracy(bench, Row, records):
         f"create -> completed; {detail}",
         {"quoted_s": quoted["time"]["expected_duration_s"], "actual_s": actual_s, "quote": quoted["time"]},
     )
-    bench.report(f"41: tokens {tokens_err:+.2%}, cost {cost_err:+.1%}, time {time_err:+.1%} ({actual_s:.1f} s)")
+    bench.report(f"18: tokens {tokens_err:+.2%}, cost {cost_err:+.1%}, time {time_err:+.1%} ({actual_s:.1f} s)")
 
 
 def _wait_running(bench, public_id, seconds):
@@ -199,7 +199,7 @@ def _window(bench, Row, records):
     )
     bench.rows["estimate_window"] = Row(
         "estimate_window",
-        41,
+        18,
         f"quote: fits_window in a {window} s window",
         f"{misses['fits_window']} -> {missed_row['status']}, {fits['fits_window']} -> {fitted_row['status']}",
         TARGETS["estimate_window"],
@@ -209,7 +209,7 @@ def _window(bench, Row, records):
         {"window_s": window, "misses": misses["fits_window"], "fits": fits["fits_window"]},
     )
     bench.report(
-        f"41: window {window} s: {misses['fits_window']} -> {missed_row['status']}, "
+        f"18: window {window} s: {misses['fits_window']} -> {missed_row['status']}, "
         f"{fits['fits_window']} -> {fitted_row['status']}"
     )
 
@@ -236,7 +236,7 @@ def _speed(bench, Row):
     ratio = quote_s / create_s
     bench.rows["estimate_speed"] = Row(
         "estimate_speed",
-        41,
+        18,
         f"quote, {sc.big:,} records / {size / MB:.0f} MB file",
         f"{ratio:.2f}x create, +{quote_mb:.0f} MB",
         TARGETS["estimate_speed"],
@@ -246,4 +246,4 @@ def _speed(bench, Row):
         f"+{quote_mb:.0f} MB vs +{create_mb:.0f} MB",
         {"quote_s": quote_s, "create_s": create_s, "quote_rss_mb": quote_mb, "create_rss_mb": create_mb},
     )
-    bench.report(f"41: quote {quote_s:.2f} s vs create {create_s:.2f} s; RSS +{quote_mb:.0f} vs +{create_mb:.0f} MB")
+    bench.report(f"18: quote {quote_s:.2f} s vs create {create_s:.2f} s; RSS +{quote_mb:.0f} vs +{create_mb:.0f} MB")
