@@ -18,6 +18,14 @@ def ref(name):
 
 
 _NULLABLE_STRING = {"type": "string", "nullable": True}
+# A spend cap in USD as batches.validation.params.parse_max_cost takes it: a number, or a decimal string.
+_MAX_COST = {
+    "oneOf": [
+        {"type": "number", "minimum": 0.000000001, "maximum": 1000000000},
+        {"type": "string", "pattern": "^[1-9][0-9]{0,8}(\\.[0-9]{1,9})?$"},
+    ],
+    "nullable": True,
+}
 _NULLABLE_INT = {"type": "integer", "nullable": True}
 
 
@@ -239,11 +247,7 @@ COMPONENTS = {
         "description": "OpenRelay's own create options: a spend cap, the error breaker's rules, an output contract.",
         "properties": {
             "max_cost": {
-                "oneOf": [
-                    {"type": "number", "minimum": 0.000000001, "maximum": 1000000000},
-                    {"type": "string", "pattern": "^[1-9][0-9]{0,8}(\\.[0-9]{1,9})?$"},
-                ],
-                "nullable": True,
+                **_MAX_COST,
                 "description": "Most the batch may cost, in USD; it pauses before its next call could pass it.",
             },
             "breaker": {
@@ -275,11 +279,7 @@ COMPONENTS = {
         "additionalProperties": False,
         "properties": {
             "max_cost": {
-                "oneOf": [
-                    {"type": "number", "minimum": 0.000000001, "maximum": 1000000000},
-                    {"type": "string", "pattern": "^[1-9][0-9]{0,8}(\\.[0-9]{1,9})?$"},
-                ],
-                "nullable": True,
+                **_MAX_COST,
                 "description": "A new spend cap in USD (e.g. to resume a batch its cap paused).",
             }
         },
