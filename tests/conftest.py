@@ -10,6 +10,7 @@ import pytest
 pytest.register_assert_rewrite("tests.helpers")
 
 pytest_plugins = [
+    "tests.fixtures.emptying",  # transactional tests delete their rows (no flush)
     "tests.fixtures.storage",  # tmp_storage
     "tests.fixtures.organizations",  # alice, bob, admin_user, sdk
     "tests.fixtures.simulator",  # sim_server, sim, fresh_sim, model
