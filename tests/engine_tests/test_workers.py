@@ -86,6 +86,7 @@ OUTAGE_S = 90 if connection.vendor == "postgresql" else 20
 
 @pytest.mark.slow
 @pytest.mark.once
+@pytest.mark.long
 def test_the_model_server_stopped_for_90_s_then_restarted_every_record_succeeds(alice, model, clusters):
     slow = run_in_thread(SimulatorConfig(latency_ms=50))
     slow.start()

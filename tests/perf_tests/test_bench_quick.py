@@ -34,6 +34,7 @@ ROW_NAMES = (
 # The whole quick bench, on the bench's own throwaway SQLite database and ORM broker whatever the
 # suite's: the tier db_independent (pyproject.toml), so CI runs it once, in the SQLite pass.
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.timeout(660)  # the bench's own 600 s: ~110 s on a quiet 2-core machine, 300+ on a loaded one
 def test_bench_quick_prints_every_row_with_its_target():
     argv = [sys.executable, "manage.py", "bench", "--quick"]

@@ -89,6 +89,7 @@ def _postgres_ready():
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 @pytest.mark.skipif(
     connection.vendor != "postgresql" or not _postgres_cluster() or not shutil.which("pg_ctlcluster"),
     reason="restarts PostgreSQL: only when the tests run against it",
@@ -155,6 +156,7 @@ def _start_redis():
 
 
 @pytest.mark.slow
+@pytest.mark.exclusive
 @pytest.mark.skipif(
     not django_settings.REDIS_URL or not shutil.which("redis-server"),
     reason="restarts Redis: only when REDIS_URL is set",
