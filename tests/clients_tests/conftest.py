@@ -17,7 +17,6 @@ from openrelay.simulator.server import run_in_thread
 from tests import processes
 from tests.helpers import MODEL, deploy
 from tests.processes import WEB_SERVERS
-from tests.processes import wait_for as wait_for
 
 SERVERS = WEB_SERVERS
 
@@ -27,11 +26,6 @@ def chat_line(custom_id, content="hello"):
         b'{"custom_id": "%s", "method": "POST", "url": "/v1/chat/completions", "body": {"model": "%s", '
         b'"messages": [{"role": "user", "content": "%s"}]}}\n'
     ) % (custom_id.encode(), MODEL.encode(), content.encode())
-
-
-# Old names, kept while branches written against them are merged (issue 35): processes start through
-# tests/processes.py now. Remove once nothing imports them from here.
-Process = processes.Process
 
 
 def child_env(data_dir):
@@ -51,7 +45,7 @@ def _listening(process, port):
 class WebServer:
     url: str
     data_dir: Path
-    process: Process
+    process: processes.Process
 
     @property
     def storage(self):

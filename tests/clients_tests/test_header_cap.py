@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from tests.clients_tests.conftest import _listening, start, wait_for
+from tests.clients_tests.conftest import _listening, start
 from tests.helpers import free_port
+from tests.processes import wait_for
 
 APP = "openrelay.asgi:application"
 UVICORN = ["-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log", "--log-level", "warning"]

@@ -19,8 +19,6 @@ EMBEDDED_ONLY = ("DATABASE_URL", "REDIS_URL")
 # `up` runs on the embedded defaults whatever the environment (these tests drop DATABASE_URL
 # and REDIS_URL): the same on either pass, so CI runs them in one (the tier db_independent,
 # pyproject.toml).
-# Old name, kept while branches written against it are merged (issue 35); remove once unused.
-EMBEDDED_PASS_ONLY = pytest.mark.db_independent
 
 
 def _read_banner(process, deadline):

@@ -48,11 +48,6 @@ def _fast_passwords():
     """Overrides conftest's: the server process checks passwords with the default hashers."""
 
 
-# Old name, kept while branches written against it are merged (issue 35): processes start through
-# tests/processes.py now. Remove once nothing imports it from here.
-Processes = processes_module.Processes
-
-
 def _wait_for(predicate, timeout, what):
     processes_module.wait_for(predicate, what, timeout)
 
@@ -69,7 +64,7 @@ def member(transactional_db):
 def processes(transactional_db, tmp_path):
     """Processes of the test's own (a web server with no cluster beside it, or daphne); tests that need
     the running product take `live_stack` (tests/fixtures/live_stack.py)."""
-    procs = Processes(tmp_path / "processes", OPENRELAY_LOG_LEVEL="WARNING")
+    procs = processes_module.Processes(tmp_path / "processes", OPENRELAY_LOG_LEVEL="WARNING")
     yield procs
     procs.stop()
 

@@ -15,8 +15,8 @@ from batches.engine import process
 from batches.models import Record
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.fixtures.clusters import still_running
 from tests.helpers import assert_exactly_once, chat, make_batch, status_of, succeeded, wait_for
+from tests.processes import still_running
 
 GRACE_S = 10
 

@@ -17,8 +17,8 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from files import storage
 from openrelay.lib import children
-from tests.fixtures.clusters import Cluster
 from tests.helpers import MODEL, free_port, make_persona, status_of, wait_for
+from tests.processes import cluster
 
 # 20 ms calls, so the batch lasts long enough for both machines' engines to join whichever
 # sees it first (40 instant calls could all go to one engine on a loaded machine).
@@ -126,7 +126,7 @@ def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separa
     )
     for folder in machines:
         folder.mkdir()
-        clusters.append(Cluster(folder, **env))
+        clusters.append(cluster(folder, **env))
     # Both machines' engines live before the batch exists, so both take part.
     wait_for(lambda: Engine.objects.count() == 4, 60, "four live engines")
     upload = alice.client.post(
@@ -155,8 +155,8 @@ def test_a_batch_with_its_input_on_s3_completes_through_two_clusters_with_separa
         # Each engine publishes its calls of the last minute with its heartbeat (Engine.calls).
         wait_for(called_from_both, 10, "calls made from both machines")
     finally:
-        for cluster in clusters:
-            cluster.stop()
+        for started in clusters:
+            started.stop()
     batch.refresh_from_db()
     assert batch.completed_count == RECORDS
     output = alice.client.get(f"/v1/files/{batch.output_file.public_id}/content")

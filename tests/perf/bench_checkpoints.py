@@ -136,22 +136,22 @@ def bench_batch(org, executor, records):
 
 
 def bench_resume(org, executor):
-    from tests.fixtures.clusters import Cluster
     from tests.fixtures.tool_executor import sleep
     from tests.helpers import make_batch, status_of
+    from tests.processes import cluster
 
     executor.reset()
     executor.answer(sleep(0.2))
     batch = make_batch(org, tool_lines(executor, 20, 6))
     data_dir = os.environ["OPENRELAY_DATA_DIR"]  # the clusters read the same files
-    first = Cluster(data_dir)
+    first = cluster(data_dir)
     deadline = time.monotonic() + 60
     while len(executor.received) < 40:
         assert time.monotonic() < deadline, "no progress"
         time.sleep(0.02)
     first.kill()
     killed_at, seen = time.monotonic(), len(executor.received)
-    second = Cluster(data_dir)
+    second = cluster(data_dir)
     try:
         while len(executor.received) <= seen:
             assert time.monotonic() < killed_at + 60, "no resume"
