@@ -12,7 +12,8 @@ outage). Two workers overlap those waits (docs/guides/testing.md has the figures
   together (its module-scoped servers and clusters start once), and so do all the tests of the
   shared running product (`live_stack`), across modules.
 - The longest units first, so neither worker ends the run alone: tests marked `long`, then the
-  modules with the most `slow` tests.
+  modules with the most `slow` tests; the units holding an `exclusive` test last, so that test
+  waits for one short test of the other worker, not for a long one.
 - Tests marked `exclusive` (they restart PostgreSQL or Redis, which both workers use) run with no
   test beside them: every test holds a shared lock, an exclusive test waits for the other
   worker's test to end and holds the lock alone. After one ran, the other worker drops its
@@ -62,15 +63,16 @@ def pytest_collection_modifyitems(config, items):
         return
     scopes = {}
     for item in items:
-        scope = scopes.setdefault(_scope(item), {"long": False, "slow": 0, "first": len(scopes)})
+        scope = scopes.setdefault(_scope(item), {"long": False, "exclusive": False, "slow": 0, "first": len(scopes)})
         scope["long"] |= item.get_closest_marker("long") is not None
+        scope["exclusive"] |= item.get_closest_marker("exclusive") is not None
         scope["slow"] += item.get_closest_marker("slow") is not None
         if not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(_scope(item)))
 
     def rank(item):
         scope = scopes[_scope(item)]
-        return (not scope["long"], -scope["slow"], scope["first"])
+        return (not scope["long"], scope["exclusive"], -scope["slow"], scope["first"])
 
     items.sort(key=rank)  # stable: a unit's tests keep their order
 

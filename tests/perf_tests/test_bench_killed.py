@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from openrelay.lib import children
-from tests.fixtures.clusters import still_running
 from tests.helpers import ROOT, wait_for
+from tests.processes import still_running
 
 
 def cluster_running(bench):

@@ -4,7 +4,7 @@ broker restarted mid-batch, the web process killed mid-upload.
 Every time the batch finishes, each record appears exactly once across the
 output and error files, and billed usage (the batch's input/output tokens)
 equals the sum over the output lines. Real processes throughout: qcluster
-workers (tests.fixtures.clusters.Cluster), the simulated model
+workers (the `clusters` fixture), the simulated model
 server, the ASGI web server `manage.py up` runs.
 """
 
