@@ -14,10 +14,10 @@ outage). Two workers overlap those waits (docs/guides/testing.md has the figures
 - The longest units first, so neither worker ends the run alone: tests marked `long`, then the
   modules with the most `slow` tests; the units holding an `exclusive` test last, so that test
   waits for one short test of the other worker, not for a long one.
-- Tests marked `exclusive` (they restart PostgreSQL or Redis, which both workers use) run with no
-  test beside them: every test holds a shared lock, an exclusive test waits for the other
-  worker's test to end and holds the lock alone. After one ran, the other worker drops its
-  database connections, which the restart broke.
+- Tests marked `exclusive` (they restart PostgreSQL or Redis, which both workers use, or measure by
+  the clock what a second worker's load skews) run with no test beside them: every test holds a
+  shared lock, an exclusive test waits for the other worker's test to end and holds the lock
+  alone. After one ran, the other worker drops its database connections, which a restart broke.
 
 Without xdist (`pytest` alone, README's command) none of this applies.
 """
