@@ -61,17 +61,18 @@ def _scope(item):
 def pytest_collection_modifyitems(config, items):
     if not WORKER:
         return
-    scopes = {}
+    scopes, scope_of = {}, {}
     for item in items:
-        scope = scopes.setdefault(_scope(item), {"long": False, "exclusive": False, "slow": 0, "first": len(scopes)})
+        name = scope_of[item.nodeid] = _scope(item)
+        scope = scopes.setdefault(name, {"long": False, "exclusive": False, "slow": 0, "first": len(scopes)})
         scope["long"] |= item.get_closest_marker("long") is not None
         scope["exclusive"] |= item.get_closest_marker("exclusive") is not None
         scope["slow"] += item.get_closest_marker("slow") is not None
         if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(_scope(item)))
+            item.add_marker(pytest.mark.xdist_group(name))
 
     def rank(item):
-        scope = scopes[_scope(item)]
+        scope = scopes[scope_of[item.nodeid]]
         return (not scope["long"], scope["exclusive"], -scope["slow"], scope["first"])
 
     items.sort(key=rank)  # stable: a unit's tests keep their order

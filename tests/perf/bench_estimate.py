@@ -21,6 +21,7 @@ import time
 
 from tests.perf.common import MB, PeakRss
 
+ROW = 18  # the number of every row this module adds to the bench table
 CAPACITY_MODEL = "bench/capacity"
 SIM_ARGS = (
     "--slots",
@@ -128,7 +129,7 @@ def _accuracy(bench, Row, records):
     )
     bench.rows["estimate_tokens"] = Row(
         "estimate_tokens",
-        18,
+        ROW,
         "quote: input tokens vs the run",
         f"{tokens_err:+.2%}",
         TARGETS["estimate_tokens"],
@@ -140,7 +141,7 @@ def _accuracy(bench, Row, records):
     )
     bench.rows["estimate_cost"] = Row(
         "estimate_cost",
-        18,
+        ROW,
         "quote: expected cost vs the bill (with history)",
         f"{cost_err:+.1%}",
         TARGETS["estimate_cost"],
@@ -151,7 +152,7 @@ def _accuracy(bench, Row, records):
     )
     bench.rows["estimate_time"] = Row(
         "estimate_time",
-        18,
+        ROW,
         "quote: expected duration vs the run",
         f"{time_err:+.1%}",
         TARGETS["estimate_time"],
@@ -160,7 +161,7 @@ def _accuracy(bench, Row, records):
         f"create -> completed; {detail}",
         {"quoted_s": quoted["time"]["expected_duration_s"], "actual_s": actual_s, "quote": quoted["time"]},
     )
-    bench.report(f"18: tokens {tokens_err:+.2%}, cost {cost_err:+.1%}, time {time_err:+.1%} ({actual_s:.1f} s)")
+    bench.report(f"{ROW}: tokens {tokens_err:+.2%}, cost {cost_err:+.1%}, time {time_err:+.1%} ({actual_s:.1f} s)")
 
 
 def _wait_running(bench, public_id, seconds):
@@ -199,7 +200,7 @@ def _window(bench, Row, records):
     )
     bench.rows["estimate_window"] = Row(
         "estimate_window",
-        18,
+        ROW,
         f"quote: fits_window in a {window} s window",
         f"{misses['fits_window']} -> {missed_row['status']}, {fits['fits_window']} -> {fitted_row['status']}",
         TARGETS["estimate_window"],
@@ -209,7 +210,7 @@ def _window(bench, Row, records):
         {"window_s": window, "misses": misses["fits_window"], "fits": fits["fits_window"]},
     )
     bench.report(
-        f"18: window {window} s: {misses['fits_window']} -> {missed_row['status']}, "
+        f"{ROW}: window {window} s: {misses['fits_window']} -> {missed_row['status']}, "
         f"{fits['fits_window']} -> {fitted_row['status']}"
     )
 
@@ -236,7 +237,7 @@ def _speed(bench, Row):
     ratio = quote_s / create_s
     bench.rows["estimate_speed"] = Row(
         "estimate_speed",
-        18,
+        ROW,
         f"quote, {sc.big:,} records / {size / MB:.0f} MB file",
         f"{ratio:.2f}x create, +{quote_mb:.0f} MB",
         TARGETS["estimate_speed"],
@@ -246,4 +247,4 @@ def _speed(bench, Row):
         f"+{quote_mb:.0f} MB vs +{create_mb:.0f} MB",
         {"quote_s": quote_s, "create_s": create_s, "quote_rss_mb": quote_mb, "create_rss_mb": create_mb},
     )
-    bench.report(f"18: quote {quote_s:.2f} s vs create {create_s:.2f} s; RSS +{quote_mb:.0f} vs +{create_mb:.0f} MB")
+    bench.report(f"{ROW}: quote {quote_s:.2f} s vs create {create_s:.2f} s; RSS +{quote_mb:.0f} vs +{create_mb:.0f} MB")
