@@ -56,7 +56,10 @@ class Cost:
 def cost(schema, max_nodes, max_depth):
     """The Cost of checking one place of an answer against `schema` (parsed JSON); raises
     TooCostly past `max_nodes` subschemas or `max_depth` levels, as soon as it is past them."""
-    return _Walk(schema, max_nodes, max_depth).run()
+    try:
+        return _Walk(schema, max_nodes, max_depth).run()
+    except RecursionError:  # a max_depth past Python's own stack: refused all the same
+        raise TooCostly("its subschemas and references nest too deep to count") from None
 
 
 class _Walk:
