@@ -184,9 +184,7 @@ def test_a_costly_check_fails_its_record_alone_while_another_organizations_batch
     with EngineThread():
         started = time.monotonic()
         plain = create(bob, [line(f"p{i}", chat_body(f"hello {i}")) for i in range(20)])
-        took = wait_for(
-            lambda: Batch.objects.get(public_id=plain["id"]).status == "completed", 30, "bob's plain batch"
-        )
+        took = wait_for(lambda: Batch.objects.get(public_id=plain["id"]).status == "completed", 30, "bob's plain batch")
         wait_for(lambda: Batch.objects.get(public_id=bad["id"]).status == "completed", 60, "alice's batch")
     assert took < 5, took
     assert time.monotonic() - started < 60
