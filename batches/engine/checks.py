@@ -84,9 +84,10 @@ class Checker:
         reply: dict[str, object] = orjson.loads(await stdout.readexactly(length))
         return reply
 
-    def kill(self) -> None:
+    async def kill(self) -> None:
         if self.process.returncode is None:
             self.process.kill()
+        await self.process.wait()  # reaped, its pipes closed (SIGKILL: a few ms)
 
 
 class Checkers:
@@ -138,7 +139,7 @@ class Checkers:
 
     async def _give_back(self, organization: int, checker: Checker | None, reusable: bool) -> None:
         if checker is not None and not reusable:
-            checker.kill()  # out of time, dead, or cut mid-answer (its pipe holds half a reply)
+            await checker.kill()  # out of time, dead, or cut mid-answer (its pipe holds half a reply)
         async with self.changed:
             self.held[organization] -= 1
             if not self.held[organization]:
@@ -150,7 +151,6 @@ class Checkers:
             self.changed.notify_all()
 
     async def close(self) -> None:
-        for checker in self.idle:
-            checker.kill()
-            await checker.process.wait()
-        self.idle.clear()
+        idle, self.idle = self.idle, []
+        for checker in idle:
+            await checker.kill()
