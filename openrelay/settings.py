@@ -286,6 +286,14 @@ OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES = envint("OPENRELAY_ENGINE_ANSWER_BUDGET_BY
 OPENRELAY_FLUSH_MAX_BYTES = envint("OPENRELAY_FLUSH_MAX_BYTES", 64 * 1024 * 1024, minimum=1024)
 # A model server that goes silent this long in the middle of its answer counts as failed.
 OPENRELAY_MODEL_IDLE_TIMEOUT_S = envfloat("OPENRELAY_MODEL_IDLE_TIMEOUT_S", 60.0, minimum=0.01)
+# Output contracts' answers checked off the event loop (batches.engine.checks): the checker processes
+# one engine may start, one check's time limit (a normal check takes microseconds; a 144 MB answer
+# parses in under a second), and a checker's address space (it starts at ~150 MB of it).
+OPENRELAY_CONTRACT_CHECKERS = envint("OPENRELAY_CONTRACT_CHECKERS", 2, minimum=1)
+OPENRELAY_CONTRACT_CHECK_TIME_LIMIT_S = envfloat("OPENRELAY_CONTRACT_CHECK_TIME_LIMIT_S", 2.0, minimum=0.01)
+OPENRELAY_CONTRACT_CHECK_MEMORY_BYTES = envint(
+    "OPENRELAY_CONTRACT_CHECK_MEMORY_BYTES", 1024 * 1024 * 1024, minimum=256 * 1024 * 1024
+)
 OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum=1)
 # A quote (POST /v1/batches/estimate) waits this long for one answer of a model server's tokenizer
 # before it counts by the approximation instead (batches.estimate.tokens).

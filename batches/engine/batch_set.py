@@ -90,7 +90,7 @@ class BatchSet(EngineState):
         lane = self.lanes.get(row["model_id"])
         if lane is None:
             lane = await self._open_lane(row["model_id"])
-        run = BatchRun(row, lane, self.outbound, self.checkpoints, self.guard.spend(row))
+        run = BatchRun(row, lane, self.outbound, self.checkpoints, self.guard.spend(row), self.checkers)
         run.resume = self.freed.pop(run.pk, 0)
         lane.batches[run.pk] = run
         self.batches[run.pk] = run

@@ -29,6 +29,9 @@ class EngineConfig:
     latency_tolerance: float
     max_answer_bytes: int  # a model answer larger than this is a failed server
     idle_timeout_s: float  # a model answer that stops this long is a failed server
+    contract_checkers: int  # checker processes (output contracts) one engine may start (checks.py)
+    contract_check_time_limit_s: float  # one answer's check in a checker process
+    contract_check_memory_bytes: int  # a checker process's address space
 
     @classmethod
     def read(cls) -> EngineConfig:
@@ -47,4 +50,7 @@ class EngineConfig:
             latency_tolerance=settings.OPENRELAY_LATENCY_TOLERANCE,
             max_answer_bytes=settings.OPENRELAY_MAX_MODEL_RESPONSE_BYTES,
             idle_timeout_s=settings.OPENRELAY_MODEL_IDLE_TIMEOUT_S,
+            contract_checkers=settings.OPENRELAY_CONTRACT_CHECKERS,
+            contract_check_time_limit_s=settings.OPENRELAY_CONTRACT_CHECK_TIME_LIMIT_S,
+            contract_check_memory_bytes=settings.OPENRELAY_CONTRACT_CHECK_MEMORY_BYTES,
         )

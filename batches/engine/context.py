@@ -16,6 +16,7 @@ from batches.engine import checkpoints
 
 if TYPE_CHECKING:
     from batches.engine.calls.caller import CallResult
+    from batches.engine.checks import Checkers
     from batches.engine.fairness import Ticket
     from batches.engine.store import ClaimedRecord
     from openrelay.lib.outbound import OutboundClient
@@ -53,6 +54,8 @@ class RecordContext:
     checkpoints: CheckpointSink | None = None  # None (a loop driven alone): nothing is stored
     # The batch's output contract from create, normalized (batches.validation.contracts), False or None.
     output_contract: dict[str, Any] | Literal[False] | None = None
+    # The engine's checker processes (batches.engine.checks); None (a loop driven alone): checks run inline.
+    checkers: Checkers | None = None
 
     async def checkpoint(self, record: ClaimedRecord, state: dict[str, Any]) -> None:
         """Store `record`'s loop state durably (under its lease) before the loop goes on;

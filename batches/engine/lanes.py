@@ -41,7 +41,7 @@ RECORDS_PER_SLOT = 4
 class BatchRun:
     """One batch as this engine works it: claimed records waiting, counts, the input file."""
 
-    def __init__(self, row, lane, outbound, checkpoint_writer=None, spend=None):
+    def __init__(self, row, lane, outbound, checkpoint_writer=None, spend=None, checkers=None):
         self.pk = row["pk"]
         self.public_id = row["public_id"]
         self.organization_id = row["organization_id"]
@@ -62,6 +62,7 @@ class BatchRun:
             outbound=outbound,
             checkpoints=checkpoint_writer,
             output_contract=batch_contract(row["output_contract"]),
+            checkers=checkers,
         )
         self.spend = spend  # its guardrails here (batches.engine.guardrails); None: none
         self.input = None

@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
-from batches.engine import dbretry, guardrails, liveness, store
+from batches.engine import checks, dbretry, guardrails, liveness, store
 from batches.engine.batch_set import BatchSet
 from batches.engine.calls import budget, tallies
 from batches.engine.calls.health import Health
@@ -97,6 +97,11 @@ class Engine(BatchSet, Lanes, Peers, Trips):
         self.wake = None
         self.checkpoints = CheckpointWriter(self)
         self.answers = budget.Budget(self.config.answer_budget_bytes)
+        self.checkers = checks.Checkers(
+            self.config.contract_checkers,
+            self.config.contract_check_time_limit_s,
+            self.config.contract_check_memory_bytes,
+        )
         self.guard = guardrails.Guard(self)
         self.flushing = []  # the holdings of the outcomes the trip in flight writes
 
@@ -181,6 +186,7 @@ class Engine(BatchSet, Lanes, Peers, Trips):
             await lane.caller.__aexit__(None, None, None)
             lane.gate.close()
         await self.health.close()
+        await self.checkers.close()
         await asyncio.gather(*self.closes.values(), *filter(None, [self.announcing]), return_exceptions=True)
         await self.db(tallies.save, tallies.take()[0])  # the counts since the last heartbeat
         if self.answers.waited:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from batches.engine.calls.budget import Budget, Holding
     from batches.engine.calls.caller import Upstream
     from batches.engine.calls.health import Health
+    from batches.engine.checks import Checkers
     from batches.engine.config import EngineConfig
     from batches.engine.fairness import OrgCaps
     from batches.engine.guardrails import Guard
@@ -61,6 +62,7 @@ class EngineState:
     outbound: Any  # the engine's OutboundClient, once it runs
     checkpoints: CheckpointWriter
     answers: Budget
+    checkers: Checkers  # output contracts' checker processes (checks.py)
     flushing: list[Holding]  # the holdings of the outcomes the trip in flight writes
     guard: Guard  # its guardrails: spend caps and budgets at the call seam, the error breaker
 

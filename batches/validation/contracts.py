@@ -15,19 +15,22 @@ chosen by measurement (docs/guides/output-contracts.md: 3.6 us a passing
 answer against jsonschema's 187 us and fastjsonschema's 15 us, which also
 reports only the first error and compiles schemas to Python source it execs).
 
-Remote `$ref`s are never fetched (the retriever refuses every one, so a schema
-can't make a worker call a URL: such a schema is rejected at create), and
-`pattern`s run with a bounded backtrack limit (a catastrophic pattern fails
-its check instead of holding a worker).
+A schema is also refused at create when checking one answer against it would
+cost too much (batches.validation.schema_cost): more than MAX_SCHEMA_NODES
+subschemas visited at one place of the answer and along one way down from it,
+`$ref`s followed where they stand, or references nested more than
+MAX_SCHEMA_DEPTH deep. The validators themselves (remote `$ref`s refused,
+patterns bounded) are built in batches.validation.validators.
 """
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-import jsonschema_rs
 import orjson
 
+from batches.validation import schema_cost
 from batches.validation.extensions import RecordRejected, wrong_type
+from batches.validation.validators import SchemaInvalid, compiled
 
 CODE = "invalid_output_contract"
 PARAM = "body.openrelay.output_contract"
@@ -36,6 +39,15 @@ MAX_REASKS_CAP = 5
 # Endpoints whose answer is text a contract can read and whose conversation a re-ask can extend.
 CONTRACT_ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 MAX_SCHEMA_BYTES = 64 * 1024
+# The work one check may cost, counted at create (schema_cost). Measured (2026-12-06, jsonschema-rs
+# 0.60, the 2-core machine), subschemas visited at one place of the answer and down its costliest way:
+# real schemas: the OpenAPI 2.0 schema (26 KB) 2,096, OpenAPI 3.0 1,202, 3.1 169, the draft 2020-12
+# meta-schema 4,013 (its $dynamicRef counted to every anchor), draft 7 8; nesting: 38 at most
+# (OpenAPI 3.2). The doubling chain d_n = anyOf[$ref d_n-1, $ref d_n-1]: 2^(n+2) - 2, so 4,094 at
+# 10 levels, 16,382 at 12 (an invalid answer: 69 ms and 50 MB of errors), 262,142 at 16 (3.6 s,
+# 558 MB). 10,000 passes every real schema above with room, and refuses the chain from 12 levels.
+MAX_SCHEMA_NODES = 10_000
+MAX_SCHEMA_DEPTH = 64
 
 
 @dataclass(frozen=True)
@@ -55,29 +67,16 @@ class Contract:
     def validator(self):
         return compiled(self.schema_text) if self.schema_text is not None else None
 
-
-class SchemaInvalid(Exception):
-    pass
-
-
-def _refuse_retrieval(uri):
-    raise ValueError("remote $ref is not fetched; put the definition in the schema ($defs)")
-
-
-# fancy-regex's backtracking bounded: a pattern like ^(a+)+$ gives up instead of running for minutes.
-_PATTERNS = jsonschema_rs.FancyRegexOptions(backtrack_limit=100_000)
+    def cost(self):
+        """What one check costs (schema_cost.Cost); None for json_object."""
+        return cost_of(self.schema_text) if self.schema_text is not None else None
 
 
 @lru_cache(maxsize=256)
-def compiled(schema_text):
-    """The validator of one schema (by its canonical text), built once per process; raises
-    SchemaInvalid when it is not a valid JSON Schema."""
-    try:
-        return jsonschema_rs.validator_for(
-            orjson.loads(schema_text), retriever=_refuse_retrieval, pattern_options=_PATTERNS
-        )
-    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as exc:
-        raise SchemaInvalid(str(exc).split("\n", 1)[0][:300]) from None
+def cost_of(schema_text):
+    """The schema's schema_cost.Cost, counted once per process (0.3-10 ms: the OpenAPI schemas take
+    the longest); raises schema_cost.TooCostly past the budget."""
+    return schema_cost.cost(orjson.loads(schema_text), MAX_SCHEMA_NODES, MAX_SCHEMA_DEPTH)
 
 
 def canonical(schema, code, param):
@@ -97,6 +96,10 @@ def canonical(schema, code, param):
         compiled(text)
     except SchemaInvalid as exc:
         raise RecordRejected(code, f"Invalid '{param}': not a valid JSON Schema: {exc}.", param) from None
+    try:
+        cost_of(text)
+    except schema_cost.TooCostly as exc:
+        raise RecordRejected(code, f"Invalid '{param}': the schema is too costly to check: {exc}.", param) from None
     return text
 
 

@@ -10,6 +10,7 @@ record or a coded rejection naming its line.
 
 import os
 import string
+import time
 from urllib.parse import quote
 
 import orjson
@@ -17,6 +18,9 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from batches.validation import schema_cost
+from batches.validation.contracts import MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES
+from tests.contract_tests import hostile
 from tests.helpers import CHAT
 from tests.reliability_tests.conftest import assert_envelope, record, upload
 
@@ -298,3 +302,45 @@ def test_random_upload_fields(alice, fields, content, filename):
     response = alice.client.post("/v1/files", data, format="multipart")
     if response.status_code != 200:
         assert_envelope(response)
+
+
+# --- hostile output-contract schemas (issue 56) ----------------------------------------------
+
+
+def _schema_chain(levels, combinator):
+    return hostile.items_chain(levels) if combinator == "items" else hostile.chain(levels, combinator)
+
+
+HOSTILE_SCHEMAS = st.one_of(
+    st.builds(_schema_chain, st.integers(1, 40), st.sampled_from(["anyOf", "allOf", "oneOf", "items"])),
+    st.sampled_from(hostile.REFUSED),
+    st.sampled_from(hostile.ACCEPTED),
+)
+
+
+@pytest.mark.django_db
+@FUZZ
+@given(schema=HOSTILE_SCHEMAS, where=st.sampled_from(["record", "response_format"]))
+def test_hostile_contract_schemas_are_refused_at_create_or_accepted_quickly(alice, catalog, schema, where):
+    if where == "record":
+        line = record("c", openrelay={"output_contract": {"schema": schema}})
+    else:
+        line = record("c", response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    started = time.monotonic()
+    uploaded = upload(alice.client, orjson.dumps(line) + b"\n")
+    response = alice.client.post(
+        "/v1/batches",
+        {"input_file_id": uploaded.json()["id"], "endpoint": CHAT, "completion_window": "24h"},
+        format="json",
+    )
+    assert time.monotonic() - started < 5
+    assert response.status_code == 200, response.content[:500]
+    try:
+        schema_cost.cost(schema, MAX_SCHEMA_NODES, MAX_SCHEMA_DEPTH)
+        refused = False
+    except schema_cost.TooCostly:
+        refused = True
+    errors = (response.json()["errors"] or {}).get("data", [])
+    assert bool(errors) == refused, errors
+    for error in errors:
+        assert error["code"] == "invalid_output_contract" and error["line"] == 1 and error["param"], error

@@ -23,13 +23,14 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from batches.engine import checks
 from batches.engine.calls.usage import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
+from batches.validation.validators import cut as _cut
+from batches.validation.validators import errors_of, object_errors
 
 CHAT = "/v1/chat/completions"
-MAX_ERRORS = 5  # the validator's first errors told to the model and kept in the line
-MAX_ERROR_CHARS = 300
 MAX_QUOTED_SCHEMA = 4000  # a schema the model never saw is quoted in the re-ask, up to this
 
 
@@ -78,35 +79,35 @@ def _responses_text(body):
     return "".join(parts), truncated, None
 
 
-def check(contract, body, endpoint):
-    """The contract's errors in an answer body: [] when it passes."""
+async def check(ctx, contract, body, endpoint):
+    """The contract's errors in an answer body: [] when it passes. Off the event loop, in one of
+    the engine's checker processes (ctx.checkers; batches.engine.checks), unless the check is known
+    cheap; raises checks.ContractTooCostly when it runs past the time limit."""
     text, truncated, missing = answer_text(body, endpoint)
     if text is None:
         return [missing]
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError as exc:
-        why = f"the answer is not valid JSON ({exc})"
-        if truncated:
-            why = "the answer was cut off at the token limit (finish_reason: length), so its JSON is incomplete"
-        return [why]
-    validator = contract.validator()
-    if validator is None:
-        return [] if isinstance(value, dict) else ["the answer is JSON but not an object"]
-    errors = []
-    for error in validator.iter_errors(value):
-        errors.append(f"{_path(error.instance_path)}: {_cut(error.message)}")
-        if len(errors) >= MAX_ERRORS:
-            break
-    return errors
+    raw = text.encode()
+    cost = contract.cost()
+    if ctx.checkers is None or checks.inline(cost, raw):
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return [_not_json(exc, truncated)]
+        validator = contract.validator()
+        if validator is None:
+            return object_errors(value)
+        if ctx.checkers is None:
+            return errors_of(validator, value)
+        if validator.is_valid(value):
+            return []  # a failing answer's errors are built in a checker
+    reply = await ctx.checkers.check(ctx.organization_id, contract.schema_text, raw)
+    return reply["errors"] if "errors" in reply else [_not_json(reply["not_json"], truncated)]
 
 
-def _path(parts):
-    return "$" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts)
-
-
-def _cut(text, limit=MAX_ERROR_CHARS):
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _not_json(exc, truncated):
+    if truncated:
+        return "the answer was cut off at the token limit (finish_reason: length), so its JSON is incomplete"
+    return f"the answer is not valid JSON ({exc})"
 
 
 # --------------------------------------------------------------------- the re-ask
@@ -219,7 +220,7 @@ async def run(ctx, record, body, contract):
             return RecordOutcome.from_call(result)  # like any failed call: nothing billed
         done.usage += result.usage
         extra = {"reasks": done.count} if done.count else {}
-        errors = check(contract, result.body, endpoint)
+        errors = await check(ctx, contract, result.body, endpoint)
         if not errors:
             return passed(result, done.usage, endpoint, extra)
         if done.count >= contract.max_reasks:
@@ -241,7 +242,7 @@ async def checked_call(ctx, body, contract):
         if not result.ok:
             return result, done.usage, done.count, []
         done.usage += result.usage
-        errors = check(contract, result.body, endpoint)
+        errors = await check(ctx, contract, result.body, endpoint)
         if not errors or done.count >= contract.max_reasks:
             return result, done.usage, done.count, errors
         done.turns += reask_turns(contract, result.body, endpoint, errors)

@@ -1,6 +1,7 @@
 """Which loop runs a record: plain call, tool-calling loop (chat or Anthropic Messages), or
 workflow; and under which output contract (batches.engine.loops.contract), if any."""
 
+from batches.engine.checks import ContractTooCostly
 from batches.engine.context import RecordContext
 from batches.engine.loops import plain
 from batches.engine.outcomes import RecordOutcome
@@ -11,6 +12,13 @@ MESSAGES = "/v1/messages"  # Anthropic Messages records loop on tool_use blocks 
 
 
 async def run_record(ctx: RecordContext, record, body):
+    try:
+        return await _run(ctx, record, body)
+    except ContractTooCostly as exc:  # its answer's check ran out of time: this record fails, alone
+        return RecordOutcome.error(exc.code, str(exc))
+
+
+async def _run(ctx, record, body):
     extension = body.get("openrelay") if isinstance(body, dict) else None
     if isinstance(extension, dict) and "workflow" in extension:
         from batches.engine.loops import workflow

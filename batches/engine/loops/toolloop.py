@@ -77,7 +77,7 @@ class ToolLoop:
                 message, tool_calls = self.requested(result.body)
                 if tool_calls is None or self.rounds >= max_rounds:
                     # Exhausted rounds end like OpenAI: the last answer, as the model gave it.
-                    errors = contracts.check(self.contract, result.body, CHAT) if self.contract else []
+                    errors = await contracts.check(self.ctx, self.contract, result.body, CHAT) if self.contract else []
                     if not errors:
                         return self.final(result, self.usage, self.rounds, self.reasks)
                     if self.reasks >= self.contract.max_reasks:
