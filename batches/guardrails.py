@@ -21,12 +21,12 @@ from django.utils import timezone
 from batches import lifecycle
 from batches.models import Batch, BatchStatus, PauseReason
 from billing.models import LedgerEntry
-from billing.pricing import NANOS_PER_USD, batch_cost, usd
+from billing.pricing import NANOS_PER_USD, spend_nanos, usd
 from openrelay.api.errors import ApiError, Conflict
 
-# What a batch's cost needs of its row: its live counters and snapshotted prices.
+# What a batch's spend needs of its row: its live counters, billed and unbilled, and snapshotted prices.
 COST_FIELDS = ("input_tokens", "cached_tokens", "output_tokens", "price_input", "price_cached_input", "price_output")
-COST_FIELDS += ("price_multiplier",)
+COST_FIELDS += ("price_multiplier", "unbilled_input_tokens", "unbilled_cached_tokens", "unbilled_output_tokens")
 
 
 @dataclass(frozen=True)
@@ -83,16 +83,20 @@ def month_start(now):
 
 
 def organization_spend_nanos(organization_id, now=None):
-    """What the organization's batches cost this calendar month (UTC): the ledger's entries
-    billed this month plus the live cost of its batches still running (billed when they end)."""
+    """What the organization's batches spent this calendar month (UTC): the ledger's entries
+    billed this month plus the live spend of its batches still running (billed when they end).
+
+    Unbilled usage counts too (billing.pricing.unbilled_cost: answers a record got but is not
+    billed for, at the batch's prices): no tenant consumes inference past its budget unbilled."""
     now = now or timezone.now()
     billed = LedgerEntry.objects.filter(organization_id=organization_id, created_at__gte=month_start(now))
-    total = int(billed.aggregate(total=Sum("total_cost_nanos"))["total"] or 0)
+    sums = billed.aggregate(billed=Sum("total_cost_nanos"), unbilled=Sum("unbilled_cost_nanos"))
+    total = int(sums["billed"] or 0) + int(sums["unbilled"] or 0)
     running = Batch.objects.filter(organization_id=organization_id, billed_at__isnull=True).exclude(
         status=BatchStatus.FAILED
     )
     for batch in running.only(*COST_FIELDS):
-        total += batch_cost(batch).total_nanos
+        total += spend_nanos(batch)
     return total
 
 
@@ -152,7 +156,7 @@ def resume_batch(batch, *, max_cost_nanos=None):
         raise Conflict(f"Cannot resume a batch with status '{batch.status}'.", code="batch_not_resumable")
     fields = {} if max_cost_nanos is None else {"max_cost_nanos": max_cost_nanos}
     cap = batch.max_cost_nanos if max_cost_nanos is None else max_cost_nanos
-    spent = batch_cost(batch).total_nanos
+    spent = spend_nanos(batch)
     if cap is not None and spent >= cap:
         raise Conflict(
             f"Batch {batch.public_id} has spent {usd(spent)} USD of its max_cost of {usd(cap)} USD; "

@@ -112,6 +112,12 @@ class Batch(models.Model):
     # Records whose server-reported usage cannot be right (batches.engine.calls.usage): kept and
     # billed as reported, counted so an operator can see how far to trust the bill.
     implausible_usage_count = models.PositiveIntegerField(default=0)
+    # Tokens of answers the batch's records got but are not billed for (a tool-calling record that
+    # failed mid-loop, a result the database refused): counted against max_cost and the monthly
+    # budget at the batch's prices all the same (docs/concepts/billing.md), rolled up like the above.
+    unbilled_input_tokens = models.BigIntegerField(default=0)
+    unbilled_cached_tokens = models.BigIntegerField(default=0)
+    unbilled_output_tokens = models.BigIntegerField(default=0)
     # Output contracts (docs/guides/output-contracts.md): the batch's own contract from create (as
     # given, checked; false turns off those response_format gives), and, rolled up as records
     # finish, the records re-asked, the re-asks made and the records still invalid after them.
@@ -192,6 +198,11 @@ class Record(models.Model):
     usage_implausible = models.PositiveSmallIntegerField(default=0)
     # Re-asks its output contract made (batches.engine.loops.contract), rolled up like the usage.
     reasks = models.PositiveSmallIntegerField(default=0)
+    # Usage of answers the record got but is not billed for (RecordOutcome.unbilled), rolled up into
+    # the batch's unbilled counters.
+    unbilled_prompt_tokens = models.BigIntegerField(default=0)
+    unbilled_cached_tokens = models.BigIntegerField(default=0)
+    unbilled_completion_tokens = models.BigIntegerField(default=0)
 
     # A multi-step record's loop state while it runs (batches.engine.checkpoints):
     # what a resumed run continues from. Null for plain records and once the

@@ -6,7 +6,7 @@ list costs one query.
 """
 
 from batches.estimate.risk import expected_completion
-from billing.pricing import batch_cost, usd
+from billing.pricing import batch_cost, unbilled_cost, usd
 
 PRESENTER_RELATED = ("output_file", "error_file")
 
@@ -64,6 +64,9 @@ def _batch_object(batch, errors):
         "openrelay": {
             # Records whose server-reported usage cannot be right: billed as reported, counted here.
             "implausible_usage": batch.implausible_usage_count,
+            # Tokens of answers its records got but are not billed for (docs/concepts/billing.md):
+            # counted against its max_cost and the monthly budget; null until there are any.
+            "unbilled_usage": unbilled_usage_object(batch),
             # While it runs: when it is expected to finish, at its last minute's pace (the dashboard's ETA).
             "expected_completion_at": _unix(expected_completion(batch)),
             # Guardrails (batches.guardrails): why and since when it is paused, its cap, its breaker.
@@ -109,6 +112,20 @@ def usage_object(batch):
         "output_tokens_details": {"reasoning_tokens": batch.reasoning_tokens},
         "total_tokens": batch.input_tokens + batch.output_tokens,
         "cost": batch_cost(batch).as_object(),
+    }
+
+
+def unbilled_usage_object(batch):
+    """The usage object's shape (no reasoning detail) for the batch's unbilled tokens, its cost
+    what they count against max_cost and the budget (never charged), or None while there are none."""
+    if batch.unbilled_input_tokens + batch.unbilled_output_tokens <= 0:
+        return None
+    return {
+        "input_tokens": batch.unbilled_input_tokens,
+        "input_tokens_details": {"cached_tokens": batch.unbilled_cached_tokens},
+        "output_tokens": batch.unbilled_output_tokens,
+        "total_tokens": batch.unbilled_input_tokens + batch.unbilled_output_tokens,
+        "cost": unbilled_cost(batch).as_object(),
     }
 
 

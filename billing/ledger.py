@@ -18,7 +18,7 @@ from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate, TruncMonth
 
 from billing.models import LedgerEntry
-from billing.pricing import Cost, batch_cost
+from billing.pricing import Cost, batch_cost, unbilled_cost
 
 # What the entry is made of, read again from the database when billing.
 BATCH_FIELDS = (
@@ -27,6 +27,9 @@ BATCH_FIELDS = (
     "cached_tokens",
     "output_tokens",
     "reasoning_tokens",
+    "unbilled_input_tokens",
+    "unbilled_cached_tokens",
+    "unbilled_output_tokens",
     "price_input",
     "price_cached_input",
     "price_output",
@@ -34,6 +37,7 @@ BATCH_FIELDS = (
 )
 TOKEN_SUMS = ("input_tokens", "cached_tokens", "output_tokens")
 COST_SUMS = ("input_cost_nanos", "cached_input_cost_nanos", "output_cost_nanos")
+UNBILLED_SUMS = ("unbilled_input_tokens", "unbilled_cached_tokens", "unbilled_output_tokens", "unbilled_cost_nanos")
 
 
 class NotBillable(Exception):
@@ -45,6 +49,8 @@ def bill_batch(batch):
 
     Bills the batch's rolled-up usage: every record's billed usage, summed as
     records finished (see batches/engine/outcomes.py for what each kind bills).
+    Its unbilled usage is kept beside, with what it came to at the same prices
+    (unbilled_cost_nanos): never charged, counted against the monthly budget.
     """
     with transaction.atomic():
         # The caller's instance may predate the last flush's roll-up; the
@@ -80,6 +86,10 @@ def _entry_fields(batch):
         "cached_input_cost_nanos": cost.cached_input_nanos,
         "output_cost_nanos": cost.output_nanos,
         "total_cost_nanos": cost.total_nanos,
+        "unbilled_input_tokens": batch.unbilled_input_tokens,
+        "unbilled_cached_tokens": batch.unbilled_cached_tokens,
+        "unbilled_output_tokens": batch.unbilled_output_tokens,
+        "unbilled_cost_nanos": unbilled_cost(batch).total_nanos,
     }
 
 
@@ -117,14 +127,14 @@ def totals_by_model(organization):
 
 
 def _totals(entries, keys, order):
-    sums = {name: Sum(name) for name in TOKEN_SUMS + COST_SUMS}
+    sums = {name: Sum(name) for name in TOKEN_SUMS + COST_SUMS + UNBILLED_SUMS}
     rows = entries.values(*keys).annotate(batches=Count("id"), **sums).order_by(*order)
     return [_total_row(row) for row in rows]
 
 
 def _total_row(row):
     # PostgreSQL sums bigints as numeric (Decimal); the amounts are whole.
-    for name in TOKEN_SUMS + COST_SUMS:
+    for name in TOKEN_SUMS + COST_SUMS + UNBILLED_SUMS:
         row[name] = int(row[name] or 0)
     row["cost"] = Cost(*(row.pop(name) for name in COST_SUMS))
     return row
@@ -133,7 +143,7 @@ def _total_row(row):
 def grand_total(rows):
     """Sum rows made by the functions above into one (same fields, no keys)."""
     total = {"batches": sum(row["batches"] for row in rows)}
-    for name in TOKEN_SUMS:
+    for name in TOKEN_SUMS + UNBILLED_SUMS:
         total[name] = sum(row[name] for row in rows)
     total["cost"] = sum((row["cost"] for row in rows), Cost())
     return total

@@ -34,6 +34,13 @@ class LedgerEntry(models.Model):
     cached_input_cost_nanos = models.BigIntegerField(default=0)
     output_cost_nanos = models.BigIntegerField(default=0)
     total_cost_nanos = models.BigIntegerField(default=0)
+    # Tokens the batch's records got answers for but were not billed (a tool-calling record that
+    # failed mid-loop), and what they came to at the same prices: never charged, but counted against
+    # the organization's monthly budget (docs/concepts/billing.md).
+    unbilled_input_tokens = models.BigIntegerField(default=0)
+    unbilled_cached_tokens = models.BigIntegerField(default=0)
+    unbilled_output_tokens = models.BigIntegerField(default=0)
+    unbilled_cost_nanos = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)  # when the batch was billed
 
     class Meta:

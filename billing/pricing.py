@@ -101,6 +101,23 @@ def batch_cost(batch):
     )
 
 
+def unbilled_cost(batch):
+    """What a batch's unbilled tokens (answers its records got but are not billed for) come to at
+    its snapshotted prices: never charged, but counted against its max_cost and its organization's
+    monthly budget (docs/concepts/billing.md)."""
+    return cost(
+        Prices.of_batch(batch),
+        prompt_tokens=batch.unbilled_input_tokens,
+        cached_tokens=batch.unbilled_cached_tokens,
+        completion_tokens=batch.unbilled_output_tokens,
+    )
+
+
+def spend_nanos(batch):
+    """What a batch counts against its max_cost and its organization's budget: billed and unbilled."""
+    return batch_cost(batch).total_nanos + unbilled_cost(batch).total_nanos
+
+
 def nanos(tokens, price_per_mtok, multiplier):
     """tokens at price_per_mtok x multiplier, rounded half-even to whole nano-dollars."""
     exact = _EXACT.multiply(_EXACT.multiply(Decimal(tokens), Decimal(price_per_mtok)), Decimal(multiplier))

@@ -1,4 +1,5 @@
-"""The control-plane usage endpoint: the caller's billed totals by day and model."""
+"""The control-plane usage endpoint: the caller's billed totals by day and model, and beside them
+the tokens its records got unbilled (counted against the budget, never charged)."""
 
 import re
 from datetime import date, timedelta
@@ -10,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import ledger
+from billing.pricing import CURRENCY, usd
 from openrelay.api.errors import ApiError
 
 DEFAULT_DAYS = 30
@@ -29,9 +31,23 @@ _COST = {
         "total": _AMOUNT,
     },
 }
-_TOTALS = {
-    name: {"type": "integer"} for name in ("batches", "input_tokens", "cached_tokens", "output_tokens", "total_tokens")
-} | {"cost": _COST}
+_TOKENS = {name: {"type": "integer"} for name in ("input_tokens", "cached_tokens", "output_tokens", "total_tokens")}
+_UNBILLED = {
+    "type": "object",
+    "description": "Tokens of answers the batches' records got but were not billed for (a tool-calling record "
+    "that failed mid-loop). Never charged; `cost` is what they came to at the batches' prices, counted "
+    "against the monthly budget.",
+    "required": [*_TOKENS, "cost"],
+    "properties": {
+        **_TOKENS,
+        "cost": {
+            "type": "object",
+            "required": ["currency", "total"],
+            "properties": {"currency": {"type": "string", "enum": ["USD"]}, "total": _AMOUNT},
+        },
+    },
+}
+_TOTALS = {"batches": {"type": "integer"}} | _TOKENS | {"cost": _COST, "unbilled": _UNBILLED}
 _ROW = {
     "type": "object",
     "required": ["date", "model", *_TOTALS],
@@ -111,7 +127,19 @@ def _amounts(row):
         "output_tokens": row["output_tokens"],
         "total_tokens": row["input_tokens"] + row["output_tokens"],
         "cost": row["cost"].as_object(),
+        "unbilled": {
+            "input_tokens": row["unbilled_input_tokens"],
+            "cached_tokens": row["unbilled_cached_tokens"],
+            "output_tokens": row["unbilled_output_tokens"],
+            "total_tokens": row["unbilled_input_tokens"] + row["unbilled_output_tokens"],
+            "cost": _unbilled_cost(row["unbilled_cost_nanos"]),
+        },
     }
+
+
+def _unbilled_cost(total_nanos):
+    # The ledger keeps only the total of what unbilled tokens came to; the parts stay unsplit.
+    return {"currency": CURRENCY, "total": usd(total_nanos)}
 
 
 def _parse_range(params):

@@ -17,8 +17,14 @@ moments their reads of the database lag (a poll, 0.2 s).
 
 What was spent is counted from three places that never overlap: the database
 (read each poll: every flushed record), what this engine flushed since that
-read, and what its calls came to since (per record, as the record is billed:
-a failed tool-calling record's rounds are not).
+read, and what its calls came to since. Every answer counts, billed or not:
+a record that ends swaps its calls' cost for what it is billed plus what it
+got unbilled (a tool-calling record that failed mid-loop bills nothing, but
+its turns' tokens are its outcome's `unbilled` usage), and the database's
+figure is the batch's billed and unbilled counters at its prices. Before
+issue 56 unbilled turns were forgotten as their record ended: 60 records
+whose executor always failed each made a 1,000,000-nano turn under a
+10,000,000-nano cap and all ran.
 
 Breaker. Each flushed outcome is judged: a model's 4xx answer (but 401/403,
 408, 429) or a record-level engine failure is the batch's; a deployment's
@@ -106,7 +112,9 @@ class BatchSpend:
         self.prices = Prices(
             row["price_input"], row["price_cached_input"], row["price_output"], row["price_multiplier"]
         )
-        self.db = _cost(self.prices, row["input_tokens"], row["cached_tokens"], row["output_tokens"])
+        self.db = _cost(self.prices, row["input_tokens"], row["cached_tokens"], row["output_tokens"]) + _cost(
+            self.prices, row["unbilled_input_tokens"], row["unbilled_cached_tokens"], row["unbilled_output_tokens"]
+        )
         self.flushed = 0
         self.paused = row["paused_at"] is not None or self.pausing
         self.breaker = (row["breaker_window"], row["breaker_failures"], row["breaker_consecutive"])
@@ -180,20 +188,24 @@ class BatchSpend:
         _wake(self.org.settled)
 
     def record_ended(self, tab, outcome):
-        """A record ended here: its calls' cost gives way to what it is billed (None: handed back)."""
-        billed = self.billed(outcome) if outcome is not None else 0
+        """A record ended here: its calls' cost gives way to what it counts, billed or not (None:
+        handed back, to run again)."""
+        counted = self.counted(outcome) if outcome is not None else 0
         self.answered -= tab.nanos
-        self.pending += billed
-        self.org.local += billed - tab.nanos
+        self.pending += counted
+        self.org.local += counted - tab.nanos
 
     def record_flushed(self, outcome):
-        billed = self.billed(outcome)
-        self.pending -= billed
-        self.flushed += billed
+        counted = self.counted(outcome)
+        self.pending -= counted
+        self.flushed += counted
 
-    def billed(self, outcome):
-        usage = outcome.usage
-        return _cost(self.prices, usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens)
+    def counted(self, outcome):
+        """What an outcome counts against the cap and the budget: its billed and unbilled usage."""
+        billed, unbilled = outcome.usage, outcome.unbilled
+        return _cost(self.prices, billed.prompt_tokens, billed.cached_tokens, billed.completion_tokens) + _cost(
+            self.prices, unbilled.prompt_tokens, unbilled.cached_tokens, unbilled.completion_tokens
+        )
 
     def worst_case(self, body):
         prompt_bytes = len(orjson.dumps(body))

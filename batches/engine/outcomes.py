@@ -9,8 +9,13 @@ from batches.engine.calls.usage import Usage
 class RecordOutcome:
     """The final result of one record.
 
-    `usage` is what is billed for the record: zero for a failed plain or
-    tool-calling record, every successful request for a workflow record.
+    `usage` is what is billed for the record: every answer it got (its re-asks'
+    too, when it fails its output contract or a re-ask call fails), and every
+    successful request of a workflow record; nothing for a record whose one call
+    failed, nor for a tool-calling record that failed mid-loop (batch-api.txt).
+    `unbilled` is the usage of the answers it got but is not billed for (that
+    tool-calling record's turns): never charged, but counted against the batch's
+    max_cost and the organization's budget (docs/concepts/billing.md).
     """
 
     succeeded: bool
@@ -21,10 +26,17 @@ class RecordOutcome:
     error_message: str = ""
     usage: Usage = field(default_factory=Usage)
     reasks: int = 0  # re-asks its output contract made (batches.engine.loops.contract)
+    unbilled: Usage = field(default_factory=Usage)
 
     @classmethod
-    def error(cls, code, message, usage=None):
-        return cls(succeeded=False, error_code=code, error_message=message, usage=usage or Usage())
+    def error(cls, code, message, usage=None, unbilled=None):
+        return cls(
+            succeeded=False,
+            error_code=code,
+            error_message=message,
+            usage=usage or Usage(),
+            unbilled=unbilled or Usage(),
+        )
 
     @classmethod
     def from_call(cls, result):

@@ -54,6 +54,10 @@ class ResultRow(NamedTuple):
     reasoning_tokens: int
     usage_implausible: int
     reasks: int  # re-asks its output contract made (batches.engine.loops.contract)
+    # Usage of answers it got but is not billed for (RecordOutcome.unbilled).
+    unbilled_prompt_tokens: int
+    unbilled_cached_tokens: int
+    unbilled_completion_tokens: int
 
 
 _RESULT_COLUMNS = ResultRow._fields
@@ -72,6 +76,9 @@ _PG_TYPES = (
     "bigint",
     "smallint",
     "smallint",
+    "bigint",
+    "bigint",
+    "bigint",
 )
 _SUCCEEDED = RecordStatus.SUCCEEDED.value
 _FAILED = RecordStatus.FAILED.value
@@ -85,6 +92,9 @@ _ROLL_UP = (
     ("reasoning_tokens", "reasoning_tokens"),
     ("implausible_usage_count", "usage_implausible"),
     ("reasks_count", "reasks"),
+    ("unbilled_input_tokens", "unbilled_prompt_tokens"),
+    ("unbilled_cached_tokens", "unbilled_cached_tokens"),
+    ("unbilled_output_tokens", "unbilled_completion_tokens"),
 )
 # The error code of a record its output contract could not fix (batches.engine.loops.contract).
 _INVALID_OUTPUT = "invalid_output"
@@ -325,6 +335,9 @@ def active_batches(only=None):
             "input_tokens",
             "cached_tokens",
             "output_tokens",
+            "unbilled_input_tokens",
+            "unbilled_cached_tokens",
+            "unbilled_output_tokens",
             "price_input",
             "price_cached_input",
             "price_output",
@@ -487,9 +500,23 @@ def _add(written, finished, result):
 
 
 def _unstorable(row, reason):
-    """A result row the database refused, as a failed record without its result (billed nothing)."""
+    """A result row the database refused, as a failed record without its result: billed nothing, its
+    usage kept as unbilled (it still counts against the batch's max_cost and the budget), unless
+    that usage is what no column holds."""
     message = f"The record's result could not be stored ({reason}); it is not billed."
-    return ResultRow(row.id, _FAILED, None, row.request_id, "", "result_not_stored", message, 0, 0, 0, 0, 0, 0)
+    unbilled = (
+        row.prompt_tokens + row.unbilled_prompt_tokens,
+        row.cached_tokens + row.unbilled_cached_tokens,
+        row.completion_tokens + row.unbilled_completion_tokens,
+    )
+    if not all(0 <= n < _BIGINT_END for n in unbilled):
+        unbilled = (0, 0, 0)
+    return ResultRow(
+        row.id, _FAILED, None, row.request_id, "", "result_not_stored", message, 0, 0, 0, 0, 0, 0, *unbilled
+    )
+
+
+_BIGINT_END = 2**63  # a bigint column holds less
 
 
 def _result_row(pk, outcome):
@@ -508,6 +535,9 @@ def _result_row(pk, outcome):
         usage.reasoning_tokens,
         1 if usage.implausible else 0,
         outcome.reasks,
+        outcome.unbilled.prompt_tokens,
+        outcome.unbilled.cached_tokens,
+        outcome.unbilled.completion_tokens,
     )
 
 
@@ -532,8 +562,7 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
         f"checkpoint = NULL "
         f"FROM v WHERE r.id = v.id AND r.id = ANY(%b::bigint[]) AND r.batch_id = ANY(%b::bigint[]) "
         f"AND r.lease_owner = %s AND r.status = %s "
-        f"RETURNING r.batch_id, r.status, r.prompt_tokens, r.cached_tokens, r.completion_tokens, r.reasoning_tokens, "
-        f"r.usage_implausible, r.reasks, r.error_code), "
+        f"RETURNING r.batch_id, r.status, {', '.join(f'r.{column}' for _, column in _ROLL_UP)}, r.error_code), "
         f"t AS (SELECT batch_id, COUNT(*) AS n, COUNT(*) FILTER (WHERE status = %s) AS succeeded, {totals}, "
         f"COUNT(*) FILTER (WHERE reasks > 0) AS reasked, COUNT(*) FILTER (WHERE error_code = %s) AS invalid "
         f"FROM written GROUP BY batch_id) "
@@ -631,16 +660,18 @@ def unfinished_count(batch_pk):
 def close_unfinished(batch_pk, status, code, message):
     """Mark every pending/running record of the batch as `status` (expired/cancelled).
 
-    Counted as failed: they are error-file lines. A workflow record cut
-    mid-way is billed what its checkpoint says succeeded (workflows.md), and
-    its error message says how far it got; any other unfinished record bills
-    nothing.
+    Counted as failed: they are error-file lines. A record cut mid-way keeps
+    what its checkpoint says its answers came to (_close_checkpointed): a
+    workflow record is billed the requests that succeeded (workflows.md) and a
+    contract record the answers it got, each saying so in its error message; a
+    tool-calling record's turns are unbilled usage (batch-api.txt), counted
+    against the budget. Any other unfinished record bills nothing.
     """
     now = timezone.now()
     unfinished = Record.objects.filter(batch_id=batch_pk, status__in=(RecordStatus.PENDING, RecordStatus.RUNNING))
     with transaction.atomic():
         lock_batches([batch_pk])  # before the records: the order flushes keep
-        billed = _bill_cut_workflows(batch_pk, unfinished, status, code, message, now)
+        billed = _close_checkpointed(batch_pk, unfinished, status, code, message, now)
         closed = unfinished.update(
             status=status,
             error_code=code,
@@ -656,9 +687,23 @@ def close_unfinished(batch_pk, status, code, message):
     return closed
 
 
-def _bill_cut_workflows(batch_pk, unfinished, status, code, message, now):
-    """Close the unfinished records that carry a workflow checkpoint, each with its usage, and
-    add that usage to the batch. Returns how many it closed.
+# A cut record's checkpoint usage goes to these Record columns, and is added to these Batch totals.
+_BILLED = (
+    ("prompt_tokens", "input_tokens"),
+    ("cached_tokens", "cached_tokens"),
+    ("completion_tokens", "output_tokens"),
+    ("reasoning_tokens", "reasoning_tokens"),
+)
+_UNBILLED = (
+    ("unbilled_prompt_tokens", "unbilled_input_tokens"),
+    ("unbilled_cached_tokens", "unbilled_cached_tokens"),
+    ("unbilled_completion_tokens", "unbilled_output_tokens"),
+)
+
+
+def _close_checkpointed(batch_pk, unfinished, status, code, message, now):
+    """Close the unfinished records that carry a checkpoint with usage (workflow, contract and
+    tool-calling records), each with that usage, and add it to the batch. Returns how many it closed.
 
     The running records are locked first (SKIP LOCKED claims pass them by; a
     checkpoint write waits, then finds the record no longer running), so no
@@ -669,35 +714,44 @@ def _bill_cut_workflows(batch_pk, unfinished, status, code, message, now):
         .filter(Q(status=RecordStatus.RUNNING) | Q(checkpoint__isnull=False))
         .values_list("pk", "checkpoint")
     )
-    totals = dict.fromkeys(("input_tokens", "cached_tokens", "output_tokens", "reasoning_tokens"), 0)
-    billed = 0
+    totals = dict.fromkeys((total for _, total in _BILLED + _UNBILLED), 0)
+    closed = 0
     for pk, blob in rows:
         state = decode(blob) if blob is not None else None
-        if not state or state.get("kind") != "workflow":
+        kind = state.get("kind") if state else None
+        if kind not in ("workflow", "contract", "tools"):
             continue
         usage = usage_from(state.get("usage"))
-        progress = (
-            f" The workflow had reached step {state['steps']} and sent {state['requests']} requests; "
-            f"{usage.total_tokens} tokens of the requests that succeeded are billed."
-        )
+        values = (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens)
+        columns = _UNBILLED if kind == "tools" else _BILLED
+        fields = {column: value for (column, _), value in zip(columns, values)}
         Record.objects.filter(pk=pk).update(
             status=status,
             error_code=code,
-            error_message=message + progress,
+            error_message=message + _cut_progress(kind, state, usage),
             finished_at=now,
             lease_owner="",
             lease_expires_at=None,
             checkpoint=None,
-            prompt_tokens=usage.prompt_tokens,
-            cached_tokens=usage.cached_tokens,
-            completion_tokens=usage.completion_tokens,
-            reasoning_tokens=usage.reasoning_tokens,
+            **fields,
         )
-        for total, value in zip(
-            totals, (usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens, usage.reasoning_tokens)
-        ):
+        for (_, total), value in zip(columns, values):
             totals[total] += value
-        billed += 1
-    if billed:
+        closed += 1
+    if closed:
         Batch.objects.filter(pk=batch_pk).update(**{total: F(total) + value for total, value in totals.items()})
-    return billed
+    return closed
+
+
+def _cut_progress(kind, state, usage):
+    """What a cut record's error message adds: how far it got, and what of it is billed."""
+    if kind == "workflow":
+        return (
+            f" The workflow had reached step {state['steps']} and sent {state['requests']} requests; "
+            f"{usage.total_tokens} tokens of the requests that succeeded are billed."
+        )
+    if kind == "contract":
+        reasks = state.get("reasks", 0)
+        answers = f"{reasks} answer{'s' if reasks != 1 else ''}"
+        return f" It had made {reasks} re-ask{'s' if reasks != 1 else ''}; {usage.total_tokens} tokens of its {answers} are billed."
+    return ""

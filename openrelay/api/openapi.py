@@ -112,6 +112,22 @@ COMPONENTS = {
             "total_tokens": {"type": "integer"},
         },
     },
+    "BatchUnbilledUsage": {
+        "type": "object",
+        "nullable": True,
+        "description": (
+            "Tokens of answers the batch's records got but are not billed for (a tool-calling record that failed "
+            "mid-loop), or null while there are none. Never charged; `cost` is what they come to at the batch's "
+            "prices, and it counts against the batch's max_cost and the organization's monthly budget."
+        ),
+        "properties": {
+            "input_tokens": {"type": "integer"},
+            "input_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}},
+            "output_tokens": {"type": "integer"},
+            "total_tokens": {"type": "integer"},
+            "cost": {"type": "object"},
+        },
+    },
     "BatchError": {
         "type": "object",
         "properties": {
@@ -190,6 +206,7 @@ COMPONENTS = {
                             "tokens than answers, more cached than input tokens): kept and billed as reported."
                         ),
                     },
+                    "unbilled_usage": ref("BatchUnbilledUsage"),
                     "paused": ref("BatchPause"),
                     "max_cost": {**_NULLABLE_STRING, "description": "The batch's spend cap in USD, or null."},
                     "breaker": ref("BatchBreaker"),

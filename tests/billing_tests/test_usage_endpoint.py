@@ -12,6 +12,14 @@ from tests.helpers import MODEL, chat
 
 OTHER_MODEL = "openrelay/other-model"
 URL = "/v1/organization/usage"
+# Entries of batches whose every answer was billed (test_every_call_counts.py has unbilled ones).
+NO_UNBILLED = {
+    "input_tokens": 0,
+    "cached_tokens": 0,
+    "output_tokens": 0,
+    "total_tokens": 0,
+    "cost": {"currency": "USD", "total": "0.000000000"},
+}
 
 
 def entry(org, day, model=MODEL, tokens=(1000, 256, 300), batch_id=None, hour=12):
@@ -74,6 +82,7 @@ class TestTotals:
                 "output_tokens": 305,
                 "total_tokens": 1315,
                 "cost": cost_object((1000, 256, 300), (10, 0, 5)),
+                "unbilled": NO_UNBILLED,
             },
             {
                 "date": "2026-11-30",
@@ -84,6 +93,7 @@ class TestTotals:
                 "output_tokens": 7,
                 "total_tokens": 14,
                 "cost": cost_object((7, 0, 7)),
+                "unbilled": NO_UNBILLED,
             },
             {
                 "date": "2026-12-01",
@@ -94,6 +104,7 @@ class TestTotals:
                 "output_tokens": 1,
                 "total_tokens": 2,
                 "cost": cost_object((1, 0, 1)),
+                "unbilled": NO_UNBILLED,
             },
         ]
         assert body["total"] == {
@@ -103,6 +114,7 @@ class TestTotals:
             "output_tokens": 313,
             "total_tokens": 1331,
             "cost": cost_object((1000, 256, 300), (10, 0, 5), (7, 0, 7), (1, 0, 1)),
+            "unbilled": NO_UNBILLED,
         }
 
     def test_bob_never_sees_alices_usage(self, alice, bob):

@@ -6,8 +6,10 @@ from openai.types import BatchError
 from openai.types.chat import ChatCompletion
 
 from batches import services
+from batches.engine.calls.usage import Usage
 from batches.engine.runner import run_batch
 from batches.models import Batch
+from openrelay.simulator.answers import answer_chat
 from tests.contract_tests.conftest import chat_body, content_of, line, person_format, run
 from tests.helpers import CHAT
 
@@ -38,7 +40,7 @@ def test_a_tool_loop_checks_its_final_answer_and_reasks_after_its_rounds(alice, 
     assert (batch.reasked_count, batch.reasks_count) == (1, 1)
 
 
-def test_a_tool_loop_whose_answer_stays_invalid_fails_unbilled(alice, model, sim, executor, private_urls):
+def test_a_tool_loop_whose_answer_stays_invalid_fails_billed(alice, model, sim, executor, private_urls):
     text = "Weather? [[tool_rounds:1]] [[invalid_output:not_jsonx9]]"
     contract = {"tool_config": {"url": executor.url}, "output_contract": {"max_reasks": 1}}
     body = chat_body(text, tools=[TOOL], response_format=person_format(), openrelay=contract)
@@ -46,7 +48,11 @@ def test_a_tool_loop_whose_answer_stays_invalid_fails_unbilled(alice, model, sim
     assert not out and err["r"]["error"]["code"] == "invalid_output"
     assert err["r"]["response"]["body"]["openrelay"]["tool_rounds"] == 1
     assert err["r"]["response"]["body"]["openrelay"]["reasks"] == 1
-    assert batch.input_tokens == batch.output_tokens == 0
+    # The loop ended; its answer failed the contract: every turn is billed (the tool round, the
+    # answer, its re-ask), as the error line's usage says. Nothing is left unbilled.
+    assert len([b for b in sim.bodies(CHAT) if b["messages"][0]["content"] == text]) == 3
+    assert err["r"]["response"]["body"]["usage"]["prompt_tokens"] == batch.input_tokens > 0
+    assert batch.unbilled_input_tokens == 0
 
 
 def test_a_workflow_request_that_asks_for_json_is_checked_and_reasked(alice, model, sim, callback, private_urls):
@@ -78,11 +84,14 @@ def test_a_workflow_request_that_asks_for_json_is_checked_and_reasked(alice, mod
     assert fixed["response"]["body"]["openrelay"] == {"reasks": 1}
     assert stuck["status"] == "failed" and stuck["error"]["code"] == "invalid_output"
     assert stuck["response"]["body"]["openrelay"]["reasks"] == 1
-    # Billed: the root and the fixed request (both its calls); the invalid one, like any failed request, not.
+    # Billed: every call that got an answer: the root, the fixed request's two and the invalid one's
+    # two (issue 56: an invalid request was free before).
     usage = out["w"]["response"]["body"]["usage"]
     assert batch.input_tokens == usage["prompt_tokens"]
     stuck_calls = [b for b in sim.bodies(CHAT) if b["messages"][0]["content"].startswith("B ")]
-    assert len(stuck_calls) == 2
+    assert len(stuck_calls) == 2 and len(sim.bodies(CHAT)) == 5
+    every = sum((Usage.from_body(answer_chat(b)) for b in sim.bodies(CHAT)), Usage())
+    assert batch.input_tokens == every.prompt_tokens and batch.output_tokens == every.completion_tokens
 
 
 def test_a_retry_of_invalid_outputs_keeps_the_batch_contract(alice, model, sim):

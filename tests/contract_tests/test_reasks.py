@@ -72,8 +72,12 @@ def test_an_answer_still_invalid_after_max_reasks_is_an_invalid_output_error_wit
     assert kept["openrelay"]["reasks"] == 1
     assert kept["openrelay"]["output_errors"] == ['$.name: 12345 is not of type "string"']
     assert len(calls_for(sim, text)) == 2
-    # Billed like every failed record: nothing. The batch's tokens are the good record's alone.
-    assert batch.input_tokens == out["good"]["response"]["body"]["usage"]["prompt_tokens"]
+    # Both its answers are billed (issue 56: a contract that never passes made them free), and the
+    # kept answer's usage is that sum.
+    both = sum((Usage.from_body(answer_chat(b)) for b in calls_for(sim, text)), Usage())
+    assert kept["usage"]["prompt_tokens"] == both.prompt_tokens
+    good = out["good"]["response"]["body"]["usage"]["prompt_tokens"]
+    assert batch.input_tokens == good + both.prompt_tokens
     assert (batch.completed_count, batch.failed_count) == (1, 1)
     assert batch_object(batch)["openrelay"]["output_contracts"] == {"reasked": 1, "reasks": 1, "invalid_output": 1}
 

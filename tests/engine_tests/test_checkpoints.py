@@ -128,3 +128,24 @@ def test_large_states_are_compressed():
     data = checkpoints.encode(state)
     assert data[:1] == b"z" and len(data) < 1000 and checkpoints.decode(data) == state
     assert checkpoints.decode(checkpoints.encode({"kind": "tools"})) == {"kind": "tools"}
+
+
+def test_records_cut_mid_way_keep_what_their_checkpoints_say_their_answers_came_to(alice, model):
+    # A cancel or the expiry closes records its engine still held: a contract record is billed the
+    # answers it got (issue 56), a tool-calling record's turns are unbilled usage, a plain one bills nothing.
+    batch = make_batch(alice.org, [chat("contract"), chat("tools"), chat("plain")])
+    contract_record, tool_record, _ = store.claim(batch.pk, OWNER, 3)
+    states = {
+        contract_record.pk: {"kind": "contract", "reasks": 2, "usage": [100, 64, 10, 0], "added": []},
+        tool_record.pk: {"kind": "tools", "rounds": 1, "usage": [40, 0, 4, 0], "added": [], "pending": None},
+    }
+    store.save_checkpoints(OWNER, {pk: checkpoints.encode(state) for pk, state in states.items()})
+    assert store.close_unfinished(batch.pk, "cancelled", "batch_cancelled", "Cancelled.") == 3
+    batch.refresh_from_db()
+    assert (batch.failed_count, batch.input_tokens, batch.cached_tokens, batch.output_tokens) == (3, 100, 64, 10)
+    assert (batch.unbilled_input_tokens, batch.unbilled_output_tokens) == (40, 4)
+    records = {r.line: r for r in Record.objects.filter(batch=batch)}
+    assert records[1].error_message == "Cancelled. It had made 2 re-asks; 110 tokens of its 2 answers are billed."
+    assert (records[2].prompt_tokens, records[2].unbilled_prompt_tokens) == (0, 40)
+    assert records[2].error_message == records[3].error_message == "Cancelled."
+    assert all(r.checkpoint is None and r.status == "cancelled" for r in records.values())

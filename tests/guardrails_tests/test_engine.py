@@ -12,7 +12,8 @@ from batches.engine import guardrails as engine_guardrails
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, PauseReason
 from billing.models import LedgerEntry
-from billing.pricing import batch_cost
+from billing.pricing import batch_cost, unbilled_cost
+from tests.fixtures.tool_executor import status
 from tests.guardrails_tests.helpers import finished, fresh, priced_batch, running
 from tests.helpers import EngineThread, assert_exactly_once, chat, make_batch, wait_for
 
@@ -175,3 +176,40 @@ def test_an_organization_budget_pauses_its_running_batches(alice, model, sim):
     assert batch.completed_count == 10
     with pytest.raises(guardrails.BudgetExceeded):
         guardrails.check_budget(alice.org)
+
+
+# A tool turn of ~100 completion tokens (its function's name and these arguments): 1,000,000 nanos.
+BIG_ARGS = '[[tool_args:{"city": "' + "x" * 370 + '"}]]'
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("guard", ["max_cost", "budget"])
+def test_unbilled_tool_turns_count_against_the_cap_and_the_budget(alice, model, sim, executor, settings, guard):
+    # Every record's first turn asks for tools and its executor fails: the record is billed nothing
+    # (batch-api.txt), but the turn's tokens count against max_cost and the budget all the same.
+    # Before issue 56 they were forgotten as each record ended, and all 60 records ran. Two calls
+    # at a time: with more, ten turns answered while their executors are still to fail fill the cap
+    # at once, forgotten or not.
+    model.deployments.update(max_concurrency=2)
+    settings.OPENRELAY_ALLOW_PRIVATE_URLS = True
+    executor.answer(status(500))
+    if guard == "budget":
+        alice.org.monthly_budget = Decimal("0.01")  # ten such turns
+        alice.org.save(update_fields=["monthly_budget"])
+    cap = 10 * NANOS_PER_CALL if guard == "max_cost" else None
+    tools = {"tools": [WEATHER], "openrelay": {"tool_config": {"url": executor.url}}, "max_tokens": 100}
+    batch = priced_batch(alice.org, 60, text=f"{BIG_ARGS} q", max_cost_nanos=cap, **tools)
+    with EngineThread(batch.pk):
+        wait_for(lambda: _paused(batch) or fresh(batch).status == "completed", 30, "the batch to pause or end")
+        _calls_settle(sim, batch)
+        wait_for(lambda: fresh(batch).failed_count == finished(batch), 5, "the last results to flush")
+    batch = fresh(batch)
+    reason = PauseReason.SPEND_CAP if guard == "max_cost" else PauseReason.ORGANIZATION_BUDGET
+    assert batch.pause_reason == reason
+    assert batch_cost(batch).total_nanos == 0  # billed nothing
+    counted = unbilled_cost(batch).total_nanos
+    per_turn = counted // batch.failed_count
+    assert 0.9 * NANOS_PER_CALL <= per_turn <= NANOS_PER_CALL  # the turns are what this test means them to be
+    assert counted <= 10 * NANOS_PER_CALL and batch.failed_count >= 8
+    assert sim.request_count == batch.failed_count < 60
+    assert guardrails.organization_spend_nanos(alice.org.pk) == counted

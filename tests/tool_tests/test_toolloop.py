@@ -238,12 +238,15 @@ def test_it_fails_the_record_when_a_turn_hits_the_call_limit(sim, executor, run_
 
 def test_it_keeps_a_non_2xx_model_answer_as_the_result_and_bills_nothing(sim, executor, run_record):
     executor.answer(ok(content=lambda call: "[[status:400]]"))
-    outcome = run_record(tool_body(executor)).outcome
+    run = run_record(tool_body(executor))
+    outcome = run.outcome
 
     assert not outcome.succeeded
     assert outcome.status_code == 400
     assert outcome.body["error"]["type"]
     assert outcome.usage == Usage()
+    # The turn before it got an answer: not billed (batch-api.txt), but kept as unbilled usage.
+    assert outcome.unbilled == sum((r.usage for r in run.model_results if r.ok), Usage()) != Usage()
 
 
 def test_it_fails_with_upstream_error_when_the_model_server_fails(sim, executor, run_record):
@@ -262,6 +265,8 @@ def test_it_bills_nothing_when_the_executor_fails_mid_loop(sim, executor, run_re
     assert run.outcome.error_code == "tool_execution_failed"
     assert run.outcome.error_message == "The tool executor answered with non-2xx status 503."
     assert run.outcome.usage == Usage()
+    # Their tokens are unbilled usage: counted against max_cost and the budget, never charged.
+    assert run.outcome.unbilled == sum((r.usage for r in run.model_results), Usage())
     assert run.outcome.body is None
 
 

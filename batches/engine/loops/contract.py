@@ -8,18 +8,23 @@ max_reasks. Each re-ask is a model call like any other (the 30-minute call
 limit, failover) and a checkpointed step like a tool round: a resumed record
 keeps its re-ask turns and sends no finished call again.
 
-Usage is summed across every call of the record. An answer that passes
-after re-asks carries `openrelay.reasks`; one that still fails after the
-last re-ask ends the record in the error file with code `invalid_output`,
-the last answer kept in the line (with `openrelay.output_errors`), and, like
-every failed record, nothing of it billed.
+Usage is summed across every call of the record, and every call that
+returned an answer is billed, whatever the record comes to (issue 56: a
+contract that can never pass, `{"not": {}}`, made any answer free). An
+answer that passes after re-asks carries `openrelay.reasks`; one that still
+fails after the last re-ask ends the record in the error file with code
+`invalid_output`, the last answer kept in the line (with
+`openrelay.output_errors`) and its usage the summed, billed one. A re-ask
+call that fails ends the record with that call's failure, billed the answers
+before it: a model's non-2xx answer carries their usage in its body, a call
+with no answer says it in its error message (reask_failed).
 
 Plain records run here (run); tool loops call check/reask_turns at their
 final answer (toolloop.py); a workflow request that asks for a contract runs
 through checked_call (workflow.py).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import orjson
 
@@ -176,7 +181,7 @@ def passed(result, usage, endpoint, extra):
 
 
 def invalid_output(result, usage, endpoint, extra, errors):
-    """The record fails: its last answer kept in the error line, nothing billed."""
+    """The record fails: its last answer kept in the error line, every answer's usage billed."""
     reasks = extra.get("reasks", 0)
     body = final_body(result.body, usage, endpoint, {**extra, "output_errors": errors})
     tries = f"after {reasks} re-ask{'s' if reasks != 1 else ''}" if reasks else "(no re-asks allowed)"
@@ -189,8 +194,26 @@ def invalid_output(result, usage, endpoint, extra, errors):
         body,
         error_code="invalid_output",
         error_message=message,
+        usage=usage,
         reasks=reasks,
     )
+
+
+def reask_failed(result, usage, endpoint, reasks):
+    """A re-ask call failed (`reasks` made, the last one this call): the record ends with the call's
+    failure, billed `usage`, the answers before it. A model's non-2xx answer (a JSON object) shows
+    that usage as its body's `usage`, beside `openrelay.reasks`; a call with no answer (time limit,
+    server unavailable) says it in its error message."""
+    outcome = RecordOutcome.from_call(result)
+    if result.kind == "response":
+        body = outcome.body
+        if isinstance(body, dict):
+            shown = usage_shape(usage, endpoint)
+            body = {**body, "usage": shown, "openrelay": {**(body.get("openrelay") or {}), "reasks": reasks}}
+        return replace(outcome, body=body, usage=usage, reasks=reasks)
+    answers = f"{reasks} answer{'s' if reasks != 1 else ''}"
+    message = f"{outcome.error_message} {usage.total_tokens} tokens of the {answers} before it are billed."
+    return replace(outcome, error_message=message.strip(), usage=usage, reasks=reasks)
 
 
 # --------------------------------------------------------------------- a plain record
@@ -217,7 +240,9 @@ async def run(ctx, record, body, contract):
     while True:
         result = await ctx.caller.call(endpoint, with_turns(base, endpoint, done.turns))
         if not result.ok:
-            return RecordOutcome.from_call(result)  # like any failed call: nothing billed
+            if not done.count:
+                return RecordOutcome.from_call(result)  # like any failed call: nothing billed
+            return reask_failed(result, done.usage, endpoint, done.count)
         done.usage += result.usage
         extra = {"reasks": done.count} if done.count else {}
         errors = await check(ctx, contract, result.body, endpoint)
@@ -233,9 +258,9 @@ async def run(ctx, record, body, contract):
 
 
 async def checked_call(ctx, body, contract):
-    """One workflow request under a contract: (its last CallResult, the usage of all its calls,
-    re-asks made, errors left). The request is one step of the workflow: a crash repeats it
-    with its re-asks."""
+    """One workflow request under a contract: (its last CallResult, the usage of all its calls
+    that returned an answer: what the request is billed, re-asks made, errors left). The request
+    is one step of the workflow: a crash repeats it with its re-asks."""
     endpoint, done = ctx.endpoint, Reasks()
     while True:
         result = await ctx.caller.call(endpoint, with_turns(body, endpoint, done.turns))

@@ -11,7 +11,11 @@ checkpoint with the rounds), up to the contract's max_reasks.
 Billing follows batch-api.txt: a record that ends in an output line is billed
 the sum of all its turns; a record that fails anywhere in the loop (a model
 error, a turn stopped at the limit, an executor failure) is billed nothing,
-not even the turns before the failure.
+not even the turns before the failure. Those turns are the outcome's
+`unbilled` usage: shown on the batch and counted against its max_cost and its
+organization's budget all the same (issue 56), so a loop that always fails
+is no free inference. A final answer that fails its output contract is not a
+failure mid-loop: like any contract record's (contract.py), it bills every turn.
 
 Checkpoints (batches.engine.checkpoints): after every turn that asks for tools and after
 every executor answer, the loop stores the messages it added, its rounds,
@@ -21,6 +25,8 @@ in flight at the crash repeats, an executor round with the same
 Idempotency-Key. Its usage is the checkpoint's plus the turns it runs, so
 every turn of the run that produced the output is counted once.
 """
+
+from dataclasses import replace
 
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.context import RecordContext
@@ -71,8 +77,8 @@ class ToolLoop:
                 result = await self.ctx.caller.call(self.ctx.endpoint, {**body, "messages": messages + self.added})
                 if not result.ok:
                     # Non-2xx answer (response kept), time limit or upstream failure;
-                    # from_call bills none of it, and earlier turns are dropped too.
-                    return RecordOutcome.from_call(result)
+                    # from_call bills none of it, and earlier turns are not billed either.
+                    return replace(RecordOutcome.from_call(result), unbilled=self.usage)
                 self.usage += result.usage
                 message, tool_calls = self.requested(result.body)
                 if tool_calls is None or self.rounds >= max_rounds:
@@ -93,7 +99,7 @@ class ToolLoop:
                     self.requested(self.pending, answer=False)[1], self.ctx.key(self.record, "round", self.rounds + 1)
                 )
             except ToolExecutionFailed as exc:
-                return RecordOutcome.error("tool_execution_failed", str(exc))
+                return RecordOutcome.error("tool_execution_failed", str(exc), unbilled=self.usage)
             self.added.extend(self.round_messages(self.pending, results))
             self.pending = None
             self.rounds += 1

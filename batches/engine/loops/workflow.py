@@ -10,10 +10,12 @@ A request whose body asks for JSON (its response_format, or its own
 `openrelay.output_contract`) runs under that output contract (contract.py):
 its answer is checked and re-asked within the request, and one still
 invalid comes back to the callback as a failed request (`invalid_output`,
-its last answer in `response`), billed nothing like every failed request.
+its last answer in `response`).
 
 Every request that succeeded is billed, whatever the record comes to, so
-every outcome here carries the usage summed so far.
+every outcome here carries the usage summed so far; so is every answer of a
+request under a contract (its re-asks', and an invalid one's), even when the
+request comes back failed (issue 56: contract.py).
 
 Checkpoints: after every request of a step (while others of it still run)
 and after the step, the loop stores its counters, usage, used ids and the
@@ -179,7 +181,8 @@ class WorkflowLoop:
         endpoint = self.ctx.endpoint
         result, usage, reasks, errors = await contracts.checked_call(self.ctx, body, contract)
         if not result.ok:
-            return self._call_failed(request_id, result)
+            failed, _ = self._call_failed(request_id, result)
+            return failed, usage  # the answers before the failed re-ask are billed
         extra = {"reasks": reasks} if reasks else {}
         if not errors:
             outcome = contracts.passed(result, usage, endpoint, extra)
@@ -187,7 +190,7 @@ class WorkflowLoop:
             return {"id": request_id, "status": "succeeded", "response": response, "error": None}, usage
         outcome = contracts.invalid_output(result, usage, endpoint, extra, errors)
         response = {"status_code": result.status_code, "body": outcome.body}
-        return _failed(request_id, response, "invalid_output", outcome.error_message), Usage()
+        return _failed(request_id, response, "invalid_output", outcome.error_message), usage
 
     def _call_failed(self, request_id, result):
         if result.kind == "response":
