@@ -45,6 +45,7 @@ class ContractTooCostly(Exception):
     with `output_contract_too_costly`."""
 
     code = "output_contract_too_costly"
+    usage = None  # the answers its record (or workflow request) got so far: set where they are known
 
 
 def inline(cost, text):

@@ -193,3 +193,5 @@ def test_a_costly_check_fails_its_record_alone_while_another_organizations_batch
     errors = read_lines(alice_batch.error_file)
     assert [e["error"]["code"] for e in errors] == ["output_contract_too_costly"] * 4
     assert "took more than 0.5 s" in errors[0]["error"]["message"]
+    # Its answers were made, so they are billed, as an invalid_output's are (finding 2).
+    assert alice_batch.input_tokens > 0 and alice_batch.output_tokens > 0

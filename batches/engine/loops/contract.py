@@ -199,6 +199,12 @@ def invalid_output(result, usage, endpoint, extra, errors):
     )
 
 
+def too_costly(exc, usage):
+    """The answer could not be checked within the time limit (checks.ContractTooCostly): the record
+    fails with the checker's code, and, like an `invalid_output`, is billed every answer it got."""
+    return RecordOutcome.error(exc.code, str(exc), usage=usage)
+
+
 def reask_failed(result, usage, endpoint, reasks):
     """A re-ask call failed (`reasks` made, the last one this call): the record ends with the call's
     failure, billed `usage`, the answers before it. A model's non-2xx answer (a JSON object) shows
@@ -245,7 +251,10 @@ async def run(ctx, record, body, contract):
             return reask_failed(result, done.usage, endpoint, done.count)
         done.usage += result.usage
         extra = {"reasks": done.count} if done.count else {}
-        errors = await check(ctx, contract, result.body, endpoint)
+        try:
+            errors = await check(ctx, contract, result.body, endpoint)
+        except checks.ContractTooCostly as exc:
+            return too_costly(exc, done.usage)
         if not errors:
             return passed(result, done.usage, endpoint, extra)
         if done.count >= contract.max_reasks:
@@ -267,7 +276,11 @@ async def checked_call(ctx, body, contract):
         if not result.ok:
             return result, done.usage, done.count, []
         done.usage += result.usage
-        errors = await check(ctx, contract, result.body, endpoint)
+        try:
+            errors = await check(ctx, contract, result.body, endpoint)
+        except checks.ContractTooCostly as exc:
+            exc.usage = done.usage  # the answers so far are the request's, billed with its failure
+            raise
         if not errors or done.count >= contract.max_reasks:
             return result, done.usage, done.count, errors
         done.turns += reask_turns(contract, result.body, endpoint, errors)

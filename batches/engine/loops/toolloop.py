@@ -29,6 +29,7 @@ every turn of the run that produced the output is counted once.
 from dataclasses import replace
 
 from batches.engine.checkpoints import decode, usage_from, usage_state
+from batches.engine.checks import ContractTooCostly
 from batches.engine.context import RecordContext
 from batches.engine.loops import contract as contracts
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
@@ -83,7 +84,12 @@ class ToolLoop:
                 message, tool_calls = self.requested(result.body)
                 if tool_calls is None or self.rounds >= max_rounds:
                     # Exhausted rounds end like OpenAI: the last answer, as the model gave it.
-                    errors = await contracts.check(self.ctx, self.contract, result.body, CHAT) if self.contract else []
+                    try:
+                        errors = (
+                            await contracts.check(self.ctx, self.contract, result.body, CHAT) if self.contract else []
+                        )
+                    except ContractTooCostly as exc:  # its final answer, as an invalid_output's, is billed
+                        return contracts.too_costly(exc, self.usage)
                     if not errors:
                         return self.final(result, self.usage, self.rounds, self.reasks)
                     if self.reasks >= self.contract.max_reasks:

@@ -36,6 +36,7 @@ import asyncio
 
 from batches.engine.calls.caller import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
+from batches.engine.checks import ContractTooCostly
 from batches.engine.context import RecordContext
 from batches.engine.loops import contract as contracts
 from batches.engine.outcomes import RecordOutcome, strip_openrelay
@@ -179,7 +180,10 @@ class WorkflowLoop:
 
     async def _checked_request(self, request_id, body, contract):
         endpoint = self.ctx.endpoint
-        result, usage, reasks, errors = await contracts.checked_call(self.ctx, body, contract)
+        try:
+            result, usage, reasks, errors = await contracts.checked_call(self.ctx, body, contract)
+        except ContractTooCostly as exc:  # this request fails; the workflow's callback decides what next
+            return _failed(request_id, None, exc.code, str(exc)), exc.usage or Usage()
         if not result.ok:
             failed, _ = self._call_failed(request_id, result)
             return failed, usage  # the answers before the failed re-ask are billed
