@@ -32,7 +32,7 @@ def test_it_never_gives_more_slots_than_its_limit():
     assert all(held)
     started = time.monotonic()
     assert gate.acquire(0.2) is None
-    assert 0.2 <= time.monotonic() - started < 2
+    assert 0.2 <= time.monotonic() - started < 5  # its wait, then no slot (the bound: a loaded machine)
     held.pop().release()
     assert gate.acquire(0.2) is not None
 
@@ -57,8 +57,10 @@ def test_a_process_that_dies_holding_slots_gives_them_back(db):
     finally:
         holder.stop()
     slot.release()
-    # File locks: at once; Redis: within the lease.
-    assert back_after < (LEASE_S + 1 if settings.REDIS_URL else 0.5)
+    print(f"slot back {back_after:.3f} s after the kill")
+    # Without a lease or the kernel's unlock it would never come back. File locks: once the process is
+    # reaped (kill() waits for it); Redis: within the lease (plus a loaded machine's margin).
+    assert back_after < (LEASE_S + 3 if settings.REDIS_URL else 1)
 
 
 @pytest.mark.parametrize("limit", [0, -1])
