@@ -12,11 +12,15 @@ class BatchesConfig(AppConfig):
     name = "batches"
 
     def ready(self):
+        from django.db.models.signals import post_delete
         from django_q.signals import post_spawn
 
         from batches.engine import process
+        from batches.estimate import counted
 
         schedules.every(self, **SWEEPER_SCHEDULE)
         schedules.every(self, **AT_RISK_SCHEDULE)
         # Every q2 worker process runs an engine beside its tasks.
         post_spawn.connect(process.on_spawn, dispatch_uid="openrelay-engine")
+        # A quote's kept tokenizer counts go with their file (batches/estimate/counted.py).
+        post_delete.connect(counted.file_deleted, sender="files.File", dispatch_uid="openrelay-quote-counts")

@@ -19,7 +19,7 @@ from openrelay.api.negotiation import IgnoreAcceptNegotiation
 from openrelay.api.pagination import newest_first_page
 from openrelay.api.params import request_object
 from openrelay.api.parsers import json_body
-from openrelay.api.throttles import BatchCreateThrottle
+from openrelay.api.throttles import BatchCreateThrottle, BatchEstimateThrottle
 from openrelay.core import idempotency
 
 
@@ -84,11 +84,16 @@ class BatchListView(APIView):
 
 
 class BatchEstimateView(APIView):
+    throttle_classes = [BatchEstimateThrottle]  # one budget with the dashboard's quotes
+
+    def throttled(self, request, wait):
+        raise BatchEstimateThrottle.exceeded(wait)
+
     @extend_schema(
         operation_id="batches_estimate",
         summary="Quote a batch without creating it: records, tokens, cost, time, and the window",
         request={"application/json": openapi.ref("BatchCreate")},
-        responses={200: openapi.ref("BatchEstimate"), **openapi.errors(400, 401, 404, 413, 415)},
+        responses={200: openapi.ref("BatchEstimate"), **openapi.errors(400, 401, 404, 413, 415, 429)},
     )
     def post(self, request):
         params = parse_create_params(json_body(request))

@@ -234,6 +234,10 @@ REST_FRAMEWORK = {
 # Batch creates per organization (every key of the organization shares it):
 # N/second|minute|hour|day. Over it: 429 rate_limit_exceeded with Retry-After.
 OPENRELAY_BATCH_CREATE_RATE = envrate("OPENRELAY_BATCH_CREATE_RATE", "2000/hour")
+# Quotes per organization (the API's and the dashboard's, one budget): each reads the whole file and asks
+# the model server's tokenizer up to 200 times, so a burst of them is bounded (issue 56: 48 at once stalled
+# the web tier). Over it: 429 rate_limit_exceeded with Retry-After.
+OPENRELAY_BATCH_ESTIMATE_RATE = envrate("OPENRELAY_BATCH_ESTIMATE_RATE", "10/minute")
 SPECTACULAR_SETTINGS = {
     "TITLE": "OpenRelay Batch API",
     "VERSION": "0.1.0",
@@ -298,6 +302,9 @@ OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum
 # A quote (POST /v1/batches/estimate) waits this long for one answer of a model server's tokenizer
 # before it counts by the approximation instead (batches.estimate.tokens).
 OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S = envfloat("OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S", 5.0, minimum=0.01)
+# A quote's tokenizer calls take slots of the deployment's max_concurrency, shared by every web process
+# (openrelay.lib.semaphores); a quote waits this long in all for them before it counts by the approximation.
+OPENRELAY_ESTIMATE_TOKENIZER_WAIT_S = envfloat("OPENRELAY_ESTIMATE_TOKENIZER_WAIT_S", 10.0, minimum=0.0)
 # A record is its engine's while the lease lives; engines renew theirs every
 # quarter of it, so a dead engine's records are claimable again within this at worst (engines
 # find a dead one within about a second: batches/engine/liveness.py).

@@ -46,6 +46,7 @@ from files.presenters import present_file
 from files.responses import download_response, stream_response, stream_size
 from files.uploads import receive_upload
 from openrelay.api.errors import ApiError
+from openrelay.api.throttles import BatchEstimateThrottle
 from openrelay.core.models import Membership
 
 PAGE_SIZE = 50
@@ -507,6 +508,14 @@ def _quote_page(request, upload):
     """The form again with a quote of what Create would do. A dropped file is stored and chosen in
     the form, so Create then runs what was quoted without uploading it twice."""
     fields = upload.fields
+    try:
+        BatchEstimateThrottle().check(request.organization)  # the API's budget: one for both
+    except ApiError as exc:
+        upload.close()
+        page = _new_batch_page(request, error=exc.message, status=exc.status, fields=fields)
+        for header, value in exc.headers.items():  # Retry-After
+            page[header] = value
+        return page
     if upload.problem is not None:
         upload.close()
         return _new_batch_page(request, error=upload.problem.message, status=upload.problem.status, fields=fields)

@@ -7,7 +7,10 @@ validation (batches.services.check_input) and these parts, one job a module:
   bounded sample of bodies for the tokenizer;
 - `tokens`: input tokens by the deployment's own tokenizer where it offers one
   (vLLM's /tokenize with chat messages, llama.cpp's
-  /v1/chat/completions/input_tokens), else a stated approximation;
+  /v1/chat/completions/input_tokens), else a stated approximation; its calls
+  hold slots of the deployment's max_concurrency, shared by every web process;
+- `counted`: what a tokenizer counted of a stored file's sample, kept per
+  (file, deployment) so the same quote again asks the server nothing;
 - `history`: the organization's past records on the model and endpoint
   (output tokens, tool rounds);
 - `pace`: the engine's figures the time needs (measured throughput, the

@@ -62,7 +62,7 @@ def estimate(
         return quote
     history = histories.output_history(organization, checker.model_pk, endpoint)
     tally.load_bodies(read_records)
-    quote.input = _input_tokens(tally, checker.model_pk)
+    quote.input = _input_tokens(tally, checker.model_pk, input_file_id)
     rounds = _tool_rounds(tally, history)
     output = _output_tokens(tally, history, rounds)
     input_total = _with_rounds(quote.input.total, tally, rounds)
@@ -73,9 +73,9 @@ def estimate(
     return quote
 
 
-def _input_tokens(tally, model_pk):
+def _input_tokens(tally, model_pk, file_id):
     deployments = list(Deployment.objects.filter(model_id=model_pk, enabled=True).select_related("model"))
-    return tokens.count_input(tally, deployments)
+    return tokens.count_input(tally, deployments, file_id=file_id)
 
 
 def _tool_rounds(tally, history):

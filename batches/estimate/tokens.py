@@ -14,18 +14,31 @@ it scales the sample to the whole with a regression on every record's local
 count (exact = a + b * characters) and states the estimate's 95% error.
 A server that is down, slow or says nothing useful leaves the approximation,
 with a note saying why: a quote never fails on a tokenizer.
+
+Every tokenizer call holds a slot of the deployment's own `max_concurrency`,
+shared by every web process (`tokenizer_slots`: Redis, or file locks on one
+host), so quotes at once never load a server past what its batches may: 48
+quotes at once had up to 79 calls in flight against a cap of 8 (issue 56). A
+quote waits OPENRELAY_ESTIMATE_TOKENIZER_WAIT_S in all for slots; past that it
+is approximated, with a note, as for a slow server. A stored file's counts are
+kept (`counted`): the same file quoted again on the same deployment asks the
+server nothing.
 """
 
+import contextlib
 import logging
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
 from django.conf import settings
 
+from batches.estimate import counted
 from batches.estimate.records import CHARS_PER_TOKEN
 from openrelay.core.models import DeploymentHealth
+from openrelay.lib import semaphores
 
 logger = logging.getLogger("batches.estimate")
 
@@ -35,8 +48,10 @@ APPROXIMATION = "approximation"
 # A record the template or tools could add tokens to is counted as the call is; other endpoints as text.
 CHAT = "/v1/chat/completions"
 TEXT_ENDPOINTS = ("/v1/completions", "/v1/embeddings")
-# Tokenizer calls a quote keeps in flight: enough to hide round trips, few enough not to load a server.
+# Tokenizer calls a quote keeps in flight (fewer when the deployment's cap is lower): enough to hide round
+# trips. The deployment's slots bound every quote's together.
 TOKENIZER_CALLS_AT_ONCE = 8
+CONNECT_TIMEOUT_S = 2.0
 
 
 class TokenizerUnavailable(Exception):
@@ -64,44 +79,107 @@ class InputCount:
         }
 
 
-def count_input(tally, deployments):
-    """InputCount of the tally's records, by the first deployment whose tokenizer answers."""
+def count_input(tally, deployments, *, file_id=None):
+    """InputCount of the tally's records, by the first deployment whose tokenizer answers (or the counts
+    one made of the stored file `file_id` before)."""
     if not tally.records:
         return InputCount(0, APPROXIMATION, 0, 0, 0.0)
+    deployments = _in_rotation_first(deployments)
+    kept = counted.lookup(file_id, deployments, tally) if file_id else None
+    if kept is not None:
+        return _scaled(tally, *kept)
     problems = []
-    timeout = httpx.Timeout(settings.OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S, connect=2.0)
+    deadline = time.monotonic() + settings.OPENRELAY_ESTIMATE_TOKENIZER_WAIT_S
+    timeout = httpx.Timeout(settings.OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
     with httpx.Client(timeout=timeout) as client:
-        for deployment in _in_rotation_first(deployments):
+        for deployment in deployments:
             try:
-                method, exact = _count_sample(client, deployment, tally)
+                method, exact = _count_sample(client, deployment, tally, deadline)
             except TokenizerUnavailable as exc:
                 logger.info("quote: deployment %s counted no tokens: %s", deployment.pk, exc)
                 problems.append(str(exc))
                 continue
+            if file_id:
+                counted.store(file_id, deployment, tally, method, exact)
             return _scaled(tally, method, exact)
     return _approximation(tally, _why_approximate(problems))
+
+
+def tokenizer_slots(deployment):
+    """The deployment's tokenizer slots: its max_concurrency, across every web process and host."""
+    # A slot outlives its call only when the process died holding it (file locks free it at once);
+    # the lease covers the slowest call that can end on its own: connect, send and answer.
+    timeout = settings.OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S
+    return semaphores.shared(
+        f"tokenizer-{deployment.pk}-{deployment.created_at.timestamp():.6f}",
+        deployment.max_concurrency,
+        lease_s=CONNECT_TIMEOUT_S + 3 * timeout + 1,
+    )
+
+
+class _Slots:
+    """A quote's way into its deployment's slots: every call holds one, all waits end at one deadline."""
+
+    def __init__(self, deployment, deadline):
+        try:
+            self.semaphore = tokenizer_slots(deployment)
+        except semaphores.Unavailable as exc:
+            raise TokenizerUnavailable(f"the tokenizer's slots could not be read ({exc})") from None
+        self.limit = max(1, deployment.max_concurrency)
+        self.deadline = deadline
+
+    @contextlib.contextmanager
+    def held(self):
+        try:
+            slot = self.semaphore.acquire(self.deadline - time.monotonic())
+        except semaphores.Unavailable as exc:  # count nothing rather than count past the cap
+            raise TokenizerUnavailable(f"the tokenizer's slots could not be read ({exc})") from None
+        if slot is None:
+            waited = settings.OPENRELAY_ESTIMATE_TOKENIZER_WAIT_S
+            raise TokenizerUnavailable(
+                f"the model server's tokenizer is busy (none of its {self.limit} slots came free within "
+                f"the quote's {waited:g} s)"
+            )
+        try:
+            yield
+        finally:
+            slot.release()
 
 
 def _in_rotation_first(deployments):
     return sorted(deployments, key=lambda d: (d.health != DeploymentHealth.HEALTHY, d.pk))
 
 
-def _count_sample(client, deployment, tally):
-    method, count, first = _tokenizer_of(client, deployment, tally.endpoint, tally.sample[0].body)
+def _count_sample(client, deployment, tally, deadline):
+    slots = _Slots(deployment, deadline)
+    method, count, first = _tokenizer_of(client, slots, deployment, tally.endpoint, tally.sample[0].body)
+    at_once = min(TOKENIZER_CALLS_AT_ONCE, slots.limit)
+    return method, [first, *_count_all(count, [sampled.body for sampled in tally.sample[1:]], at_once)]
+
+
+def _count_all(count, bodies, at_once):
+    """count(body) for each body, `at_once` at a time; the first failure cancels the calls not started."""
     # A few calls at once: 200 one after the other spent ~1 s waiting on a local server's round trips, 4 at
     # once ~0.6 s.
-    with ThreadPoolExecutor(TOKENIZER_CALLS_AT_ONCE) as pool:
-        return method, [first, *pool.map(count, (sampled.body for sampled in tally.sample[1:]))]
+    with ThreadPoolExecutor(at_once) as pool:
+        futures = [pool.submit(count, body) for body in bodies]
+        try:
+            return [future.result() for future in futures]
+        except BaseException:
+            # A server down or busy answers the rest no better: don't send them (or wait for slots) one by one.
+            for future in futures:
+                future.cancel()
+            raise
 
 
-def _tokenizer_of(client, deployment, endpoint, body):
+def _tokenizer_of(client, slots, deployment, endpoint, body):
     """(method, count(body), count of `body`) for the first route the deployment's server answers,
     or TokenizerUnavailable."""
     routes = []
     if endpoint == CHAT:
-        routes.append((LLAMACPP, _llamacpp_counter(client, deployment)))
+        routes.append((LLAMACPP, _llamacpp_counter(client, slots, deployment)))
     if endpoint == CHAT or endpoint in TEXT_ENDPOINTS:
-        routes.append((VLLM, _vllm_counter(client, deployment, endpoint)))
+        routes.append((VLLM, _vllm_counter(client, slots, deployment, endpoint)))
     if not routes:
         raise TokenizerUnavailable(f"no model server tokenizer counts {endpoint} requests")
     last = None
@@ -117,10 +195,11 @@ class _RouteMissing(TokenizerUnavailable):
     """This route isn't there (404, 405, an answer without a count): the next may be."""
 
 
-def _post(client, url, deployment, payload):
+def _post(client, slots, url, deployment, payload):
     headers = {"Authorization": f"Bearer {deployment.api_key}"} if deployment.api_key else {}
     try:
-        response = client.post(url, json=payload, headers=headers)
+        with slots.held():
+            response = client.post(url, json=payload, headers=headers)
     except httpx.HTTPError as exc:
         # Connection refused, a timeout: the server is down or slow, and no other route will answer either.
         raise TokenizerUnavailable(f"the model server did not answer ({type(exc).__name__})") from None
@@ -134,18 +213,18 @@ def _post(client, url, deployment, payload):
         raise _RouteMissing("the model server's tokenizer answered something other than JSON") from None
 
 
-def _llamacpp_counter(client, deployment):
+def _llamacpp_counter(client, slots, deployment):
     url = deployment.base_url.rstrip("/") + "/chat/completions/input_tokens"
 
     def count(body):
         payload = {key: value for key, value in body.items() if key != "openrelay"}
         payload["model"] = deployment.upstream_name
-        return _integer(_post(client, url, deployment, payload), "input_tokens")
+        return _integer(_post(client, slots, url, deployment, payload), "input_tokens")
 
     return count
 
 
-def _vllm_counter(client, deployment, endpoint):
+def _vllm_counter(client, slots, deployment, endpoint):
     root = deployment.base_url.rstrip("/").removesuffix("/v1")
     url = root + "/tokenize"
 
@@ -163,7 +242,7 @@ def _vllm_counter(client, deployment, endpoint):
             if not isinstance(text, str):
                 raise TokenizerUnavailable("the tokenizer counts a prompt given as one string only")
             payload = {"model": deployment.upstream_name, "prompt": text}
-        return _integer(_post(client, url, deployment, payload), "count")
+        return _integer(_post(client, slots, url, deployment, payload), "count")
 
     return count
 

@@ -4,6 +4,7 @@ from batches.models import Batch
 from files.models import File
 from tests.dashboard_tests.conftest import chat_line, jsonl, stored_file
 from tests.dashboard_tests.test_views import _page, _upload
+from tests.helpers import CHAT
 
 
 def test_a_dropped_file_is_quoted_kept_and_chosen_for_create(alice_client, alice, gemma):
@@ -34,3 +35,27 @@ def test_a_bad_input_is_refused_as_create_refuses_it(alice_client, alice, bob, g
     response = _upload(alice_client, None, input_file_id=theirs.public_id, action="quote")
     assert response.status_code == 400 and "Cannot find file" in response.content.decode()
     assert "data-quote " not in response.content.decode()
+
+
+def test_quotes_share_the_organizations_rate_with_the_api(alice_client, alice, bob_user, bob, gemma, settings):
+    from django.test import Client
+
+    settings.OPENRELAY_BATCH_ESTIMATE_RATE = "3/minute"
+    file = stored_file(alice.org, jsonl(chat_line("a")))
+    for _ in range(2):
+        _page(_upload(alice_client, None, input_file_id=file.public_id, action="quote"))
+    api = alice.client.post(
+        "/v1/batches/estimate",
+        {"endpoint": CHAT, "completion_window": "24h", "input_file_id": file.public_id},
+        format="json",
+    )
+    assert api.status_code == 200
+    response = _upload(alice_client, None, input_file_id=file.public_id, action="quote")
+
+    assert response.status_code == 429 and 1 <= int(response["Retry-After"]) <= 60
+    page = response.content.decode()
+    assert "Rate limit reached" in page and "data-quote " not in page
+    bob_client = Client()
+    bob_client.force_login(bob_user)
+    theirs = stored_file(bob.org, jsonl(chat_line("a")))
+    assert "data-quote " in _page(_upload(bob_client, None, input_file_id=theirs.public_id, action="quote"))
