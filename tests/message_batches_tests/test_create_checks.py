@@ -4,12 +4,16 @@ request is a 400 naming its index, custom_id and field, and nothing is made; a v
 import anthropic
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batches.engine.runner import run_batch
 from batches.models import Batch
+from batches.validation import messages
 from files.models import File
 from openrelay.core.models import Model
 from tests.message_batches_tests.conftest import TRANSLATED, request
+from tests.reliability_tests.test_fuzz import FUZZ, JSON_VALUES  # random JSON: huge numbers, odd text, nesting
 
 BLOCK = {"type": "text", "text": "x"}
 USER = {"role": "user", "content": "Hello"}
@@ -154,3 +158,16 @@ class TestCreateChecks:
             "extras": "succeeded",
             "tools": "succeeded",
         }, results
+
+
+CODES = {"invalid_type", "invalid_value", "missing_required_parameter", "model_not_found", "streaming_unsupported"}
+
+
+@FUZZ
+@given(field=st.sampled_from(sorted(messages.FIELDS)), value=JSON_VALUES)
+def test_any_json_in_a_field_passes_or_is_refused_naming_it(field, value):
+    params = {"model": "m", "max_tokens": 16, "messages": [USER], field: value}
+    try:
+        messages.check(params, messages.Catalog({"m": None}))
+    except messages.ParamInvalid as problem:
+        assert problem.field.split(".")[0] == field and problem.code in CODES and problem.message
