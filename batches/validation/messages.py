@@ -22,6 +22,8 @@ MAX_TOKENS_CEILING = 1 << 20
 
 
 class Invalid(Exception):
+    """A check's refusal: `at` is the path under its field (2, "content", 0, "type"), empty for the field."""
+
     def __init__(self, message, *at, code="invalid_value"):
         super().__init__(message)
         self.message, self.at, self.code = message, at, code
