@@ -283,8 +283,10 @@ OPENRELAY_CALL_TIME_LIMIT_S = envfloat("OPENRELAY_CALL_TIME_LIMIT_S", 1800.0, mi
 # One model answer's most bytes, on the wire and inflated (144 MB: 2,048 embeddings of
 # 3,072 dimensions as JSON floats, ~137 MB, fit). Past it the server counts as failed.
 OPENRELAY_MAX_MODEL_RESPONSE_BYTES = envint("OPENRELAY_MAX_MODEL_RESPONSE_BYTES", 144 * 1024 * 1024, minimum=1024)
-# What one engine (worker process) holds of model answers at once, read and waiting for their
-# flush (batches.engine.calls.budget); a parsed answer costs ~2-3x its bytes in memory.
+# Bytes of model answers, as received, one engine (worker process) holds at once, read and waiting
+# for their flush (batches.engine.calls.budget). Bytes, not memory: a held answer costs ~2-3x its bytes
+# parsed, plus its JSON text again at the flush, so a worker peaks at ~5-7x this (issue 56: 2.4-2.7 GB
+# for 512 MB), and grows past that over many big answers (docs/engine.md): a seventh of a worker's memory.
 OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES = envint("OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES", 512 * 1024 * 1024, minimum=1024)
 # The most result bytes one flush statement carries (PostgreSQL refuses a message over 1 GB).
 OPENRELAY_FLUSH_MAX_BYTES = envint("OPENRELAY_FLUSH_MAX_BYTES", 64 * 1024 * 1024, minimum=1024)

@@ -1,11 +1,15 @@
 """The body of `POST /v1/messages/batches`: `{"requests": [{"custom_id", "params"}, ...]}`.
 
 What makes the whole request unusable is a 400 here (no requests, too many, a custom_id that is
-not 1-64 characters or is used twice, a request that is not `{custom_id, params}`). A request's
-`params` are checked later, as every batch's records are (batches.validation.records): one that
-fails comes back as an `errored` result, as Anthropic checks params asynchronously.
+not 1-64 characters or is used twice, a request that is not `{custom_id, params}`), and so is a
+request whose `params` have a shape Anthropic refuses (check_params, with the catalog: an unknown
+model, a max_tokens past the model's cap, messages that are not a list of turns...): refused at
+create, they would only fail one by one. What needs the batch as a whole (a second model, the
+`openrelay` extensions) is checked as every batch's records are (batches.validation.records) and
+comes back as an `errored` result.
 """
 
+from batches.validation import messages
 from openrelay.api.errors import ApiError
 from openrelay.api.params import invalid_type, missing_parameter, shown
 
@@ -77,3 +81,16 @@ def _check_custom_id(custom_id, param):
             param=param,
             code="invalid_custom_id",
         )
+
+
+def check_params(lines, catalog):
+    """Each request's params in Anthropic's shapes (batches.validation.messages), before anything is stored:
+    ApiError (400) naming the first bad request's index, custom_id and field. `catalog`: a messages.Catalog."""
+    for index, line in enumerate(lines):
+        try:
+            messages.check(line["body"], catalog)
+        except messages.ParamInvalid as problem:
+            param = f"requests.{index}.params.{problem.field}"
+            raise ApiError(
+                f"{param} (custom_id {shown(line['custom_id'])}): {problem.message}", param=param, code=problem.code
+            ) from None

@@ -661,7 +661,8 @@ COMPONENTS.update(
                             "params": {
                                 "type": "object",
                                 "description": "A non-streaming Messages request: model, max_tokens (>= 1) and "
-                                "messages required; OpenRelay's `openrelay.tool_config` allowed.",
+                                "messages required; OpenRelay's `openrelay.tool_config` allowed. Checked at create "
+                                "in Anthropic's shapes: a 400 names `requests.<i>.params.<field>`.",
                             },
                         },
                     },

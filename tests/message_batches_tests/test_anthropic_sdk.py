@@ -29,12 +29,12 @@ def results_by_id(claude, message_batch_id):
 
 @pytest.mark.django_db(transaction=True)
 class TestMessageBatches:
-    def test_it_runs_a_batch_translated_to_chat_completions(self, claude, translated, sim):
+    def test_it_runs_a_batch_translated_to_chat_completions(self, claude, translated, native, sim):
         created = claude.messages.batches.create(
             requests=[
                 request("a", "What is a batch?", system="Be brief."),
                 request("b", "Stop early", stop_sequences=["###"]),
-                request("zero", max_tokens=0),
+                request("other", model=NATIVE),  # a batch runs one model: refused by the record checks, not at create
             ]
         )
         assert isinstance(created, MessageBatch)
@@ -52,15 +52,15 @@ class TestMessageBatches:
         counts = ended.request_counts
         assert (counts.processing, counts.succeeded, counts.errored, counts.canceled, counts.expired) == (0, 2, 1, 0, 0)
         results = results_by_id(claude, created.id)
-        assert set(results) == {"a", "b", "zero"}
+        assert set(results) == {"a", "b", "other"}
         a = results["a"]
         assert a.type == "succeeded" and a.message.type == "message" and a.message.role == "assistant"
         assert a.message.model == TRANSLATED and a.message.stop_reason == "end_turn"
         assert a.message.content[0].type == "text" and a.message.content[0].text.startswith("Simulated answer to:")
         assert a.message.usage.service_tier == "batch" and a.message.usage.output_tokens > 0
-        zero = results["zero"]
-        assert zero.type == "errored" and zero.error.type == "error"
-        assert zero.error.error.type == "invalid_request_error" and "max_tokens" in zero.error.error.message
+        other = results["other"]
+        assert other.type == "errored" and other.error.type == "error"
+        assert other.error.error.type == "invalid_request_error" and "single model" in other.error.error.message
         sent = {b["messages"][-1]["content"]: b for b in sim.bodies(CHAT)}
         assert sent["What is a batch?"]["messages"][0] == {"role": "system", "content": "Be brief."}
         assert sent["What is a batch?"]["max_tokens"] == 64 and sent["Stop early"]["stop"] == ["###"]
