@@ -3,7 +3,10 @@ whose prompt makes the model server answer 500 (or drop the call) took a shared 
 rotation for every tenant, for as long as A kept them queued, and never failed. Here they fail alone,
 with `record_fails_upstream` after POISON_FAILURES tries, and bob's batch beside them keeps its time."""
 
+import contextlib
 import time
+
+import pytest
 
 from batches.engine.calls.caller import POISON_FAILURES
 from openrelay.core.models import Deployment
@@ -31,13 +34,15 @@ def _poison_calls(*servers, marker=POISON):
     return sum(marker in str(body) for server in servers for body in server.bodies())
 
 
-def _run_beside_poison(alice, bob, servers, *, poison=POISON, plain_latency=""):
+def _run_beside_poison(alice, bob, servers, *, poison=POISON, plain_latency="", clusters=None):
     """Alice's 60 poison records queue first; bob's plain 20 start once they draw failures. The
-    seconds bob's batch took, and both batches."""
+    seconds bob's batch took, and both batches. Engines in this process, or `clusters` (the fixture)."""
     watch = Watch()
     poisoned = make_batch(alice.org, [chat(f"p{i} {poison}") for i in range(60)])
-    with Engines(1):
-        wait_for(lambda: watch.look() or _poison_calls(*servers, marker=poison) >= 20, 20, "poison calls")
+    if clusters is not None:
+        clusters(OPENRELAY_PROBE_MAX_S=1, OPENRELAY_Q_WORKERS=2)
+    with Engines(1) if clusters is None else contextlib.nullcontext():
+        wait_for(lambda: watch.look() or _poison_calls(*servers, marker=poison) >= 20, 30, "poison calls")
         plain = make_batch(bob.org, [chat(f"q{i}{plain_latency}") for i in range(20)])
         took = wait_for(lambda: watch.look() or status_of(plain) == "completed", 30, "bob's batch to complete")
         wait_for(lambda: watch.look() or status_of(poisoned) == "completed", 60, "alice's batch to complete")
@@ -65,6 +70,16 @@ def test_one_tenants_500_records_fail_alone_and_never_take_the_deployment_out(al
     # The error line keeps the server's last answer.
     assert err[0]["response"]["status_code"] == 500 and "error" in err[0]["response"]["body"]
     assert f"{POISON_FAILURES} times" in err[0]["error"]["message"]
+    assert Deployment.objects.get().health == "healthy"
+
+
+@pytest.mark.slow
+def test_two_engines_in_worker_processes_keep_the_deployment_in(alice, bob, model, fresh_sim, clusters):
+    """As the review ran it: q2 workers, two engines, each judging its own calls."""
+    model.deployments.update(max_concurrency=8)
+    took, poisoned, plain = _run_beside_poison(alice, bob, [fresh_sim], clusters=clusters)
+    assert took < 10, took
+    _assert_failed_alone(poisoned, plain, [fresh_sim])
     assert Deployment.objects.get().health == "healthy"
 
 
