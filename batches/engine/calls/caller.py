@@ -389,7 +389,7 @@ class ModelCaller:
             busy_answer = result.status_code == 429 or (result.status_code == 503 and result.retry_after)
             failure = self.health.judge(self.gate, upstream, result, faults, busy_answer, sent, ticket.organization_id)
             if failure:
-                await self.health.settled(upstream)  # a run of 500s: whose they are decides what counted
+                await self.health.settled(upstream)  # a run being judged: its verdict decides what counted
                 if faults.count >= POISON_FAILURES:
                     return _given_up(result, faults, failure)
                 continue  # the gate hands out only healthy deployments: this waits for one

@@ -275,7 +275,11 @@ class Health:
             run.verdict = asyncio.create_task(self._judge_run(gate, upstream, run, reason))
 
     async def _judge_run(self, gate, upstream, run, reason):
-        problem = await ask(upstream)
+        try:
+            problem = await ask(upstream)
+        except Exception:  # the run's records wait for a verdict: an unforeseen error must still give one
+            logger.exception("the neutral request to %s failed unexpectedly", upstream.base_url)
+            problem = None
         if self._runs.get(upstream) is not run:
             return  # a 2xx, an ejection or another engine's verdict came first
         if problem or (problem is None and len(run.orgs) > 1):
