@@ -133,15 +133,10 @@ class CallGate:
         # expedited? -> organization id -> batch pk -> deque of (future, ticket, prefix key)
         self._queues: dict[bool, dict[int, dict[int, deque[tuple[Any, Ticket, int | None]]]]] = {True: {}, False: {}}
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
-        # Whether the slot `acquire` just returned is a deployment's canary (calls.health): read at once,
-        # as nothing runs between acquire's return and its caller's next line. The waiters granted one:
-        self.canary = False
-        self._canary_grants = set()
 
     @property
     def capacity(self):
-        # A deployment out of the rotation offers one call while its canary is open (calls.health).
-        return sum(u.share if u.healthy else u.canary_open for u in self.upstreams)
+        return sum(u.share for u in self.upstreams if u.healthy)
 
     @property
     def in_use(self):
@@ -149,7 +144,7 @@ class CallGate:
 
     @property
     def free(self):
-        return sum(max(0, u.share - u.in_use) if u.healthy else u.canary_open for u in self.upstreams)
+        return sum(max(0, u.share - u.in_use) for u in self.upstreams if u.healthy)
 
     def close(self):
         if self in self.caps.gates:
@@ -172,9 +167,7 @@ class CallGate:
         over deployments in proportion to their concurrency)."""
         if len(self.upstreams) == 1:
             upstream = self.upstreams[0]
-            if upstream.healthy:
-                return upstream if upstream.in_use < upstream.share else None
-            return upstream if upstream.canary_open else None
+            return upstream if upstream.healthy and upstream.in_use < upstream.share else None
         if key is not None:
             home = prefixes.home_of(key, [u for u in self.upstreams if u.healthy and u.allotted > 0])
             if home is not None and home.in_use < home.share:
@@ -185,8 +178,6 @@ class CallGate:
                 free = 1.0 - upstream.in_use / upstream.share
                 if free > room:
                     best, room = upstream, free
-        if best is None:
-            best = next((u for u in self.upstreams if not u.healthy and u.canary_open), None)
         return best
 
     async def acquire(self, ticket):
@@ -194,7 +185,6 @@ class CallGate:
         if not self.waiting and self.caps.allows(ticket.organization_id):
             upstream = self._free_upstream(key)
             if upstream is not None:
-                self.canary = not upstream.healthy
                 self._take(ticket, upstream)
                 return upstream
         future = asyncio.get_running_loop().create_future()
@@ -216,19 +206,10 @@ class CallGate:
             # Room, but others wait (capped organizations): this waiter may be next.
             self.dispatch()
         try:
-            upstream = await future
-            # Not upstream.healthy now: a health change may have come between the grant and this.
-            self.canary = bool(self._canary_grants) and future in self._canary_grants
-            if self.canary:
-                self._canary_grants.discard(future)
-            return upstream
+            return await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled():
-                upstream = future.result()
-                if future in self._canary_grants:
-                    self._canary_grants.discard(future)
-                    upstream.canary_open = upstream.canary  # a canary never sent: another waiter's now
-                self.release(ticket, upstream)  # granted as we were cancelled: give it back
+                self.release(ticket, future.result())  # granted as we were cancelled: give it back
             else:
                 self._forget(entry)
             raise
@@ -258,8 +239,6 @@ class CallGate:
             self.dispatch()
 
     def _take(self, ticket, upstream):
-        if not upstream.healthy:
-            upstream.canary_open = False  # its one canary call
         upstream.in_use += 1
         ticket.calls += 1
         self.org_calls[ticket.organization_id] += 1
@@ -279,8 +258,6 @@ class CallGate:
                 continue  # its task was cancelled; its own handler finds nothing left to forget
             upstream = self._free_upstream(key)
             self._take(ticket, upstream)
-            if not upstream.healthy:
-                self._canary_grants.add(future)
             future.set_result(upstream)
 
     def _next(self):

@@ -43,6 +43,9 @@ class RecordOutcome:
         """A record whose outcome is exactly one call's result."""
         if result.ok:
             return cls(True, result.status_code, result.request_id, result.body, usage=result.usage)
+        if result.code:
+            # The caller gave up on the record (record_fails_upstream): the server's last answer, if any, is kept.
+            return cls(False, result.status_code, result.request_id, result.body, result.code, result.message)
         if result.kind == "response":
             # A non-2xx answer is the record's result: error file, response set.
             return cls(False, result.status_code, result.request_id, result.body)

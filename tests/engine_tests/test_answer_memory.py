@@ -70,7 +70,7 @@ class HostileModelServer:
                     answer = b'{"choices": [{"message": {"role": "assistant", "content": "ok"}}], "data": []}'
                     writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
                     continue
-                self.attacks += 1
+                self.attacks += b"attack" in body  # the record's calls (the engine's neutral requests are attacked too)
                 await self._attack(writer)
         except (asyncio.IncompleteReadError, ConnectionError):
             pass

@@ -160,3 +160,4 @@ def test_a_record_that_alone_draws_500s_fails_alone_with_the_servers_answer(alic
     out, err = assert_exactly_once(batch, 101)
     assert [e["custom_id"] for e in err] == ["req-101"]
     assert err[0]["response"]["status_code"] == 500
+    assert err[0]["error"]["code"] == "record_fails_upstream"

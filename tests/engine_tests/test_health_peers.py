@@ -38,9 +38,13 @@ class Side:
         self.lane = SimpleNamespace(gate=self.gate)
         self.model_id = deployment.model_id
 
-    def answer(self, faults, status=500, canary=False):
+    def answer(self, faults, status=500):
         """A call of the record whose Faults these are got `status`; why it is sent again, or ""."""
-        return self.engine.health.judge(self.gate, self.upstream, _answer(status), faults, canary)
+        return self.engine.health.judge(self.gate, self.upstream, _answer(status), faults)
+
+    async def settled(self):
+        """Once the neutral request judging this engine's run is answered (the dead server refuses it)."""
+        await self.engine.health.settled(self.upstream)
 
     async def row(self):
         """The Deployment row once this engine's writes are in (one database thread: in order)."""
@@ -89,8 +93,9 @@ def test_a_500_counted_before_a_peer_took_the_deployment_out_for_a_run_is_forgiv
         assert a.answer(record)  # sent again: one 500, not a run yet here
         assert record.count == 1 and a.upstream.healthy
         b.answer(Faults())
-        b.answer(Faults())  # 500s to two records in a row on b: the deployment's, out until a call succeeds
-        assert not b.upstream.healthy and b.upstream.canary
+        b.answer(Faults())  # 500s to two records in a row on b, and the neutral request fails: the deployment's
+        await b.settled()
+        assert not b.upstream.healthy and b.upstream.canary  # out until a neutral request succeeds
         await b.row()  # b's write is in
         await a.read_row()
         assert not a.upstream.healthy
@@ -99,9 +104,6 @@ def test_a_500_counted_before_a_peer_took_the_deployment_out_for_a_run_is_forgiv
         # A call a sent before it read the row answers 500: the deployment's too.
         in_flight = Faults()
         assert a.answer(in_flight) and in_flight.count == 0
-        # The record is a's canary, again and again, while the upstream stays dead: it is never written off.
-        for _ in range(POISON_FAILURES + 1):
-            assert a.answer(record, canary=True)
         assert record.count == 0 < POISON_FAILURES
 
     _run(sides, scenario)
@@ -114,6 +116,7 @@ def test_a_500_counted_before_a_peer_took_the_deployment_out_for_another_failure
         record = Faults()
         a.answer(record)
         b.answer(Faults(), status=503)
+        await b.settled()  # the neutral request fails too: out, probed back in
         assert not b.upstream.healthy and not b.upstream.canary
         await b.row()
         await a.read_row()
@@ -128,7 +131,8 @@ def test_a_500_counted_before_a_peer_took_the_deployment_out_for_another_failure
 def test_an_engine_never_takes_its_own_change_for_a_peers(sides):
     async def scenario(a, _b):
         a.answer(Faults())
-        a.answer(Faults())  # a run: out until a call succeeds, written to the row
+        a.answer(Faults())  # a run, and the neutral request fails: out until one succeeds, written to the row
+        await a.settled()
         row = await a.row()
         assert (row["health"], row["needs_canary"]) == ("unhealthy", True)
         assert row["health_changed_at"] == a.upstream.health_seen_at  # exactly what a wrote

@@ -141,8 +141,8 @@ def test_a_poison_record_fails_alone(alice, model, clusters):
         wait_for(lambda: status_of(batch) == "completed", 60, "the batch to complete")
     out, err = assert_exactly_once(batch, 101)
     assert [e["custom_id"] for e in err] == ["req-101"]
-    assert err[0]["error"]["code"] == "upstream_error"
-    assert "3 times" in err[0]["error"]["message"]
+    assert err[0]["error"]["code"] == "record_fails_upstream"
+    assert "3 times" in err[0]["error"]["message"] and err[0]["response"]["status_code"] == 503
 
 
 @pytest.mark.slow

@@ -26,17 +26,17 @@ CASES = {
     "busy-once": ("busy [[status:429x1]]", ("ok",), 2),
     "bad-request": ("bad [[status:400]]", ("response", 400), 1),
     "unprocessable": ("unprocessable [[status:422]]", ("response", 422), 1),
-    # A 500 is sent again (a proxy answers one for a dead upstream) and is the record's answer when it
-    # alone draws them: one copy, as 500s to different records in a row are a failed server (test_canary).
-    "server-error": ("internal [[status:500]]", ("response", 500), 3),
+    # A 500 is sent again (a proxy answers one for a dead upstream); when a neutral request (or another
+    # call) is answered meanwhile, the 500s are the record's: it fails alone, the answer kept.
+    "server-error": ("internal [[status:500]]", ("error", "record_fails_upstream"), 3),
     "always-busy": ("always busy [[status:429]]", ("response", 429), RETRIES + 1),
-    # A request in flight at 3 server failures fails alone (it may be what takes the server down).
-    "always-503": ("dead [[status:503]]", ("error", "upstream_error"), 3),
-    "always-reset": ("never answers [[drop]]", ("error", "upstream_error"), 3),
+    # A request that draws 3 server failures while the server answers others (a neutral request, the
+    # other records) fails alone: it may be what takes the server down.
+    "always-503": ("dead [[status:503]]", ("error", "record_fails_upstream"), 3),
+    "always-reset": ("never answers [[drop]]", ("error", "record_fails_upstream"), 3),
     "hang": ("hangs [[hang]]", ("error", "request_time_limit"), 1),
     "slow": ("slower than the limit [[latency:4000]]", ("error", "request_time_limit"), 1),
 }
-ONCE = {"server-error": (0,)}  # cases with one copy, not three
 
 
 def _prompt_of(body):
@@ -64,12 +64,7 @@ def test_a_batch_mixing_every_fault_ends_each_record_once_with_the_right_outcome
     model = Model.objects.create(name="openrelay/gemma-4-31b")
     Deployment.objects.create(model=model, base_url=faulty.base_url, upstream_model="sim-upstream", max_concurrency=16)
     # Several copies of each case (distinct bodies, so the simulator counts each one separately).
-    cases = [
-        (name, chat(f"{CASES[name][0]} #{copy}"))
-        for copy in range(3)
-        for name in CASES
-        if copy in ONCE.get(name, (copy,))
-    ]
+    cases = [(name, chat(f"{CASES[name][0]} #{copy}")) for copy in range(3) for name in CASES]
     bodies = [body for _, body in cases]
     batch = make_batch(alice.org, bodies)
     started = time.monotonic()

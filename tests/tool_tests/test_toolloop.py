@@ -249,11 +249,13 @@ def test_it_keeps_a_non_2xx_model_answer_as_the_result_and_bills_nothing(sim, ex
     assert outcome.unbilled == sum((r.usage for r in run.model_results if r.ok), Usage()) != Usage()
 
 
-def test_it_fails_with_upstream_error_when_the_model_server_fails(sim, executor, run_record):
+def test_it_fails_alone_when_the_model_server_drops_its_calls_and_answers_others(sim, executor, run_record):
     executor.answer(ok(content=lambda call: "[[drop]]"))
     outcome = run_record(tool_body(executor)).outcome
 
-    assert outcome.error_code == "upstream_error"
+    # The server answered the engine's neutral request meanwhile: the failures are the record's own.
+    assert outcome.error_code == "record_fails_upstream"
+    assert "while it answered other requests" in outcome.error_message
     assert outcome.usage == Usage()
 
 

@@ -41,7 +41,8 @@ MAX_RETRY_AFTER_S = 60.0
 # Answers that tell the adaptive limit (batches.engine.calls.flow) to back off.
 OVERLOAD_STATUSES = (429, 503)
 # A request in flight at this many server failures fails alone: it may be
-# what takes the server down (a "poison" record).
+# what takes the server down, or what the server can't answer (a "poison"
+# record; caller._given_up gives its code).
 POISON_FAILURES = 3
 CONNECT_TIMEOUT_S = 30.0
 # How late the call limit may cut a call: the watchdog looks this often
@@ -86,6 +87,25 @@ def _request_id():
     return f"req_{random.getrandbits(128):032x}"
 
 
+def _given_up(result, faults, failure):
+    """The last result of a call whose record drew POISON_FAILURES failures: `record_fails_upstream`
+    (the server's last answer kept) when they were the record's own (500s, or failures while the
+    server answered others), else `upstream_error` (the server failed under it; it may be what took
+    the server down)."""
+    if server_error(result) or faults.proven:
+        meanwhile = " while it answered other requests" if faults.proven else ""
+        result.code = "record_fails_upstream"
+        result.message = (
+            f"The model server failed this request {faults.count} times{meanwhile} ({failure}); it is not sent again."
+        )
+        return result
+    return CallResult(
+        kind="unavailable",
+        message=f"The model server failed {faults.count} times while this request was in flight "
+        f"({failure}); it is not sent again.",
+    )
+
+
 @dataclass
 class CallResult:
     """What one model call came to.
@@ -103,6 +123,7 @@ class CallResult:
     message: str = ""  # why a call that got no answer failed ("unavailable", "time_limit")
     retry_after: str = ""  # an overload answer's (429, 503) Retry-After header, as the server sent it
     overload: bool = False  # cut by the idle timeout or the call limit: the server may be overloaded
+    code: str = ""  # the record's error code when the caller gave up on it (record_fails_upstream)
 
     @property
     def ok(self):
@@ -152,8 +173,7 @@ class Upstream:
         self.published = False
         self.in_use = 0
         self.healthy = True
-        self.canary = False  # out of the rotation until a real call succeeds (health.Health)
-        self.canary_open = False  # the gate may hand its one canary call to a waiting record
+        self.canary = False  # out of the rotation until a neutral request succeeds (health.Health)
         self.health_seen_at = None  # when this engine last changed or read the deployment's health
         self.last_error = ""
         self.headers = {"Content-Type": "application/json"}
@@ -268,11 +288,11 @@ class ModelCaller:
     Every call takes a slot at the model's CallGate (fair between
     organizations and batches, within each deployment's share). A
     deployment that fails under a call leaves the rotation and is probed
-    until it answers again, or sent one canary call at a time (health.Health
-    judges each result); the call waits for a healthy deployment (or the
-    canary slot) and is sent again there. A request that was in
-    flight at POISON_FAILURES failures fails alone (it may be what takes
-    the server down). A 429, or a 503 with Retry-After, is the server saying
+    until it answers again, or sent one neutral canary request at a time
+    (health.Health judges each result); the call waits for a healthy
+    deployment and is sent again there. A request that counted
+    POISON_FAILURES failures fails alone (it may be what takes the server
+    down, or what the server can't answer). A 429, or a 503 with Retry-After, is the server saying
     "later": the call waits Retry-After and tries again, up to `retries`
     times. Every answer moves the deployment's adaptive limit
     (batches.engine.calls.flow); those and calls cut for time cut it.
@@ -348,7 +368,6 @@ class ModelCaller:
         busy = 0
         while True:
             upstream = await self.gate.acquire(ticket)
-            canary = self.gate.canary  # the one call let through to a deployment out of the rotation
             sent = time.monotonic()
             try:
                 if ticket.held:
@@ -356,8 +375,6 @@ class ModelCaller:
                 result = await self._attempt(upstream, endpoint, body)
             except BaseException:
                 self.gate.release(ticket, upstream)
-                if canary:
-                    self.health.canary_lost(self.gate, upstream)
                 raise
             now = time.monotonic()
             # Before the slot goes back, so the gate hands out slots by the limit it leads to.
@@ -370,17 +387,12 @@ class ModelCaller:
             # A 503 that says when to come back is an overloaded server, like a 429; without
             # Retry-After it is a failed one (a proxy whose backend is down answers so).
             busy_answer = result.status_code == 429 or (result.status_code == 503 and result.retry_after)
-            failure = self.health.judge(self.gate, upstream, result, faults, canary, busy_answer, sent)
+            failure = self.health.judge(self.gate, upstream, result, faults, busy_answer, sent, ticket.organization_id)
             if failure:
+                await self.health.settled(upstream)  # a run being judged: its verdict decides what counted
                 if faults.count >= POISON_FAILURES:
-                    if server_error(result):
-                        return result  # the server's own answer, like any other error answer
-                    return CallResult(
-                        kind="unavailable",
-                        message=f"The model server failed {faults.count} times while this request was in flight "
-                        f"({failure}); it is not sent again.",
-                    )
-                continue  # the gate hands out only healthy deployments (or a canary): this waits for one
+                    return _given_up(result, faults, failure)
+                continue  # the gate hands out only healthy deployments: this waits for one
             if busy_answer and busy < self.retries:
                 busy += 1
                 await asyncio.sleep(self._delay(result, busy))

@@ -1,25 +1,45 @@
 """Deployment health: which deployments are in the rotation, and whose fault a failed call is.
 
-A deployment that fails under a call leaves the rotation at once: the
-connection refused, reset or timed out, or a 502/503/504. Its records are
-not written off: they wait at the model's gate for a healthy deployment, for
-as long as their batch's window lasts. A probe (GET {base_url}/models with
-the deployment's key) asks again with backoff, from FIRST_PROBE_S doubling to
+A deployment that fails under calls leaves the rotation: the connection
+refused, reset or timed out, or a 502/503/504 (below: whose failure it is).
+Its records are not written off: they wait at the model's gate for a
+healthy deployment, for as long as their batch's window lasts. A probe (GET {base_url}/models with the
+deployment's key) asks again with backoff, from FIRST_PROBE_S doubling to
 OPENRELAY_PROBE_MAX_S, and puts it back once it answers. A real vLLM restart
 takes minutes (loading the model), so a dead server is a pause, not a failure.
 
-Some failures the probe can't see, so the deployment comes back only when a
-real call succeeds: one held record's call, sent as a canary (one at a time,
-with the same backoff between failed ones). They are
+A failure that follows a record is the record's. Issue 56: one tenant's 60
+records whose prompt drew HTTP 500 held a shared deployment out of the
+rotation for every tenant for 3 min (as long as they stayed queued), and
+never failed, as their 500s were forgiven and they were the canaries. So a
+failure that may be the server's (a 500; a dropped call, a 502-504 or a 503
+without Retry-After) counts against its record, and
+- one that came while the server answered another organization's call (a
+  2xx that arrived while it was in flight) is the record's at once
+  (`Faults.proven`);
+- otherwise it joins the deployment's run (failures with no 2xx between
+  them), judged by a neutral request (`ask`: a one-token chat completion no
+  tenant wrote; from a run's first dropped call, or its second 500) while
+  the run's records wait for the verdict. Failed too, the run is the
+  deployment's: it leaves the rotation and the run's 500s are forgiven to
+  their records. Answered, or a 2xx to any call sent after the run began,
+  and the failures are their records'. A neutral request that says nothing
+  (busy, or no answer in ASK_TIMEOUT_S) leaves it to the run: the
+  deployment's only when it spans more than one organization.
+A record whose failures counted POISON_FAILURES times fails alone
+(batches.engine.calls.caller): `record_fails_upstream`, the server's last
+answer kept, when they were its own.
+
+Some failures the probe can't see, so a deployment out for them comes back
+only when a neutral request succeeds (a canary: one at a time, with the same
+backoff; never a tenant's record, so no tenant's records can keep it out).
+They are
 - a 401/403: a wrong upstream key is the operator's fault, never the
   record's, and never counts toward a record's failures (a server without a
   models route answers the probe 404 whatever the key);
-- a run of 500s across different records with no 2xx between them: a proxy
-  whose upstream is dead answers so (LiteLLM: 500 "Connection error"), while
-  its own /models answers 200. The run's 500s are forgiven to its records; a
-  record that alone draws 500s still fails alone, with the server's answer,
-  at the caller's POISON_FAILURES (a canary's failure counts only against a
-  record already suspected so);
+- a run of 500s judged the deployment's: a proxy whose upstream is dead
+  answers so (LiteLLM: 500 "Connection error"), while its own /models
+  answers 200;
 - a probe answered 404/405 (no models route: it proves nothing).
 
 Each engine keeps its own view (it learns from its own calls) and writes
@@ -35,6 +55,7 @@ import asyncio
 import logging
 import time
 
+import orjson
 from django.conf import settings
 
 from batches.engine.calls.transport import TransportError
@@ -48,6 +69,12 @@ REFUSED_STATUSES = {401, 403}
 FINAL_SERVER_STATUSES = {501, 505}
 FIRST_PROBE_S = 0.1
 PROBE_TIMEOUT_S = 5.0
+# A neutral request queues inside the server like any call (a busy vLLM starts it when a slot
+# frees); the run's records wait for its verdict meanwhile, unless a 2xx comes first.
+ASK_TIMEOUT_S = 30.0
+# Every deployment serves chat completions (the catalog's contract); one token costs the least.
+NEUTRAL_PATH = "/v1/chat/completions"
+NEUTRAL_REQUEST = {"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
 MAX_ERROR_CHARS = 300
 
 
@@ -58,7 +85,7 @@ def server_failed(result):
     if result.kind == "response" and (
         result.status_code in FAILED_STATUSES or result.status_code in REFUSED_STATUSES or server_error(result)
     ):
-        return _reason(result)
+        return _reason(result.status_code, result.body)
     return ""
 
 
@@ -77,25 +104,46 @@ def server_error(result):
     )
 
 
-def _reason(result):
+def _reason(status, body):
     detail = ""
-    if isinstance(result.body, dict) and isinstance(result.body.get("error"), dict):
-        detail = str(result.body["error"].get("message") or "")
-    return f"HTTP {result.status_code}" + (f": {detail}" if detail else "")
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        detail = str(body["error"].get("message") or "")
+    return f"HTTP {status}" + (f": {detail}" if detail else "")
 
 
 class Faults:
-    """One call's failures that count against its record (ModelCaller.call's poison count)."""
+    """One call's failures that count against its record (ModelCaller.call's poison count); `proven`:
+    one came while the server answered others, so the record, not the server, draws them."""
 
-    __slots__ = ("count",)
+    __slots__ = ("count", "proven")
 
     def __init__(self):
         self.count = 0
+        self.proven = False
+
+
+class Run:
+    """Failures at one deployment with no 2xx between them, and the neutral request that judges them."""
+
+    __slots__ = ("began", "faults", "forgivable", "orgs", "verdict", "settled")
+
+    def __init__(self):
+        self.began = time.monotonic()
+        self.faults = []  # the Faults of each call that failed in it (a record's twice if it failed twice)
+        self.forgivable = []  # those of the calls that drew a 500
+        self.orgs = set()
+        self.verdict = None  # the task asking the neutral request
+        self.settled = asyncio.Event()
 
 
 def _error_text(text, upstream):
     """`text` without the deployment's key (upstream errors may quote it), cut to MAX_ERROR_CHARS."""
     return redact(text, upstream.secrets, MAX_ERROR_CHARS)
+
+
+def _transport_reason(exc):
+    # A TransportError's text is the transport's own; an OSError's may quote the peer: its name is enough.
+    return str(exc) if isinstance(exc, TransportError) and str(exc) else type(exc).__name__
 
 
 async def probe(upstream):
@@ -109,12 +157,38 @@ async def probe(upstream):
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             response = await upstream.origin.post(head, b"")
     except (TransportError, OSError) as exc:  # OSError covers TimeoutError
-        reason = str(exc) if isinstance(exc, TransportError) and str(exc) else type(exc).__name__
-        return f"The model server did not answer a probe: {reason}."
+        return f"The model server did not answer a probe: {_transport_reason(exc)}."
     if response.status >= 500 or response.status in REFUSED_STATUSES:
         return f"The model server answered a probe with HTTP {response.status}."
     if response.status in (404, 405):
         return None
+    return ""
+
+
+async def ask(upstream):
+    """Send the neutral request: "" when the server answered it (any answer but a failed server's),
+    None when that says nothing (busy, or no answer within ASK_TIMEOUT_S), else why it failed."""
+    try:
+        head = upstream.head(NEUTRAL_PATH)
+    except ValueError as exc:
+        return f"The model server's settings are not usable: {exc}."
+    body = orjson.dumps({"model": upstream.upstream_model, **NEUTRAL_REQUEST})
+    try:
+        async with asyncio.timeout(ASK_TIMEOUT_S):
+            response = await upstream.origin.post(head, body)
+    except TimeoutError:
+        return None
+    except (TransportError, OSError) as exc:
+        return f"The model server failed a neutral request: {_transport_reason(exc)}."
+    status = response.status
+    if status == 429 or (status == 503 and response.headers.get("retry-after")):
+        return None
+    if status in REFUSED_STATUSES or (status >= 500 and status not in FINAL_SERVER_STATUSES):
+        try:
+            parsed = orjson.loads(response.body)
+        except orjson.JSONDecodeError:
+            parsed = None
+        return _reason(status, parsed)
     return ""
 
 
@@ -129,69 +203,128 @@ class Health:
         self.on_change = on_change
         self.on_recovered = on_recovered
         self._probes = {}
-        self._canaries = {}  # upstream -> the future its canary's outcome resolves (True: it succeeded)
-        # upstream -> (when its run began, the Faults of the calls that drew a 500 there since): a 2xx
-        # to a call sent after that ends the run (one sent before proves nothing of the server now).
-        self._runs = {}
+        self._runs = {}  # upstream -> its Run of failures not judged yet
+        # upstream -> {organization id: when a 2xx to its call there last arrived (time.monotonic)}
+        self._answered = {}
 
-    def judge(self, gate, upstream, result, faults, canary, busy=False, sent=0.0):
+    def judge(self, gate, upstream, result, faults, busy=False, sent=0.0, org=0):
         """Why the call that got `result` must be sent again, or "" when `result` is the record's answer.
 
         A failure that is the record's counts in `faults`; one that is the deployment's takes it out.
-        `canary`: the call was the one let through to a deployment out of the rotation; `sent`:
-        when it was sent (time.monotonic).
+        `sent`: when the call was sent (time.monotonic); `org`: the organization whose call it was.
+        A caller sending a call again awaits `settled` first.
         """
         if result.ok:
-            if self._runs and upstream in self._runs and sent > self._runs[upstream][0]:
-                del self._runs[upstream]
-            if canary:
-                self._canary_done(upstream, True)
+            self._answered_by(upstream, org, sent)
             return ""
         reason = "" if busy else server_failed(result)
-        if canary:
-            if not reason:
-                self._reopen(gate, upstream)  # the record's own answer says nothing of the deployment
-                return ""
-            upstream.last_error = _error_text(reason, upstream)
-            if faults.count and not refused(result):
-                faults.count += 1  # a record already suspected: its failures as a canary count too
-            self._canary_done(upstream, False)
-        elif refused(result):
+        if not reason:
+            return ""
+        if refused(result):
             self.failed(gate, upstream, reason, canary=True)
         elif server_error(result):
             if upstream.healthy:
-                self._server_error(gate, upstream, faults, reason)
+                faults.count += 1
+                self._suspect(gate, upstream, faults, reason, org, forgivable=True)
             elif not upstream.canary:
                 faults.count += 1  # out for another reason (a 503, a dropped connection): this 500 is the record's
-        elif reason:
+        else:
             faults.count += 1
-            self.failed(gate, upstream, reason)
+            if not upstream.healthy:
+                self.failed(gate, upstream, reason)
+            elif self._answered_others(upstream, org, sent):
+                faults.proven = True  # another organization's call was answered meanwhile: the server is up
+            else:
+                self._suspect(gate, upstream, faults, reason, org, forgivable=False)
         return reason
 
-    def _server_error(self, gate, upstream, faults, reason):
-        """A 500 counts against its record, until another record draws one there before any 2xx:
-        then the run is the deployment's (its 500s are forgiven) and it leaves the rotation."""
-        run = self._runs.setdefault(upstream, (time.monotonic(), []))[1]
-        faults.count += 1
-        run.append(faults)
-        if any(other is not faults for other in run):
-            for each in run:
-                each.count -= 1
-            self.failed(gate, upstream, f"{reason} (to {len({id(f) for f in run})} requests in a row)", canary=True)
+    async def settled(self, upstream):
+        """Once the verdict on the deployment's run is in, if a neutral request is out for one."""
+        run = self._runs.get(upstream)
+        if run is not None and run.verdict is not None:
+            await run.settled.wait()
+
+    def _answered_by(self, upstream, org, sent):
+        """A 2xx: the server works. It ends a run begun before the call was sent: those failures were their records'."""
+        answered = self._answered.get(upstream)
+        if answered is None:
+            answered = self._answered[upstream] = {}
+        answered[org] = time.monotonic()
+        if self._runs:
+            run = self._runs.get(upstream)
+            if run is not None and sent > run.began:
+                self._blame(upstream, run)
+
+    def _answered_others(self, upstream, org, sent):
+        """Whether another organization's call there was answered 2xx since `sent`."""
+        return any(when > sent for who, when in self._answered.get(upstream, {}).items() if who != org)
+
+    def _suspect(self, gate, upstream, faults, reason, org, forgivable):
+        """A failure that may be the server's joins its run; a neutral request judges whose the run is,
+        from its first dropped call (or 502-504) or its second 500 on. `forgivable`: a 500, forgiven
+        to its record if the run is the deployment's (a dropped call counts all the same: it may be
+        what takes the server down)."""
+        run = self._runs.get(upstream)
+        if run is None:
+            run = self._runs[upstream] = Run()
+        run.faults.append(faults)
+        run.orgs.add(org)
+        if forgivable:
+            run.forgivable.append(faults)
+        if run.verdict is None and (len(run.faults) > 1 or not forgivable):
+            run.verdict = asyncio.create_task(self._judge_run(gate, upstream, run, reason))
+
+    async def _judge_run(self, gate, upstream, run, reason):
+        try:
+            problem = await ask(upstream)
+        except Exception:  # the run's records wait for a verdict: an unforeseen error must still give one
+            logger.exception("the neutral request to %s failed unexpectedly", upstream.base_url)
+            problem = None
+        if self._runs.get(upstream) is not run:
+            return  # a 2xx, an ejection or another engine's verdict came first
+        if problem or (problem is None and len(run.orgs) > 1):
+            self._forgive(run)
+            calls = len({id(f) for f in run.faults})
+            # Out until a neutral request succeeds if it drew 500s (its /models may answer all the same).
+            canary = bool(run.forgivable)
+            self.failed(gate, upstream, f"{reason} (to {calls} requests in a row, and to a neutral request)", canary)
+        elif problem == "":
+            self._blame(upstream, run)
+        else:
+            self._end_run(upstream)  # one organization's, and the server said nothing: the records' own count stands
+
+    def _blame(self, upstream, run):
+        """The server answers: the run's failures are their records'."""
+        for faults in run.faults:
+            faults.proven = True
+        self._end_run(upstream)
+
+    @staticmethod
+    def _forgive(run):
+        for faults in run.forgivable:
+            faults.count -= 1
+
+    def _end_run(self, upstream):
+        run = self._runs.pop(upstream, None)
+        if run is not None:
+            run.settled.set()
+            if run.verdict is not None and run.verdict is not asyncio.current_task():
+                run.verdict.cancel()
 
     def adopt(self, gate, upstream, last_error, canary):
         """Another engine took the deployment out (its row says so): out here too. `canary`: it was
         for a cause only a real call clears (a run of 500s, a refusal), so this engine's own run of
-        500s, not yet long enough to be judged here, was that cause too: its 500s are forgiven."""
+        500s, not judged yet here, was that cause too: its 500s are forgiven."""
         upstream.last_error = last_error
         if canary:
             upstream.canary = True
-            for faults in self._runs.pop(upstream, (0, []))[1]:
-                faults.count -= 1
+            run = self._runs.get(upstream)
+            if run is not None:
+                self._forgive(run)
         self.eject(gate, upstream, persist=False)
 
     def failed(self, gate, upstream, reason, canary=False):
-        """Out of the rotation; `canary`: it comes back only when a real call succeeds."""
+        """Out of the rotation; `canary`: it comes back only when a neutral request succeeds."""
         upstream.last_error = _error_text(reason, upstream)
         if canary:
             upstream.canary = True
@@ -204,7 +337,7 @@ class Health:
         """Out of the rotation, probed until it answers. `persist=False`: the row says so already
         (another engine found it failing)."""
         upstream.healthy = False
-        self._runs.pop(upstream, None)
+        self._end_run(upstream)
         if persist:
             self._changed(upstream)
         if upstream not in self._probes:
@@ -215,16 +348,16 @@ class Health:
         limit = settings.OPENRELAY_PROBE_MAX_S
         while True:
             await asyncio.sleep(delay)
-            if upstream.canary:
-                if await self._canary(gate, upstream):
-                    break
-            else:
-                problem = await probe(upstream)
-                if problem is None:
-                    upstream.canary = True  # no models route: a canary next
-                    continue
-                if not problem:
-                    break
+            # A canary is the neutral request, one at a time: never a tenant's record, which could fail it
+            # every time (issue 56: one tenant's queued records held a deployment out for 3 min).
+            canary = upstream.canary
+            problem = await (ask(upstream) if canary else probe(upstream))
+            if problem is None and not canary:
+                upstream.canary = True  # no models route: a canary next
+                continue
+            if problem == "":
+                break
+            if problem:
                 upstream.last_error = _error_text(problem, upstream)
             delay = min(delay * 2, limit)
         del self._probes[upstream]
@@ -236,47 +369,24 @@ class Health:
         if self.on_recovered:
             self.on_recovered()
 
-    async def _canary(self, gate, upstream):
-        """Let one call through to the deployment (the gate hands it to a waiting record); True when it
-        succeeded. No record waiting: it waits for one (the engine claims for an open canary)."""
-        outcome = self._canaries[upstream] = asyncio.get_running_loop().create_future()
-        try:
-            self._reopen(gate, upstream)
-            return await outcome
-        finally:
-            self._canaries.pop(upstream, None)
-            upstream.canary_open = False
-
-    def _reopen(self, gate, upstream):
-        outcome = self._canaries.get(upstream)
-        if outcome is not None and not outcome.done():
-            upstream.canary_open = True
-            gate.dispatch()
-
-    def _canary_done(self, upstream, succeeded):
-        outcome = self._canaries.get(upstream)
-        if outcome is not None and not outcome.done():
-            outcome.set_result(succeeded)
-
-    def canary_lost(self, gate, upstream):
-        """The canary's call ended without an answer (cancelled): another waiting record may go."""
-        self._reopen(gate, upstream)
-
     def forget(self, upstream):
         """The deployment was replaced or removed: stop probing it."""
         task = self._probes.pop(upstream, None)
         if task is not None:
             task.cancel()
-        self._runs.pop(upstream, None)
-        upstream.canary = upstream.canary_open = False
+        self._end_run(upstream)
+        self._answered.pop(upstream, None)
+        upstream.canary = False
 
     def _changed(self, upstream):
         if self.on_change:
             self.on_change(upstream)
 
     async def close(self):
-        tasks = list(self._probes.values())
+        tasks = list(self._probes.values()) + [run.verdict for run in self._runs.values() if run.verdict]
         self._probes.clear()
+        for upstream in list(self._runs):
+            self._end_run(upstream)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -199,9 +199,9 @@ class WorkflowLoop:
     def _call_failed(self, request_id, result):
         if result.kind == "response":
             response = {"status_code": result.status_code, "body": result.body}
-            message = f"The model answered HTTP {result.status_code}{_upstream_reason(result.body)}"
-            return _failed(request_id, response, "upstream_error", message), Usage()
-        code = "request_time_limit" if result.kind == "time_limit" else "upstream_error"
+            message = result.message or f"The model answered HTTP {result.status_code}{_upstream_reason(result.body)}"
+            return _failed(request_id, response, result.code or "upstream_error", message), Usage()
+        code = result.code or ("request_time_limit" if result.kind == "time_limit" else "upstream_error")
         return _failed(request_id, None, code, result.message), Usage()
 
     def _next_requests(self, answer):
