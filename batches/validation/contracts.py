@@ -28,6 +28,7 @@ from functools import lru_cache
 
 import orjson
 
+from batches import endpoints
 from batches.validation import schema_cost
 from batches.validation.extensions import RecordRejected, wrong_type
 from batches.validation.validators import SchemaInvalid, compiled
@@ -37,7 +38,7 @@ PARAM = "body.openrelay.output_contract"
 DEFAULT_MAX_REASKS = 2
 MAX_REASKS_CAP = 5
 # Endpoints whose answer is text a contract can read and whose conversation a re-ask can extend.
-CONTRACT_ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
+CONTRACT_ENDPOINTS = endpoints.paths_where("contracts")
 MAX_SCHEMA_BYTES = 64 * 1024
 # The work one check may cost, counted at create (schema_cost). Measured (2026-12-06, jsonschema-rs
 # 0.60, the 2-core machine), subschemas visited at one place of the answer and down its costliest way:

@@ -1,0 +1,43 @@
+"""What an endpoint and an API family are, as data the rest of the code asks: `Endpoint` and `Dialect`.
+
+A leaf: it imports nothing of the project, so validation, the quote and the engine can all read it.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+# How a quote reads a record's input text (batches.estimate.records): a chat conversation, a Responses
+# input with its instructions, one prompt or input string (or list) under `input_key`, or nothing.
+QuoteShape = Literal["chat", "responses", "text", "none"]
+# How a model server's tokenizer counts a record (batches.estimate.tokens): as the chat call it is
+# (llama.cpp's input_tokens, vLLM's /tokenize with messages and tools), as one prompt string, or not at all.
+TokenizerShape = Literal["chat", "text", "none"]
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """An API family the gateway speaks: OpenAI's Batch API or Anthropic's Message Batches."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One endpoint a batch's records may call, and what each part of the gateway needs to know of it."""
+
+    path: str
+    label: str  # the API's name, as OpenAI's messages spell it ("Chat Completions")
+    dialect: Dialect
+    input_key: str  # the body key that carries the input: a record without it is rejected
+    input_missing: str  # the message of that rejection, in the dialect's wording
+    cap_keys: tuple[str, ...] = ()  # the body keys that bound a record's output tokens, first found wins
+    answers_tokens: bool = True  # False: the answer carries no output tokens (embeddings, moderations)
+    contracts: bool = False  # its answer is text a contract reads, its conversation a re-ask extends
+    tools: bool = False  # `openrelay.tool_config` runs a tool loop on it
+    workflows: bool = False  # `openrelay.workflow` extends its conversation
+    quote: QuoteShape = "text"
+    tokenizer: TokenizerShape = "none"
+    # Body key -> why it cannot work in a batch. A key set to null (or false) is fine.
+    unsupported: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
