@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
+from batches.endpoints import openai
 from batches.engine import checks
 from batches.engine.calls.usage import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
@@ -35,7 +36,7 @@ from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation.validators import cut as _cut
 from batches.validation.validators import errors_of, object_errors
 
-CHAT = "/v1/chat/completions"
+CHAT = openai.CHAT.path
 MAX_QUOTED_SCHEMA = 4000  # a schema the model never saw is quoted in the re-ask, up to this
 
 
