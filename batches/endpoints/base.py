@@ -14,6 +14,12 @@ QuoteShape = Literal["chat", "responses", "text", "none"]
 # How a model server's tokenizer counts a record (batches.estimate.tokens): as the chat call it is
 # (llama.cpp's input_tokens, vLLM's /tokenize with messages and tools), as one prompt string, or not at all.
 TokenizerShape = Literal["chat", "text", "none"]
+# How an output contract reads an answer's text, a re-ask adds its turns and the summed usage is written
+# (batches.engine.loops.contract): a chat completion's, a Response's, or no contract at all.
+AnswerShape = Literal["chat", "responses", "none"]
+# Which loop answers the model's tool calls (batches.engine.loops.dispatch): the chat loop (tool_calls and
+# tool messages), the Messages loop (tool_use and tool_result blocks), or none.
+ToolLoop = Literal["chat", "messages", "none"]
 
 
 @dataclass(frozen=True)
@@ -34,10 +40,20 @@ class Endpoint:
     input_missing: str  # the message of that rejection, in the dialect's wording
     cap_keys: tuple[str, ...] = ()  # the body keys that bound a record's output tokens, first found wins
     answers_tokens: bool = True  # False: the answer carries no output tokens (embeddings, moderations)
-    contracts: bool = False  # its answer is text a contract reads, its conversation a re-ask extends
-    tools: bool = False  # `openrelay.tool_config` runs a tool loop on it
+    answers: AnswerShape = "none"
+    tool_loop: ToolLoop = "none"
     workflows: bool = False  # `openrelay.workflow` extends its conversation
     quote: QuoteShape = "text"
     tokenizer: TokenizerShape = "none"
     # Body key -> why it cannot work in a batch. A key set to null (or false) is fine.
     unsupported: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @property
+    def contracts(self) -> bool:
+        """Its answer is text a contract reads, its conversation one a re-ask extends."""
+        return self.answers != "none"
+
+    @property
+    def tools(self) -> bool:
+        """`openrelay.tool_config` runs a tool loop on it."""
+        return self.tool_loop != "none"

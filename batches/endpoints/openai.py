@@ -13,8 +13,8 @@ CHAT = Endpoint(
     "messages",
     "Messages parameter is required.",
     cap_keys=("max_completion_tokens", "max_tokens"),
-    contracts=True,
-    tools=True,
+    answers="chat",
+    tool_loop="chat",
     workflows=True,
     quote="chat",
     tokenizer="chat",
@@ -44,7 +44,7 @@ RESPONSES = Endpoint(
     "input",
     "Input parameter is required.",
     cap_keys=("max_output_tokens",),
-    contracts=True,
+    answers="responses",
     quote="responses",
     unsupported=MappingProxyType(
         {
