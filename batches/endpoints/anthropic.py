@@ -1,16 +1,27 @@
 """Anthropic's Message Batches: its dialect and its one endpoint, the Messages API.
 
 The only home of the path: the routes (batches.message_batches), the checks
-(batches.validation.messages) and the engine's translation (batches.engine.calls.messages)
-ask for it here.
+(batches.validation.messages), the engine's translation (batches.engine.calls.messages) and
+the web layer (its error envelope, host and body cap: openrelay.web.dialects) ask for it here.
 """
 
-from batches.endpoints.base import Dialect, Endpoint
+from types import MappingProxyType
 
-ANTHROPIC = Dialect("anthropic")
+from batches.endpoints.base import Dialect, Endpoint
+from openrelay.api.errors import anthropic_envelope
+
+PATH = "/v1/messages"
+
+ANTHROPIC = Dialect(
+    "anthropic",
+    prefix=PATH,
+    envelope=anthropic_envelope,
+    # A Message Batch create carries every request in its JSON body (batches.message_batches).
+    body_caps=MappingProxyType({f"{PATH}/batches": "OPENRELAY_MAX_MESSAGE_BATCH_BYTES"}),
+)
 
 MESSAGES = Endpoint(
-    "/v1/messages",
+    PATH,
     "Messages",
     ANTHROPIC,
     "messages",

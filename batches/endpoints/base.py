@@ -1,12 +1,13 @@
 """What an endpoint and an API family are, as data the rest of the code asks: `Endpoint` and `Dialect`.
 
-A leaf: it imports nothing of the project, so validation, the quote and the engine can all read it.
+A leaf: it imports nothing of the project, so validation, the quote, the engine and (through
+openrelay.web.dialects) the web layer can all read it.
 """
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 # How a quote reads a record's input text (batches.estimate.records): a chat conversation, a Responses
 # input with its instructions, one prompt or input string (or list) under `input_key`, or nothing.
@@ -22,11 +23,23 @@ AnswerShape = Literal["chat", "responses", "none"]
 ToolLoop = Literal["chat", "messages", "none"]
 
 
+# An error answer reshaped from the house's {"error": {...}}: (status, error object, request id) -> body.
+Envelope = Callable[[int, dict[str, Any], str | None], dict[str, Any]]
+
+
 @dataclass(frozen=True)
 class Dialect:
-    """An API family the gateway speaks: OpenAI's Batch API or Anthropic's Message Batches."""
+    """An API family the gateway speaks: OpenAI's Batch API or Anthropic's Message Batches.
+
+    The web layer reads the last three (openrelay.web.dialects, registered by batches.apps); OpenAI's,
+    the default, leaves them unset.
+    """
 
     name: str
+    prefix: str | None = None  # the routes it owns: this path and every path under it
+    envelope: Envelope | None = None  # its error answers' shape
+    # Path -> the setting its JSON body may run to, past DATA_UPLOAD_MAX_MEMORY_SIZE.
+    body_caps: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
 @dataclass(frozen=True)
