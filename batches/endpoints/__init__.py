@@ -20,9 +20,15 @@ def get(path: str) -> Endpoint:
     return ENDPOINTS[path]
 
 
+def dialect_of(path: str) -> Dialect | None:
+    """The dialect of the endpoint at `path`, or None for a path no endpoint has (a server's own route)."""
+    endpoint = ENDPOINTS.get(path)
+    return endpoint.dialect if endpoint is not None else None
+
+
 def paths_where(flag: str) -> tuple[str, ...]:
     """The paths of the endpoints whose boolean `flag` is set ("contracts", "tools"), in the registry's order."""
     return tuple(path for path, endpoint in ENDPOINTS.items() if getattr(endpoint, flag))
 
 
-__all__ = ["DIALECTS", "ENDPOINTS", "PATHS", "Dialect", "Endpoint", "get", "paths_where"]
+__all__ = ["DIALECTS", "ENDPOINTS", "PATHS", "Dialect", "Endpoint", "dialect_of", "get", "paths_where"]

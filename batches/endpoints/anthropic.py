@@ -18,6 +18,9 @@ ANTHROPIC = Dialect(
     envelope=anthropic_envelope,
     # A Message Batch create carries every request in its JSON body (batches.message_batches).
     body_caps=MappingProxyType({f"{PATH}/batches": "OPENRELAY_MAX_MESSAGE_BATCH_BYTES"}),
+    # What Anthropic-format servers read: the version, and the key as x-api-key too.
+    upstream_headers=MappingProxyType({"anthropic-version": "2023-06-01"}),
+    key_header="x-api-key",
 )
 
 MESSAGES = Endpoint(

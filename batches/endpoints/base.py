@@ -40,6 +40,19 @@ class Dialect:
     envelope: Envelope | None = None  # its error answers' shape
     # Path -> the setting its JSON body may run to, past DATA_UPLOAD_MAX_MEMORY_SIZE.
     body_caps: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # What its model servers read besides the house's headers (batches.engine.calls.caller): fixed
+    # headers, and the header that carries the key too (beside the Bearer token every server is sent).
+    upstream_headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    key_header: str | None = None
+
+    def upstream(self, headers: dict[str, str], api_key: str | None) -> dict[str, str]:
+        """`headers` with what this dialect's servers read added; the same dict when it adds nothing."""
+        if not self.upstream_headers and not self.key_header:
+            return headers
+        headers = {**headers, **self.upstream_headers}
+        if api_key and self.key_header:
+            headers[self.key_header] = api_key
+        return headers
 
 
 @dataclass(frozen=True)
