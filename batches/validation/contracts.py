@@ -29,7 +29,6 @@ from functools import lru_cache
 import orjson
 
 from batches import endpoints
-from batches.endpoints import openai
 from batches.validation import schema_cost
 from batches.validation.extensions import RecordRejected, wrong_type
 from batches.validation.validators import SchemaInvalid, compiled
@@ -145,7 +144,8 @@ def from_format(body, endpoint):
     Responses: `text.format` {type: json_schema, schema} or {type: json_object}. Other shapes
     are the model server's to refuse: they make no contract.
     """
-    if endpoint == openai.CHAT.path:
+    answers = endpoints.get(endpoint).answers
+    if answers == "chat":
         fmt, param = body.get("response_format"), "body.response_format"
         if not isinstance(fmt, dict):
             return None
@@ -153,7 +153,7 @@ def from_format(body, endpoint):
             spec = fmt.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, dict) else None
             return _format_schema(schema, f"{param}.json_schema.schema")
-    elif endpoint == openai.RESPONSES.path:
+    elif answers == "responses":
         text = body.get("text")
         fmt, param = (text.get("format") if isinstance(text, dict) else None), "body.text.format"
         if not isinstance(fmt, dict):
