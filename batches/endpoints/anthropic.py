@@ -29,6 +29,7 @@ MESSAGES = Endpoint(
     ANTHROPIC,
     "messages",
     "messages: Field required",
+    required_cap="max_tokens",
     tool_loop="messages",
     # A quote reads no input text of a Messages record (it did not before the registry either): its local
     # count is the approximation's floor, and no model server tokenizer is asked.

@@ -65,6 +65,7 @@ class Endpoint:
     input_key: str  # the body key that carries the input: a record without it is rejected
     input_missing: str  # the message of that rejection, in the dialect's wording
     cap_keys: tuple[str, ...] = ()  # the body keys that bound a record's output tokens, first found wins
+    required_cap: str | None = None  # the body key every record must set to an integer of at least 1
     answers_tokens: bool = True  # False: the answer carries no output tokens (embeddings, moderations)
     answers: AnswerShape = "none"
     tool_loop: ToolLoop = "none"

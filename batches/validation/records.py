@@ -6,7 +6,6 @@ custom_ids taken, so records are checked in order, once each.
 """
 
 from batches import endpoints
-from batches.endpoints.anthropic import MESSAGES
 from batches.validation import contracts
 from batches.validation.extensions import (
     OPENRELAY_KEYS,
@@ -65,8 +64,8 @@ class RecordChecker:
         self._check_body_shape(body)
         self._check_stream(body)
         self._check_supported(body)
-        if self.spec is MESSAGES:
-            _check_max_tokens(body)
+        if self.spec.required_cap is not None:
+            _check_required_cap(body, self.spec.required_cap)
         model = self._check_model(body["model"])
         self._check_extensions(body)
         self._claim(custom_id, model, line)
@@ -201,17 +200,18 @@ class RecordChecker:
             self.model_name = model
 
 
-def _check_max_tokens(body):
-    """A Messages request must say how many tokens it may generate: an integer of at least 1
-    (0, Anthropic's cache pre-warming, runs nothing worth a batch)."""
-    value = body.get("max_tokens")
+def _check_required_cap(body, key):
+    """A Messages request must say how many tokens it may generate (`max_tokens`): an integer of at
+    least 1 (0, Anthropic's cache pre-warming, runs nothing worth a batch). In Anthropic's wording,
+    the one dialect whose endpoint requires a cap."""
+    value = body.get(key)
     if value is None:
-        raise RecordRejected("missing_required_parameter", "max_tokens: Field required", "body.max_tokens")
+        raise RecordRejected("missing_required_parameter", f"{key}: Field required", f"body.{key}")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RecordRejected(
             "invalid_request",
-            f"max_tokens: expected an integer of at least 1, but got {shown(value)} instead.",
-            "body.max_tokens",
+            f"{key}: expected an integer of at least 1, but got {shown(value)} instead.",
+            f"body.{key}",
         )
 
 
