@@ -15,9 +15,14 @@ class BatchesConfig(AppConfig):
         from django.db.models.signals import post_delete
         from django_q.signals import post_spawn
 
+        from batches import endpoints
         from batches.engine import process
         from batches.estimate import counted
+        from openrelay.web import dialects
 
+        # The web layer answers each dialect's routes in its shapes (openrelay/web/dialects.py).
+        for dialect in endpoints.DIALECTS:
+            dialects.register(dialect)
         schedules.every(self, **SWEEPER_SCHEDULE)
         schedules.every(self, **AT_RISK_SCHEDULE)
         # Every q2 worker process runs an engine beside its tasks.

@@ -62,7 +62,7 @@ MIDDLEWARE = [
     "openrelay.web.probes.ProbeMiddleware",
     "openrelay.web.middleware.RequestIdMiddleware",
     # Outside everything that answers an error, so each reaches Anthropic's routes in Anthropic's envelope.
-    "openrelay.web.middleware.AnthropicErrorMiddleware",
+    "openrelay.web.middleware.DialectErrorMiddleware",
     "openrelay.web.middleware.HostRoutingMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (the dashboard's CSS and JS) under any ASGI server, no web server in front needed.

@@ -13,11 +13,11 @@ from datetime import timedelta
 from django.conf import settings
 from django.utils import timezone
 
-from batches import services
+from batches import endpoints, services
 from batches.estimate import history as histories
 from batches.estimate import pace as paces
 from batches.estimate import tokens
-from batches.estimate.records import NO_OUTPUT, RecordTally
+from batches.estimate.records import RecordTally
 from billing.pricing import PRICE_MULTIPLIER, Prices, cost, usd
 from openrelay.core.models import Deployment, Price
 
@@ -101,7 +101,7 @@ def _with_rounds(input_total, tally, rounds):
 
 def _output_tokens(tally, history, rounds):
     """low / expected / high over the records: each record's figure bounded by its own output cap."""
-    if tally.endpoint in NO_OUTPUT:
+    if not endpoints.get(tally.endpoint).answers_tokens:
         return {"low": 0, "expected": 0, "high": 0, "ceiling": 0, "basis": "none", "history_records": 0}
     if history.records:
         figures, basis = (history.low, history.mean, history.high), "history"

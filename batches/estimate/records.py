@@ -11,18 +11,12 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
+from batches import endpoints
+
 # Records the tokenizer counts at most in one quote: all of them up to this, a sample past it.
 # 200 calls to a local tokenizer take ~0.2 s; the ratio of exact to local counts varies little
 # between records, so 200 put the total within ~1% (tests/perf/bench_estimate.py measures it).
 SAMPLE_SIZE = 200
-# Output caps, by endpoint: the body keys that bound a record's output tokens, first found wins.
-CAP_KEYS = {
-    "/v1/chat/completions": ("max_completion_tokens", "max_tokens"),
-    "/v1/completions": ("max_tokens",),
-    "/v1/responses": ("max_output_tokens",),
-}
-# Endpoints that answer no output tokens.
-NO_OUTPUT = ("/v1/embeddings", "/v1/moderations")
 CHARS_PER_TOKEN = 4  # the approximation's rule (OpenAI's rule of thumb for English text)
 
 
@@ -89,7 +83,7 @@ class RecordTally:
 
 
 def output_cap(endpoint, body):
-    for key in CAP_KEYS.get(endpoint, ()):
+    for key in endpoints.get(endpoint).cap_keys:
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value * _choices(body)
@@ -105,15 +99,16 @@ def input_length(endpoint, body):
     """The characters of a record's input text (messages, prompt or input), as a local count reads it.
 
     Lengths are summed, not the text joined: the quote reads every record of the file."""
-    if endpoint == "/v1/chat/completions":
+    quote = endpoints.get(endpoint).quote
+    if quote == "chat":
         messages = _listed(body.get("messages"))
         length = len(messages) - 1 if messages else 0  # the newlines between them
         for message in messages:
             length += _message_length(message)
         return length
-    if endpoint == "/v1/responses":
+    if quote == "responses":
         return len(input_text(endpoint, body))
-    value = body.get("prompt") if endpoint == "/v1/completions" else body.get("input")
+    value = _text_input(endpoint, body)
     if isinstance(value, str):
         return len(value)
     items = _listed(value)
@@ -124,17 +119,24 @@ def input_length(endpoint, body):
 
 def input_text(endpoint, body):
     """The text of a record's input, as a local count reads it (messages, prompt or input)."""
-    if endpoint == "/v1/chat/completions":
+    quote = endpoints.get(endpoint).quote
+    if quote == "chat":
         return "\n".join(_message_text(m) for m in _listed(body.get("messages")))
-    if endpoint == "/v1/responses":
+    if quote == "responses":
         instructions = body.get("instructions") if isinstance(body.get("instructions"), str) else ""
         value = body.get("input")
         items = [{"content": value}] if isinstance(value, str) else _listed(value)
         return "\n".join([instructions, *(_message_text(item) for item in items)]).strip("\n")
-    value = body.get("prompt") if endpoint == "/v1/completions" else body.get("input")
+    value = _text_input(endpoint, body)
     if isinstance(value, str):
         return value
     return "\n".join(item if isinstance(item, str) else _content_text([item]) for item in _listed(value))
+
+
+def _text_input(endpoint, body):
+    """The prompt or input (a string or a list) of a record whose quote reads it as text; None for none."""
+    spec = endpoints.get(endpoint)
+    return body.get(spec.input_key) if spec.quote == "text" else None
 
 
 def _listed(value):

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import httpx
 from django.conf import settings
 
+from batches import endpoints
 from batches.estimate import counted
 from batches.estimate.records import CHARS_PER_TOKEN
 from openrelay.core.models import DeploymentHealth
@@ -45,9 +46,6 @@ logger = logging.getLogger("batches.estimate")
 LLAMACPP = "llamacpp_input_tokens"
 VLLM = "vllm_tokenize"
 APPROXIMATION = "approximation"
-# A record the template or tools could add tokens to is counted as the call is; other endpoints as text.
-CHAT = "/v1/chat/completions"
-TEXT_ENDPOINTS = ("/v1/completions", "/v1/embeddings")
 # Tokenizer calls a quote keeps in flight (fewer when the deployment's cap is lower): enough to hide round
 # trips. The deployment's slots bound every quote's together.
 TOKENIZER_CALLS_AT_ONCE = 8
@@ -175,10 +173,12 @@ def _count_all(count, bodies, at_once):
 def _tokenizer_of(client, slots, deployment, endpoint, body):
     """(method, count(body), count of `body`) for the first route the deployment's server answers,
     or TokenizerUnavailable."""
+    # A record the template or tools could add tokens to is counted as the call is; other endpoints as text.
+    shape = endpoints.get(endpoint).tokenizer
     routes = []
-    if endpoint == CHAT:
+    if shape == "chat":
         routes.append((LLAMACPP, _llamacpp_counter(client, slots, deployment)))
-    if endpoint == CHAT or endpoint in TEXT_ENDPOINTS:
+    if shape != "none":
         routes.append((VLLM, _vllm_counter(client, slots, deployment, endpoint)))
     if not routes:
         raise TokenizerUnavailable(f"no model server tokenizer counts {endpoint} requests")
@@ -228,8 +228,10 @@ def _vllm_counter(client, slots, deployment, endpoint):
     root = deployment.base_url.rstrip("/").removesuffix("/v1")
     url = root + "/tokenize"
 
+    spec = endpoints.get(endpoint)
+
     def count(body):
-        if endpoint == CHAT:
+        if spec.tokenizer == "chat":
             payload = {
                 "model": deployment.upstream_name,
                 "messages": body.get("messages"),
@@ -238,7 +240,7 @@ def _vllm_counter(client, slots, deployment, endpoint):
             if body.get("tools"):
                 payload["tools"] = body["tools"]
         else:
-            text = body.get("prompt") if endpoint == "/v1/completions" else body.get("input")
+            text = body.get(spec.input_key)
             if not isinstance(text, str):
                 raise TokenizerUnavailable("the tokenizer counts a prompt given as one string only")
             payload = {"model": deployment.upstream_name, "prompt": text}

@@ -6,5 +6,5 @@ and reported by webhooks like any other. Its id `msgbatch_<x>` is the batch `bat
 OpenAI dialect. This package only speaks the dialect: the create body (params.py), the
 MessageBatch object (presenters.py), the result lines (results.py), delete (services.py) and
 the routes (views.py, urls.py). Errors are the house's ApiError, put in Anthropic's envelope by
-openrelay.web.middleware.AnthropicErrorMiddleware.
+openrelay.web.middleware.DialectErrorMiddleware.
 """

@@ -9,11 +9,12 @@ create, they would only fail one by one. What needs the batch as a whole (a seco
 comes back as an `errored` result.
 """
 
+from batches.endpoints import anthropic
 from batches.validation import messages
 from openrelay.api.errors import ApiError
 from openrelay.api.params import invalid_type, missing_parameter, shown
 
-MESSAGES = "/v1/messages"
+MESSAGES = anthropic.MESSAGES.path
 # Anthropic's limits: 100,000 requests (or 256 MB) a batch, custom_ids of 1-64 characters.
 MAX_REQUESTS = 100_000
 MAX_CUSTOM_ID = 64

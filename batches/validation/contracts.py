@@ -28,6 +28,7 @@ from functools import lru_cache
 
 import orjson
 
+from batches import endpoints
 from batches.validation import schema_cost
 from batches.validation.extensions import RecordRejected, wrong_type
 from batches.validation.validators import SchemaInvalid, compiled
@@ -37,7 +38,7 @@ PARAM = "body.openrelay.output_contract"
 DEFAULT_MAX_REASKS = 2
 MAX_REASKS_CAP = 5
 # Endpoints whose answer is text a contract can read and whose conversation a re-ask can extend.
-CONTRACT_ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
+CONTRACT_ENDPOINTS = endpoints.paths_where("contracts")
 MAX_SCHEMA_BYTES = 64 * 1024
 # The work one check may cost, counted at create (schema_cost). Measured (2026-12-06, jsonschema-rs
 # 0.60, the 2-core machine), subschemas visited at one place of the answer and down its costliest way:
@@ -143,7 +144,8 @@ def from_format(body, endpoint):
     Responses: `text.format` {type: json_schema, schema} or {type: json_object}. Other shapes
     are the model server's to refuse: they make no contract.
     """
-    if endpoint == "/v1/chat/completions":
+    answers = endpoints.get(endpoint).answers
+    if answers == "chat":
         fmt, param = body.get("response_format"), "body.response_format"
         if not isinstance(fmt, dict):
             return None
@@ -151,7 +153,7 @@ def from_format(body, endpoint):
             spec = fmt.get("json_schema")
             schema = spec.get("schema") if isinstance(spec, dict) else None
             return _format_schema(schema, f"{param}.json_schema.schema")
-    elif endpoint == "/v1/responses":
+    elif answers == "responses":
         text = body.get("text")
         fmt, param = (text.get("format") if isinstance(text, dict) else None), "body.text.format"
         if not isinstance(fmt, dict):

@@ -7,20 +7,14 @@ output expiry, priority) checked into a `CreateParams`, raising an `ApiError`
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
+from batches import endpoints
 from batches.validation import contracts
 from batches.validation.extensions import RecordRejected
 from openrelay.api.errors import ApiError
 from openrelay.api.params import invalid_choice, invalid_type, missing_parameter, request_object, unknown_parameter
 
-ENDPOINTS = (
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/moderations",
-    # Anthropic Messages requests (also served as Message Batches: batches.message_batches).
-    "/v1/messages",
-)
+# Anthropic Messages requests among them (also served as Message Batches: batches.message_batches).
+ENDPOINTS = endpoints.PATHS
 COMPLETION_WINDOWS = ("24h",)
 PRIORITIES = ("standard", "expedited")
 MAX_METADATA_PAIRS = 16

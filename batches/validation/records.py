@@ -5,6 +5,7 @@ its param and OpenAI's message; it remembers the batch's model and the
 custom_ids taken, so records are checked in order, once each.
 """
 
+from batches import endpoints
 from batches.validation import contracts
 from batches.validation.extensions import (
     OPENRELAY_KEYS,
@@ -19,30 +20,9 @@ from openrelay.api.params import missing_parameter, shown
 
 # Workflows read and extend a chat conversation: no other endpoint has one. Tool loops run on
 # Anthropic Messages too (tool_use blocks answered with tool_result blocks).
-CHAT_ONLY = "/v1/chat/completions"
-MESSAGES = "/v1/messages"
-TOOL_ENDPOINTS = (CHAT_ONLY, MESSAGES)
+TOOL_ENDPOINTS = endpoints.paths_where("tools")
+WORKFLOW_ENDPOINTS = endpoints.paths_where("workflows")
 MAX_CUSTOM_ID = 512
-
-# Endpoint -> (the body key that carries the input, its message, the API's name).
-BODY_INPUT = {
-    "/v1/chat/completions": ("messages", "Messages parameter is required.", "Chat Completions"),
-    "/v1/completions": ("prompt", "Prompt parameter is required.", "Completions"),
-    "/v1/embeddings": ("input", "Input parameter is required.", "Embeddings"),
-    "/v1/responses": ("input", "Input parameter is required.", "Responses"),
-    "/v1/moderations": ("input", "Input parameter is required.", "Moderations"),
-    "/v1/messages": ("messages", "messages: Field required", "Messages"),
-}
-# Endpoint -> {body key: why it cannot work in a batch}. A key set to null (or false) is fine.
-UNSUPPORTED_FIELDS = {
-    "/v1/responses": {
-        "background": "every batch request already runs in the background; leave 'background' out",
-        "previous_response_id": "a batch request can't continue a stored response; send the whole conversation "
-        "in 'input'",
-        "conversation": "a batch request can't read or extend a stored conversation; send the whole conversation "
-        "in 'input'",
-    },
-}
 
 NOT_AN_OBJECT = "This line is valid JSON but not a JSON object; each line must be one request object."
 
@@ -59,6 +39,7 @@ class RecordChecker:
 
     def __init__(self, endpoint, *, models, workflows_enabled, output_contract=None):
         self.endpoint = endpoint
+        self.spec = endpoints.get(endpoint)
         # The batch's contract from create (contracts.normalize_output_contract), False or None.
         self.output_contract = output_contract
         self.models = models  # enabled catalog names -> Model pk
@@ -83,8 +64,8 @@ class RecordChecker:
         self._check_body_shape(body)
         self._check_stream(body)
         self._check_supported(body)
-        if self.endpoint == MESSAGES:
-            _check_max_tokens(body)
+        if self.spec.required_cap is not None:
+            _check_required_cap(body, self.spec.required_cap)
         model = self._check_model(body["model"])
         self._check_extensions(body)
         self._claim(custom_id, model, line)
@@ -108,7 +89,7 @@ class RecordChecker:
             raise RecordRejected("invalid_request", "Model parameter is required.", "body.model")
         if not isinstance(model, str):
             raise wrong_type("invalid_request", "body.model", "a string", model)
-        key, message, _ = BODY_INPUT[self.endpoint]
+        key, message = self.spec.input_key, self.spec.input_missing
         value = body.get(key)
         accepted = (list,) if key == "messages" else (list, str)
         if not isinstance(value, accepted) or not value:
@@ -116,15 +97,15 @@ class RecordChecker:
 
     def _check_stream(self, body):
         if body.get("stream") not in (None, False):
-            name = BODY_INPUT[self.endpoint][2]
+            name = self.spec.label
             raise RecordRejected(
                 "streaming_unsupported", f"{name}: Streaming is not supported in the Batch API.", "body.stream"
             )
 
     def _check_supported(self, body):
-        for key, why in UNSUPPORTED_FIELDS.get(self.endpoint, {}).items():
+        for key, why in self.spec.unsupported.items():
             if body.get(key) not in (None, False):
-                name = BODY_INPUT[self.endpoint][2]
+                name = self.spec.label
                 raise RecordRejected(
                     "unsupported_parameter", f"{name}: '{key}' is not supported in the Batch API: {why}.", f"body.{key}"
                 )
@@ -193,9 +174,11 @@ class RecordChecker:
                 )
             normalize_tool_config(extensions["tool_config"])
         if "workflow" in extensions:
-            if self.endpoint != CHAT_ONLY:
+            if self.endpoint not in WORKFLOW_ENDPOINTS:
                 raise RecordRejected(
-                    "invalid_workflow", f"'openrelay.workflow' is only supported on {CHAT_ONLY}.", WORKFLOW_PARAM
+                    "invalid_workflow",
+                    f"'openrelay.workflow' is only supported on {' and '.join(WORKFLOW_ENDPOINTS)}.",
+                    WORKFLOW_PARAM,
                 )
             if not self.workflows_enabled:
                 raise RecordRejected(
@@ -217,17 +200,18 @@ class RecordChecker:
             self.model_name = model
 
 
-def _check_max_tokens(body):
-    """A Messages request must say how many tokens it may generate: an integer of at least 1
-    (0, Anthropic's cache pre-warming, runs nothing worth a batch)."""
-    value = body.get("max_tokens")
+def _check_required_cap(body, key):
+    """A Messages request must say how many tokens it may generate (`max_tokens`): an integer of at
+    least 1 (0, Anthropic's cache pre-warming, runs nothing worth a batch). In Anthropic's wording,
+    the one dialect whose endpoint requires a cap."""
+    value = body.get(key)
     if value is None:
-        raise RecordRejected("missing_required_parameter", "max_tokens: Field required", "body.max_tokens")
+        raise RecordRejected("missing_required_parameter", f"{key}: Field required", f"body.{key}")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise RecordRejected(
             "invalid_request",
-            f"max_tokens: expected an integer of at least 1, but got {shown(value)} instead.",
-            "body.max_tokens",
+            f"{key}: expected an integer of at least 1, but got {shown(value)} instead.",
+            f"body.{key}",
         )
 
 

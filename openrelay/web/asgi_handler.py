@@ -33,22 +33,21 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler
 from django.db import close_old_connections
 
+from openrelay.web import dialects
+
 # Multipart framing and the small text fields (purpose, expires_after) that
 # ride along with an uploaded file: a multipart body longer than the upload
 # limit + this can't hold an acceptable file.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 
-# Anthropic's Message Batch create carries every request in its JSON body (batches.message_batches).
-MESSAGE_BATCHES_PATH = "/v1/messages/batches"
-
-
 def body_cap(content_type, path=""):
     """The most body bytes kept for a request of this Content-Type (to this path)."""
     if content_type.lower().startswith("multipart/form-data"):
         return settings.OPENRELAY_MAX_UPLOAD_BYTES + MULTIPART_OVERHEAD_BYTES
-    if path == MESSAGE_BATCHES_PATH:
-        return max(settings.OPENRELAY_MAX_MESSAGE_BATCH_BYTES, settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    setting = dialects.body_cap_setting(path)  # Anthropic's Message Batch create: its requests inline
+    if setting is not None:
+        return max(getattr(settings, setting), settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
     return settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 

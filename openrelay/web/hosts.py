@@ -4,12 +4,13 @@ control-plane host."""
 
 from django.conf import settings
 
+from openrelay.web import dialects
+
 # Webhook endpoints sit with the batches they report on, so one OpenAI client
 # pointed at the inference host manages both.
 INFERENCE_PREFIXES = (
     "/v1/files",
     "/v1/batches",
-    "/v1/messages",  # Anthropic's Message Batches (batches.message_batches)
     "/v1/models",
     "/v1/limits",
     "/v1/webhook_endpoints",
@@ -27,7 +28,8 @@ def _matches(path, prefixes):
 
 
 def is_inference_route(path):
-    return _matches(path, INFERENCE_PREFIXES)
+    # The dialects' routes too (Anthropic's Message Batches: openrelay.web.dialects).
+    return _matches(path, INFERENCE_PREFIXES) or _matches(path, dialects.prefixes())
 
 
 def is_control_route(path):

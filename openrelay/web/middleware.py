@@ -4,9 +4,9 @@ import orjson
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 
-from openrelay.api.errors import anthropic_envelope, error_response, method_not_allowed
+from openrelay.api.errors import error_response, method_not_allowed
 from openrelay.lib.ids import new_request_id
-from openrelay.web import hosts
+from openrelay.web import dialects, hosts
 
 logger = logging.getLogger("openrelay.api")
 
@@ -89,15 +89,13 @@ class ApiErrorMiddleware:
         return error_response(500, "The server had an error while processing your request.", type="server_error")
 
 
-ANTHROPIC_PREFIX = "/v1/messages"
-
-
-class AnthropicErrorMiddleware:
-    """Every error answer under /v1/messages in Anthropic's envelope instead of OpenAI's:
-    the views' own, authentication's, throttling's and Django's 404/405/413/500 alike.
+class DialectErrorMiddleware:
+    """Every error answer under a dialect's prefix in its envelope instead of OpenAI's (Anthropic's
+    under its Message Batches routes): the views' own, authentication's, throttling's and Django's
+    404/405/413/500 alike. The dialects are registered by the apps that serve them (openrelay.web.dialects).
 
     The routes raise the house's ApiError like every other; reshaping the finished answer
-    here keeps one error path for both dialects. Error bodies are small, so re-reading them costs nothing.
+    here keeps one error path for every dialect. Error bodies are small, so re-reading them costs nothing.
     """
 
     def __init__(self, get_response):
@@ -105,8 +103,10 @@ class AnthropicErrorMiddleware:
 
     def __call__(self, request):
         response = self.get_response(request)
-        path = request.path
-        if response.status_code < 400 or not (path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")):
+        if response.status_code < 400:
+            return response
+        dialect = dialects.owner(request.path)
+        if dialect is None or dialect.envelope is None:
             return response
         if not response.get("Content-Type", "").startswith("application/json"):
             return response
@@ -116,7 +116,7 @@ class AnthropicErrorMiddleware:
             return response
         if not isinstance(body, dict) or not isinstance(body.get("error"), dict) or "type" in body:
             return response
-        reshaped = anthropic_envelope(response.status_code, body["error"], getattr(request, "request_id", None))
+        reshaped = dialect.envelope(response.status_code, body["error"], getattr(request, "request_id", None))
         response.content = orjson.dumps(reshaped)
         if response.has_header("Content-Length"):  # set by the middleware inside for the old body
             response["Content-Length"] = str(len(response.content))

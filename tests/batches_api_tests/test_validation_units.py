@@ -200,3 +200,35 @@ class TestScan:
                 "line": 2,
             }
         ]
+
+
+class TestRequiredCap:
+    """A Messages record must set max_tokens (Anthropic's wording); a chat record need not."""
+
+    @staticmethod
+    def _record(url, body):
+        return {"custom_id": "a", "method": "POST", "url": url, "body": {"model": "m", **body}}
+
+    def test_it_rejects_a_messages_record_without_max_tokens(self):
+        checker = RecordChecker("/v1/messages", models={"m": 1}, workflows_enabled=False)
+        record = self._record("/v1/messages", {"messages": [{"role": "user", "content": "x"}]})
+        rejected = _rejects(lambda obj: checker.check(obj, 1), record, "missing_required_parameter", "body.max_tokens")
+        assert rejected.message == "max_tokens: Field required"
+
+    @pytest.mark.parametrize("value", [0, True, "64", 1.5])
+    def test_it_rejects_a_max_tokens_that_is_no_count(self, value):
+        checker = RecordChecker("/v1/messages", models={"m": 1}, workflows_enabled=False)
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": value}
+        rejected = _rejects(
+            lambda obj: checker.check(obj, 1), self._record("/v1/messages", body), "invalid_request", "body.max_tokens"
+        )
+        assert rejected.message.startswith("max_tokens: expected an integer of at least 1, but got ")
+
+    def test_it_takes_a_messages_record_with_max_tokens_and_a_chat_record_without(self):
+        messages = RecordChecker("/v1/messages", models={"m": 1}, workflows_enabled=False)
+        body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 16}
+        assert messages.check(self._record("/v1/messages", body), 1) == "a"
+        chat = _checker()
+        assert (
+            chat.check(self._record("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}), 1) == "a"
+        )

@@ -65,6 +65,8 @@ class TestMessageBatches:
         assert sent["What is a batch?"]["messages"][0] == {"role": "system", "content": "Be brief."}
         assert sent["What is a batch?"]["max_tokens"] == 64 and sent["Stop early"]["stop"] == ["###"]
         assert sim.bodies(MESSAGES) == []
+        # Translated calls are chat completions: no Anthropic headers (the dialect's, batches.endpoints.anthropic).
+        assert all("anthropic-version" not in call["headers"] for call in sim.requests(CHAT))
 
     def test_it_passes_requests_through_to_a_native_deployment(self, claude, native, sim):
         params = request("n", "Native please", model=NATIVE, temperature=0.5)
@@ -72,6 +74,9 @@ class TestMessageBatches:
         run_batch(batch_of(created).pk)
         [sent] = sim.bodies(MESSAGES)
         assert sent == {**params["params"], "model": "sim-upstream"}
+        # What Anthropic-format servers read (the dialect's upstream headers; x-api-key is a secret, not recorded).
+        [call] = sim.requests(MESSAGES)
+        assert call["headers"]["anthropic-version"] == "2023-06-01"
         [(custom_id, result)] = results_by_id(claude, created.id).items()
         assert custom_id == "n" and result.type == "succeeded"
         assert result.message.model == NATIVE and result.message.id.startswith("msg_")

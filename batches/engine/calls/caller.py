@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from batches import endpoints
 from batches.engine.calls import messages, tallies
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
@@ -231,12 +232,8 @@ class Upstream:
         if head is None:
             if self.origin is None:
                 raise ValueError(self.problem)
-            headers = self.headers
-            if endpoint == messages.MESSAGES:
-                # What Anthropic-format servers read: the version, and the key as x-api-key too.
-                headers = {**headers, "anthropic-version": "2023-06-01"}
-                if self.api_key:
-                    headers["x-api-key"] = self.api_key
+            dialect = endpoints.dialect_of(endpoint)
+            headers = dialect.upstream(self.headers, self.api_key) if dialect is not None else self.headers
             head = self._heads[(endpoint, method)] = self.origin.prepare(endpoint.removeprefix("/v1"), headers, method)
         return head
 

@@ -16,8 +16,10 @@ import os
 
 import orjson
 
-MESSAGES = "/v1/messages"
-CHAT = "/v1/chat/completions"
+from batches.endpoints import anthropic, openai
+
+MESSAGES = anthropic.MESSAGES.path
+CHAT = openai.CHAT.path
 
 # Chat finish_reason -> Message stop_reason.
 STOP_REASONS = {

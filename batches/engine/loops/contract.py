@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 
 import orjson
 
+from batches import endpoints
+from batches.endpoints import openai
 from batches.engine import checks
 from batches.engine.calls.usage import Usage
 from batches.engine.checkpoints import decode, usage_from, usage_state
@@ -35,7 +37,7 @@ from batches.engine.outcomes import RecordOutcome, strip_openrelay
 from batches.validation.validators import cut as _cut
 from batches.validation.validators import errors_of, object_errors
 
-CHAT = "/v1/chat/completions"
+CHAT = openai.CHAT.path
 MAX_QUOTED_SCHEMA = 4000  # a schema the model never saw is quoted in the re-ask, up to this
 
 
@@ -46,9 +48,14 @@ def answer_text(body, endpoint):
     """(the answer's text or None, cut at the token limit?, why there is no text)."""
     if not isinstance(body, dict):
         return None, False, "the answer is not a JSON object"
-    if endpoint == CHAT:
+    if _answers(endpoint) == "chat":
         return _chat_text(body)
     return _responses_text(body)
+
+
+def _answers(endpoint):
+    """How the endpoint's answers read (the registry's AnswerShape): "chat" or "responses"."""
+    return endpoints.get(endpoint).answers
 
 
 def _chat_text(body):
@@ -139,7 +146,7 @@ def with_turns(body, endpoint, turns):
     """The request body with the re-ask turns so far appended to its conversation."""
     if not turns:
         return body
-    if endpoint == CHAT:
+    if _answers(endpoint) == "chat":
         return {**body, "messages": [*(body.get("messages") or ()), *turns]}
     given = body.get("input")
     start = [{"role": "user", "content": given}] if isinstance(given, str) else list(given or ())
@@ -152,7 +159,7 @@ def with_turns(body, endpoint, turns):
 def usage_shape(usage, endpoint, last=None):
     """The summed usage in the endpoint's shape. Responses keep the last answer's other detail
     fields (the openai SDK's Response type requires input_tokens_details.cache_write_tokens)."""
-    if endpoint == CHAT:
+    if _answers(endpoint) == "chat":
         return usage.as_openai()
     last = last if isinstance(last, dict) else {}
     input_details = last.get("input_tokens_details") if isinstance(last.get("input_tokens_details"), dict) else {}

@@ -1,14 +1,13 @@
 """Which loop runs a record: plain call, tool-calling loop (chat or Anthropic Messages), or
 workflow; and under which output contract (batches.engine.loops.contract), if any."""
 
+from batches import endpoints
 from batches.engine.checks import ContractTooCostly
 from batches.engine.context import RecordContext
 from batches.engine.loops import plain
 from batches.engine.outcomes import RecordOutcome
 from batches.validation.contracts import contract_for
 from batches.validation.extensions import RecordRejected
-
-MESSAGES = "/v1/messages"  # Anthropic Messages records loop on tool_use blocks (message_tools.py)
 
 
 async def run_record(ctx: RecordContext, record, body):
@@ -30,7 +29,7 @@ async def _run(ctx, record, body):
     except RecordRejected as exc:
         return RecordOutcome.error(exc.code, exc.message)
     if isinstance(extension, dict) and "tool_config" in extension:
-        if ctx.endpoint == MESSAGES:
+        if endpoints.get(ctx.endpoint).tool_loop == "messages":  # tool_use blocks (message_tools.py)
             from batches.engine.loops import message_tools
 
             return await message_tools.run(ctx, record, body)

@@ -28,6 +28,7 @@ every turn of the run that produced the output is counted once.
 
 from dataclasses import replace
 
+from batches.endpoints import openai
 from batches.engine.checkpoints import decode, usage_from, usage_state
 from batches.engine.checks import ContractTooCostly
 from batches.engine.context import RecordContext
@@ -168,7 +169,7 @@ def requested_tool_calls(response_body):
     return message, tool_calls
 
 
-CHAT = "/v1/chat/completions"
+CHAT = openai.CHAT.path
 
 
 def _final(result, usage, rounds, reasks=0):
