@@ -11,7 +11,9 @@ from django.conf import settings
 from openrelay.lib import semaphores
 from tests.processes import start, wait_for
 
-LEASE_S = 1.0
+# Long enough that the child's slots are still leased when this process first looks, on a loaded
+# machine (1 s failed once under CI-like load: the child's lease ran out before the first look).
+LEASE_S = 5.0
 
 HOLDER = textwrap.dedent(
     """
