@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
-from batches.engine import checks, dbretry, guardrails, liveness, store
+from batches.engine import checks, dbretry, liveness, spend, store
 from batches.engine.batch_set import BatchSet
 from batches.engine.calls import budget, tallies
 from batches.engine.calls.health import Health
@@ -102,7 +102,7 @@ class Engine(BatchSet, Lanes, Peers, Trips):
             self.config.contract_check_time_limit_s,
             self.config.contract_check_memory_bytes,
         )
-        self.guard = guardrails.Guard(self)
+        self.guard = spend.Guard(self)
         self.flushing = []  # the holdings of the outcomes the trip in flight writes
 
     # ------------------------------------------------------------ life

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from batches.engine.checks import Checkers
     from batches.engine.config import EngineConfig
     from batches.engine.fairness import OrgCaps
-    from batches.engine.guardrails import Guard
     from batches.engine.lanes import BatchRun, Lane
     from batches.engine.liveness import Liveness
+    from batches.engine.spend import Guard
     from batches.engine.store import ClaimedRecord
     from batches.engine.trips import CheckpointWriter
 

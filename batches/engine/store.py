@@ -266,7 +266,7 @@ def active_batches(only=None):
             "failed_count",
             "organization__workflows_enabled",
             "organization__max_concurrency",
-            # Guardrails (batches.engine.guardrails): the pause, the cap and what was spent, the breaker.
+            # Guardrails (batches.engine.spend, batches.engine.breaker): the pause, the cap and what was spent, the breaker.
             "paused_at",
             "max_cost_nanos",
             "input_tokens",
