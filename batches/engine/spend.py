@@ -32,7 +32,9 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Callable
 from decimal import Decimal
+from typing import Any, Protocol
 
 import orjson
 from django.conf import settings
@@ -220,10 +222,23 @@ class BatchSpend:
         }
 
 
+class GuardedEngine(Protocol):
+    """What a Guard needs of its engine (runner.Engine), and all it may reach: how many engines
+    share what is left, its loop and database thread (to write a pause), and `held`, which stops
+    a paused batch's work there."""
+
+    engines: int
+    loop: Any
+
+    async def db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def held(self, pk: int) -> None: ...
+
+
 class Guard:
     """An engine's guardrails: its batches' spends, its organizations' budgets, the breakers."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: GuardedEngine) -> None:
         self.engine = engine
         self.spends = {}  # batch pk -> BatchSpend
         self.orgs = {}  # organization id -> OrgSpend

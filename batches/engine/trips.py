@@ -13,7 +13,9 @@ Checkpoints (a multi-step record's loop state) are group-committed by
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, Protocol
 
 from django.utils import timezone
 
@@ -182,13 +184,22 @@ def _input_file(pk):
     return File.objects.get(pk=pk)
 
 
+class CheckpointOwner(Protocol):
+    """What a CheckpointWriter needs of its engine (runner.Engine), and all it may reach: whose
+    leases the writes are conditional on, and the database thread they go through."""
+
+    owner: str
+
+    async def db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
 class CheckpointWriter:
     """One engine's checkpoint writes (batches.engine.checkpoints), group-committed through its database thread."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: CheckpointOwner) -> None:
         self.engine = engine
-        self.waiting = {}  # record pk -> [encoded state, futures of the records waiting for it]
-        self.task = None
+        self.waiting: dict[int, list[Any]] = {}  # record pk -> [encoded state, futures of the records waiting for it]
+        self.task: asyncio.Task[None] | None = None
         self.written = 0  # checkpoints written, and their bytes (the perf script reads these)
         self.bytes = 0
 
