@@ -74,21 +74,6 @@ class EngineState:
     def _wake(self) -> None:  # runner
         raise NotImplementedError
 
-    def _start_slots(self) -> None:  # lanes
-        raise NotImplementedError
-
-    def _claims(self, now: float) -> dict[int, tuple[int, int, bool]]:  # trips
-        raise NotImplementedError
-
-    async def _trip(self, claims: dict[int, tuple[int, int, bool]]) -> None:  # trips
-        raise NotImplementedError
-
-    def _close_finished(self, pks: Any) -> None:  # batch_set
-        raise NotImplementedError
-
-    async def _announce(self, written: dict[int, int]) -> None:  # batch_set
-        raise NotImplementedError
-
     async def _open_lane(self, model_id: int) -> Lane:  # peers
         raise NotImplementedError
 

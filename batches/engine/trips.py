@@ -66,6 +66,9 @@ class Trips(EngineState):
         return self.pending and (self.flush_soon or self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)
 
     async def _trip(self, claims):
+        """Flush what finished, claim what `claims` asks for, queue what was claimed. Returns what
+        the loop passes on (runner.Engine._pass_on): ({batch pk: written}, whether any record was
+        claimed, the pks of the batches whose every record is now finished)."""
         outcomes = self._take_outcomes()
         started = time.monotonic()
         written, claimed, finished = await self._flush_and_claim(outcomes, claims)
@@ -108,10 +111,7 @@ class Trips(EngineState):
                 run.expired_check_at = 0.0
             if len(records) < limit:
                 run.recheck_at = now + RECHECK_S
-        if claimed:
-            self._start_slots()
-        self._close_finished(finished)
-        await self._announce(written)
+        return written, bool(claimed), finished
 
     def _take_outcomes(self):
         outcomes = {}
@@ -125,15 +125,17 @@ class Trips(EngineState):
         return outcomes
 
     async def _flush_all(self):
+        """Flush what finished (the last trip, at shutdown). Returns the pks of the batches whose
+        every record is now finished."""
         outcomes = self._take_outcomes()
-        if outcomes:
-            written, _, finished = await self._flush_and_claim(outcomes, {})
-            self._release_flushed()
-            await self.guard.flushed(outcomes)
-            tallies.flushed(outcomes, written, {})
-            self.worked += sum(written.values())
-            if not self.stopping:
-                self._close_finished(finished)
+        if not outcomes:
+            return set()
+        written, _, finished = await self._flush_and_claim(outcomes, {})
+        self._release_flushed()
+        await self.guard.flushed(outcomes)
+        tallies.flushed(outcomes, written, {})
+        self.worked += sum(written.values())
+        return finished
 
     def _release_flushed(self):
         """The flushed answers' bytes go back to the budget: calls waiting for room read on."""
