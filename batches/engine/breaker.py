@@ -7,6 +7,7 @@ batch's own failures in a row with one code, as records end in this engine,
 trip it; so do `failures` of the first `window` finished records with one
 code (read from the database, every engine's records, while the batch is
 inside its window).
+
 The rules are the batch's (batches.guardrails.Breaker, fixed at create);
 the pause is written by the engine's Guard (batches.engine.spend).
 """
