@@ -1,7 +1,7 @@
 """Guardrails: a batch's spend cap and error breaker, its organization's monthly budget, and
 pausing and resuming a batch by hand.
 
-The engine enforces them (batches.engine.guardrails: a call's worst case is
+The engine enforces them (batches.engine.spend and batches.engine.breaker: a call's worst case is
 reserved against what is left before it is sent, failures are judged as
 they are flushed); this module holds what the API and the engine share: how
 much an organization has spent this month, the create-time checks, and the

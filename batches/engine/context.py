@@ -71,12 +71,12 @@ class RecordContext:
 
 class BatchCaller:
     """A batch's calls through its model's caller, under the batch's ticket at the gate, each
-    reserved against the batch's guardrails first (batches.engine.guardrails)."""
+    reserved against the batch's guardrails first (batches.engine.spend)."""
 
     def __init__(self, caller: GatedCaller, ticket: Ticket, spend: Any = None) -> None:
         self.caller = caller
         self.ticket = ticket
-        self.spend = spend  # its guardrails.BatchSpend; None: none
+        self.spend = spend  # its spend.BatchSpend; None: none
 
     async def call(self, endpoint: str, body: dict[str, Any]) -> CallResult:
         if self.spend is None:

@@ -63,7 +63,7 @@ def split(total, rank, count):
 
 
 class Held(Exception):
-    """A call not sent: its batch is paused (batches.engine.guardrails). Its record goes back to pending."""
+    """A call not sent: its batch is paused (batches.engine.spend). Its record goes back to pending."""
 
 
 class Ticket:

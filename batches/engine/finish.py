@@ -15,7 +15,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from batches import lifecycle, progress
-from batches.engine import results, store
+from batches.engine import cut, results
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from files import services as file_services
 from files.models import Purpose
@@ -36,7 +36,7 @@ def finalize_if_done(batch):
         return False
     if expire_if_due(batch):
         return True
-    if store.unfinished_count(batch.pk):
+    if cut.unfinished_count(batch.pk):
         return False
     if not lifecycle.transition(batch, BatchStatus.FINALIZING):
         return False
@@ -48,14 +48,14 @@ def expire_if_due(batch):
         return False
     if not lifecycle.transition(batch, BatchStatus.FINALIZING):
         return False
-    store.close_unfinished(batch.pk, RecordStatus.EXPIRED, "batch_expired", results.EXPIRED_MESSAGE)
+    cut.close_unfinished(batch.pk, RecordStatus.EXPIRED, "batch_expired", results.EXPIRED_MESSAGE)
     return close(batch, BatchStatus.EXPIRED)
 
 
 def complete_cancellation(batch):
     if batch.status != BatchStatus.CANCELLING:
         return False
-    store.close_unfinished(batch.pk, RecordStatus.CANCELLED, "batch_cancelled", results.CANCELLED_MESSAGE)
+    cut.close_unfinished(batch.pk, RecordStatus.CANCELLED, "batch_cancelled", results.CANCELLED_MESSAGE)
     return close(batch, BatchStatus.CANCELLED)
 
 

@@ -64,7 +64,7 @@ class BatchRun:
             output_contract=batch_contract(row["output_contract"]),
             checkers=checkers,
         )
-        self.spend = spend  # its guardrails here (batches.engine.guardrails); None: none
+        self.spend = spend  # its guardrails here (batches.engine.spend); None: none
         self.input = None
         self.queue = prefixes.RecordQueue()  # claimed (ClaimedRecord, line bytes), not started yet
         self.done = []  # (ClaimedRecord, RecordOutcome) waiting for a flush

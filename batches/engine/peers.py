@@ -12,9 +12,7 @@ catalog; a deployment another engine found failing is taken out here too
 (`_health_changed`).
 """
 
-import asyncio
 import logging
-import time
 from collections import defaultdict
 
 from django.utils import timezone
@@ -179,15 +177,10 @@ class Peers(EngineState):
             if limits.get(upstream.deployment_id):
                 upstream.level_with(limits[upstream.deployment_id])
         if not self.resuming:
-            for lane in self.lanes.values():
-                self._reconcile(lane, lane.rows)
+            self._reshare()
 
-    async def _take_over(self):
-        """Claim and start what dead engines left, then take their shares: the slots they free
-        go to their records first (those wait at the head of the gate's line), not to ours."""
-        self.resuming = False
-        await self._trip(self._claims(time.monotonic()))
-        await asyncio.sleep(0)  # the new slots run up to the gate
+    def _reshare(self):
+        """Split every lane's deployments again (after a heartbeat, or a take-over: runner.Engine._main)."""
         for lane in self.lanes.values():
             self._reconcile(lane, lane.rows)
 

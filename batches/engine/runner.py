@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
-from batches.engine import checks, dbretry, guardrails, liveness, store
+from batches.engine import checks, dbretry, liveness, spend, store
 from batches.engine.batch_set import BatchSet
 from batches.engine.calls import budget, tallies
 from batches.engine.calls.health import Health
@@ -102,7 +102,7 @@ class Engine(BatchSet, Lanes, Peers, Trips):
             self.config.contract_check_time_limit_s,
             self.config.contract_check_memory_bytes,
         )
-        self.guard = guardrails.Guard(self)
+        self.guard = spend.Guard(self)
         self.flushing = []  # the holdings of the outcomes the trip in flight writes
 
     # ------------------------------------------------------------ life
@@ -150,7 +150,7 @@ class Engine(BatchSet, Lanes, Peers, Trips):
                 self._start_slots()
             claims = {} if self.stopping else self._claims(now)
             if claims or self._flush_due(now, last_flush):
-                await self._trip(claims)
+                await self._pass_on(*await self._trip(claims))
                 last_flush = now
             if self.handback:
                 pks, self.handback = self.handback, []
@@ -173,12 +173,30 @@ class Engine(BatchSet, Lanes, Peers, Trips):
                 await self._refresh_deployments()
             await self._sleep(FLUSH_EVERY_S)
 
+    async def _pass_on(self, written, claimed, finished):
+        """What a trip wrote, claimed and finished goes to the parts that act on it: the lanes start
+        the claimed records, the batch set closes the finished batches and announces the written ones."""
+        if claimed:
+            self._start_slots()
+        self._close_finished(finished)
+        await self._announce(written)
+
+    async def _take_over(self):
+        """Claim and start what dead engines left, then take their shares: the slots they free
+        go to their records first (those wait at the head of the gate's line), not to ours."""
+        self.resuming = False
+        await self._pass_on(*await self._trip(self._claims(time.monotonic())))
+        await asyncio.sleep(0)  # the new slots run up to the gate
+        self._reshare()
+
     async def _shutdown(self):
         tasks = list(self.running)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await self._flush_all()
+        finished = await self._flush_all()
+        if not self.stopping:
+            self._close_finished(finished)
         self.handback += [record.pk for run in self.batches.values() for record, _ in run.queue]
         if self.handback:
             await self.db(store.release, self.owner, self.handback)

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
     from batches.engine.checks import Checkers
     from batches.engine.config import EngineConfig
     from batches.engine.fairness import OrgCaps
-    from batches.engine.guardrails import Guard
     from batches.engine.lanes import BatchRun, Lane
     from batches.engine.liveness import Liveness
+    from batches.engine.spend import Guard
     from batches.engine.store import ClaimedRecord
     from batches.engine.trips import CheckpointWriter
 
@@ -72,21 +72,6 @@ class EngineState:
         raise NotImplementedError
 
     def _wake(self) -> None:  # runner
-        raise NotImplementedError
-
-    def _start_slots(self) -> None:  # lanes
-        raise NotImplementedError
-
-    def _claims(self, now: float) -> dict[int, tuple[int, int, bool]]:  # trips
-        raise NotImplementedError
-
-    async def _trip(self, claims: dict[int, tuple[int, int, bool]]) -> None:  # trips
-        raise NotImplementedError
-
-    def _close_finished(self, pks: Any) -> None:  # batch_set
-        raise NotImplementedError
-
-    async def _announce(self, written: dict[int, int]) -> None:  # batch_set
         raise NotImplementedError
 
     async def _open_lane(self, model_id: int) -> Lane:  # peers

@@ -13,7 +13,9 @@ Checkpoints (a multi-step record's loop state) are group-committed by
 
 import asyncio
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, Protocol
 
 from django.utils import timezone
 
@@ -64,6 +66,9 @@ class Trips(EngineState):
         return self.pending and (self.flush_soon or self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)
 
     async def _trip(self, claims):
+        """Flush what finished, claim what `claims` asks for, queue what was claimed. Returns what
+        the loop passes on (runner.Engine._pass_on): ({batch pk: written}, whether any record was
+        claimed, the pks of the batches whose every record is now finished)."""
         outcomes = self._take_outcomes()
         started = time.monotonic()
         written, claimed, finished = await self._flush_and_claim(outcomes, claims)
@@ -106,10 +111,7 @@ class Trips(EngineState):
                 run.expired_check_at = 0.0
             if len(records) < limit:
                 run.recheck_at = now + RECHECK_S
-        if claimed:
-            self._start_slots()
-        self._close_finished(finished)
-        await self._announce(written)
+        return written, bool(claimed), finished
 
     def _take_outcomes(self):
         outcomes = {}
@@ -123,15 +125,17 @@ class Trips(EngineState):
         return outcomes
 
     async def _flush_all(self):
+        """Flush what finished (the last trip, at shutdown). Returns the pks of the batches whose
+        every record is now finished."""
         outcomes = self._take_outcomes()
-        if outcomes:
-            written, _, finished = await self._flush_and_claim(outcomes, {})
-            self._release_flushed()
-            await self.guard.flushed(outcomes)
-            tallies.flushed(outcomes, written, {})
-            self.worked += sum(written.values())
-            if not self.stopping:
-                self._close_finished(finished)
+        if not outcomes:
+            return set()
+        written, _, finished = await self._flush_and_claim(outcomes, {})
+        self._release_flushed()
+        await self.guard.flushed(outcomes)
+        tallies.flushed(outcomes, written, {})
+        self.worked += sum(written.values())
+        return finished
 
     def _release_flushed(self):
         """The flushed answers' bytes go back to the budget: calls waiting for room read on."""
@@ -182,13 +186,22 @@ def _input_file(pk):
     return File.objects.get(pk=pk)
 
 
+class CheckpointOwner(Protocol):
+    """What a CheckpointWriter needs of its engine (runner.Engine), and all it may reach: whose
+    leases the writes are conditional on, and the database thread they go through."""
+
+    owner: str
+
+    async def db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+
 class CheckpointWriter:
     """One engine's checkpoint writes (batches.engine.checkpoints), group-committed through its database thread."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: CheckpointOwner) -> None:
         self.engine = engine
-        self.waiting = {}  # record pk -> [encoded state, futures of the records waiting for it]
-        self.task = None
+        self.waiting: dict[int, list[Any]] = {}  # record pk -> [encoded state, futures of the records waiting for it]
+        self.task: asyncio.Task[None] | None = None
         self.written = 0  # checkpoints written, and their bytes (the perf script reads these)
         self.bytes = 0
 

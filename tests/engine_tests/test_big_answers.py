@@ -15,7 +15,7 @@ import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches.engine import store
+from batches.engine import cut, store
 from batches.engine.calls import budget
 from batches.engine.calls.usage import Usage
 from batches.engine.outcomes import RecordOutcome
@@ -162,7 +162,7 @@ def test_flushes_in_opposite_orders_and_a_cancel_never_deadlock(transactional_db
 
         def cancel():
             cancel_batch(Batch.objects.get(pk=x.pk))
-            store.close_unfinished(x.pk, "cancelled", "batch_cancelled", "cancelled")
+            cut.close_unfinished(x.pk, "cancelled", "batch_cancelled", "cancelled")
 
         threads.append(_in_thread(errors, cancel))
         wait_for(lambda: errors or _waiting_for_locks() >= 3, 30, "the cancel to wait")

@@ -3,7 +3,7 @@ keeps it under the lease only, a hand-back keeps it, the flush drops it."""
 
 import pytest
 
-from batches.engine import checkpoints, store
+from batches.engine import checkpoints, cut, store
 from batches.engine.runner import run_batch
 from batches.models import Record
 from tests.helpers import chat, make_batch, read_lines
@@ -140,7 +140,7 @@ def test_records_cut_mid_way_keep_what_their_checkpoints_say_their_answers_came_
         tool_record.pk: {"kind": "tools", "rounds": 1, "usage": [40, 0, 4, 0], "added": [], "pending": None},
     }
     store.save_checkpoints(OWNER, {pk: checkpoints.encode(state) for pk, state in states.items()})
-    assert store.close_unfinished(batch.pk, "cancelled", "batch_cancelled", "Cancelled.") == 3
+    assert cut.close_unfinished(batch.pk, "cancelled", "batch_cancelled", "Cancelled.") == 3
     batch.refresh_from_db()
     assert (batch.failed_count, batch.input_tokens, batch.cached_tokens, batch.output_tokens) == (3, 100, 64, 10)
     assert (batch.unbilled_input_tokens, batch.unbilled_output_tokens) == (40, 4)

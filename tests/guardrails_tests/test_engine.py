@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from batches import guardrails, services
-from batches.engine import guardrails as engine_guardrails
+from batches.engine import breaker
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, PauseReason
 from billing.models import LedgerEntry
@@ -133,8 +133,8 @@ def test_the_deployments_failures_never_trip_the_breaker(alice, model, sim):
     ],
 )
 def test_only_the_batchs_own_failures_count(outcome, counts):
-    key = engine_guardrails.failure_of(outcome)
-    assert (key is not None and key is not engine_guardrails.SUCCEEDED) == counts
+    key = breaker.failure_of(outcome)
+    assert (key is not None and key is not breaker.SUCCEEDED) == counts
 
 
 def test_a_batch_paused_until_its_window_ends_expires_and_bills_what_ran(alice, model, sim):

@@ -24,7 +24,7 @@ record (its worker died, or handed it back) runs only the requests of its
 step that had not finished, or sends the callback of the finished step
 again: the callback sees the step in flight at the crash again, never an
 earlier one. A record cut by expiry or cancel is billed its checkpoint's
-usage (store.close_unfinished).
+usage (cut.close_unfinished).
 
 The callback's `authorization` never goes further than the callback: what
 the callback answers (ids and values quoted in messages, its error message,

@@ -1,7 +1,8 @@
-"""The guardrails as an engine keeps them: spend caps and budgets at the call seam, the error
-breaker as records end and at the flush (batches.guardrails has the rules and the owner's side).
+"""The guardrails as an engine keeps them: spend caps and budgets at the call seam, and the Guard
+that pauses a batch for them or for its error breaker (batches.engine.breaker judges the failures;
+batches.guardrails has the rules and the owner's side).
 
-Spend. Before a call of a capped batch (or of an organization with a
+Before a call of a capped batch (or of an organization with a
 monthly budget) goes out, its worst case is reserved against what is left:
 its prompt's bytes (a token is at least a byte) at the input price, plus the
 answer tokens it may draw (the request's max_tokens, else the model's
@@ -25,39 +26,29 @@ figure is the batch's billed and unbilled counters at its prices. Before
 issue 56 unbilled turns were forgotten as their record ended: 60 records
 whose executor always failed each made a 1,000,000-nano turn under a
 10,000,000-nano cap and all ran.
-
-Breaker. Each flushed outcome is judged: a model's 4xx answer (but 401/403,
-408, 429) or a record-level engine failure is the batch's; a deployment's
-failure (5xx, connection errors, time limits) is never. `consecutive` of the
-batch's own failures in a row with one code, as records end in this engine,
-trip it; so do `failures` of the first `window` finished records with one
-code (read from the database, every engine's records, while the batch is
-inside its window).
 """
 
 import asyncio
 import contextvars
 import logging
 import time
-from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
+from typing import Any, Protocol
 
 import orjson
 from django.conf import settings
 
 from batches import guardrails, lifecycle
+from batches.engine import breaker
 from batches.engine.fairness import Held
-from batches.models import Batch, PauseReason, Record, RecordStatus
+from batches.models import Batch, PauseReason
 from billing.pricing import NANOS_PER_USD, Prices, cost
 
 logger = logging.getLogger("openrelay.engine")
 
 # A record's calls add their cost to its tab (the slot's context, like budget.current).
 current_tab = contextvars.ContextVar("guardrail_tab", default=None)
-# Answers that say nothing about the batch's own requests: the deployment's or the server's load.
-NOT_THE_BATCHS_STATUSES = {401, 403, 408, 429}
-# Record failures the engine writes for the deployment's faults, not the record's.
-DEPLOYMENT_CODES = {"upstream_error", "request_time_limit", "internal_error", "lease_lost"}
 ANSWER_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
@@ -117,7 +108,7 @@ class BatchSpend:
         )
         self.flushed = 0
         self.paused = row["paused_at"] is not None or self.pausing
-        self.breaker = (row["breaker_window"], row["breaker_failures"], row["breaker_consecutive"])
+        self.breaker = guardrails.Breaker(row["breaker_window"], row["breaker_failures"], row["breaker_consecutive"])
         self.model_cap = row["model__max_output_tokens"]
 
     @property
@@ -231,15 +222,27 @@ class BatchSpend:
         }
 
 
+class GuardedEngine(Protocol):
+    """What a Guard needs of its engine (runner.Engine), and all it may reach: how many engines
+    share what is left, its loop and database thread (to write a pause), and `held`, which stops
+    a paused batch's work there."""
+
+    engines: int
+    loop: Any
+
+    async def db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
+
+    def held(self, pk: int) -> None: ...
+
+
 class Guard:
     """An engine's guardrails: its batches' spends, its organizations' budgets, the breakers."""
 
-    def __init__(self, engine):
+    def __init__(self, engine: GuardedEngine) -> None:
         self.engine = engine
         self.spends = {}  # batch pk -> BatchSpend
         self.orgs = {}  # organization id -> OrgSpend
-        self.streaks = {}  # batch pk -> (code, failures in a row)
-        self.window_done = set()  # batches past their breaker window (or judged there)
+        self.breakers = breaker.Breakers()
         self.writing = set()  # pauses being written (tasks)
 
     @property
@@ -258,8 +261,7 @@ class Guard:
 
     def forget(self, pk):
         self.spends.pop(pk, None)
-        self.streaks.pop(pk, None)
-        self.window_done.discard(pk)
+        self.breakers.forget(pk)
 
     def polled(self, rows):
         """The poll's rows: each batch's spend as the database has it now, and whether it is paused.
@@ -326,7 +328,7 @@ class Guard:
 
     async def _write_pause(self, spend, reason, detail):
         try:
-            await self.engine.db(pause_batch, spend.pk, reason, detail)
+            await self.engine.db(write_pause, spend.pk, reason, detail)
         finally:
             spend.pausing = False
             _wake(spend.settled)
@@ -348,15 +350,12 @@ class Guard:
                 continue
             for _, outcome in done:
                 spend.record_flushed(outcome)
-            window, failures, _ = spend.breaker
-            if spend.paused or not (window and failures) or pk in self.window_done:
-                continue
-            if any(failure_of(outcome) not in (None, SUCCEEDED) for _, outcome in done):
+            if self.breakers.suspect(spend, done):
                 suspect.append(spend)
         for spend in suspect:
-            detail, done = await self.engine.db(judge_window, spend.pk, *spend.breaker[:2])
-            if done:
-                self.window_done.add(spend.pk)
+            rules = spend.breaker
+            detail, done = await self.engine.db(breaker.judge_window, spend.pk, rules.window, rules.failures)
+            self.breakers.judged(spend.pk, done)
             if detail is not None:
                 await self.pause(spend, PauseReason.ERROR_BREAKER, detail)
 
@@ -364,92 +363,14 @@ class Guard:
         """A record ended here (`outcome` None: handed back): settle its cost, and judge the in-a-row
         rule at once, as records end, so a batch failing throughout pauses before its next flush."""
         spend.record_ended(tab, outcome)
-        consecutive = spend.breaker[2]
-        if outcome is None or not consecutive or spend.paused:
-            return
-        key = failure_of(outcome)
-        if key is None:
-            return  # a deployment's failure: it neither counts nor breaks a run
-        code, count = self.streaks.get(spend.pk, ("", 0))
-        code, count = ("", 0) if key is SUCCEEDED else (key[0], count + 1 if key[0] == code else 1)
-        self.streaks[spend.pk] = (code, count)
-        if count >= consecutive:
-            detail = _breaker_detail(key, record.line, record.custom_id, count, f"{count} records in a row")
-            if self.hold(spend):
-                task = self.engine.loop.create_task(self._write_pause(spend, PauseReason.ERROR_BREAKER, detail))
-                self.writing.add(task)
-                task.add_done_callback(self.writing.discard)
+        detail = self.breakers.ended(spend, record, outcome)
+        if detail is not None and self.hold(spend):
+            task = self.engine.loop.create_task(self._write_pause(spend, PauseReason.ERROR_BREAKER, detail))
+            self.writing.add(task)
+            task.add_done_callback(self.writing.discard)
 
 
-SUCCEEDED = ("",)
-
-
-def failure_of(outcome):
-    """SUCCEEDED, (code, status_code, message) for a failure that is the batch's own, or None."""
-    if outcome.succeeded:
-        return SUCCEEDED
-    status = outcome.status_code
-    if status is None:
-        if outcome.error_code in DEPLOYMENT_CODES or not outcome.error_code:
-            return None
-        return outcome.error_code, None, outcome.error_message
-    if not 400 <= status < 500 or status in NOT_THE_BATCHS_STATUSES:
-        return None
-    error = outcome.body.get("error") if isinstance(outcome.body, dict) else None
-    error = error if isinstance(error, dict) else {}
-    code = error.get("code") or error.get("type") or "error"
-    return f"{status} {code}"[:80], status, str(error.get("message") or "")[:500]
-
-
-def judge_window(batch_pk, window, failures):
-    """(db thread) The first `window` finished records of the batch, by when they finished:
-    (the breaker's detail if `failures` of them share one code, whether the window is full)."""
-    rows = list(
-        Record.objects.filter(batch_id=batch_pk, status__in=(RecordStatus.SUCCEEDED, RecordStatus.FAILED))
-        .order_by("finished_at", "line")
-        .values_list("line", "custom_id", "status", "status_code", "error_code", "error_message", "response_body")[
-            :window
-        ]
-    )
-    counts, first = Counter(), {}
-    for line, custom_id, status, status_code, error_code, message, body in rows:
-        key = failure_of(_outcome_of(status, status_code, error_code, message, body))
-        if key is None or key is SUCCEEDED:
-            continue
-        counts[key[0]] += 1
-        first.setdefault(key[0], (key, line, custom_id))
-    for code, count in counts.most_common(1):
-        if count >= failures:
-            key, line, custom_id = first[code]
-            return _breaker_detail(key, line, custom_id, count, f"{count} of its first {len(rows)} records"), True
-    return None, len(rows) >= window
-
-
-def _outcome_of(status, status_code, error_code, message, body):
-    from batches.engine.outcomes import RecordOutcome
-
-    parsed = None
-    if body:
-        try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            parsed = None
-    return RecordOutcome(status == RecordStatus.SUCCEEDED, status_code, "", parsed, error_code, message)
-
-
-def _breaker_detail(key, line, custom_id, count, how_many):
-    code, status, message = key
-    return {
-        "code": code,
-        "message": f"{how_many} failed with '{code}'; the batch itself looks wrong, so it is paused instead of "
-        f"running the rest into the error file. Example (line {line}): {message}".strip(),
-        "line": line,
-        "custom_id": custom_id,
-        "failures": count,
-    }
-
-
-def pause_batch(pk, reason, detail):
+def write_pause(pk, reason, detail):
     """(db thread) Pause the batch in the database: the first pauser's reason stands."""
     batch = Batch.objects.filter(pk=pk).first()
     if batch is not None and lifecycle.pause(batch, reason, detail=detail):
