@@ -13,8 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import guardrails, lifecycle
-from batches.dashboard import events
+from batches import guardrails, lifecycle, live
 from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
 from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
@@ -338,7 +337,7 @@ def _announce_on_commit(batch):
     # Nothing to enqueue: every engine reads the running batches every
     # POLL_S. robust: a channel-layer hiccup must not turn a created (or
     # cancelled) batch into an error answer.
-    transaction.on_commit(lambda: events.batch_changed_sync(batch.pk), robust=True)
+    transaction.on_commit(lambda: live.batch_changed_sync(batch.pk), robust=True)
 
 
 # ---------------------------------------------------------------------------
