@@ -26,8 +26,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batches import operator
 from batches.engine.calls.tallies import BUCKETS_S
-from batches.engine.results import failure_code
 from batches.models import Batch, PauseReason, Record, Tally
+from batches.results import failure_code
 from batches.selectors import ERROR_STATUSES
 from openrelay.core.models import DeploymentHealth
 from webhooks.models import WebhookDelivery

@@ -6,8 +6,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batches import catalog, guardrails, services
-from batches.engine import results
+from batches import catalog, guardrails, results, services
 from batches.estimate import quote as quotes
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object

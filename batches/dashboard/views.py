@@ -32,8 +32,7 @@ from django.utils.http import content_disposition_header, urlencode
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from batches import guardrails, operator, progress, selectors, services
-from batches.engine import results
+from batches import guardrails, operator, progress, results, selectors, services
 from batches.estimate import quote as quotes
 from batches.lifecycle import PAUSABLE
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
