@@ -31,7 +31,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from batches import progress
-from batches.engine.calls.flow import Figures
+from batches.figures import Figures
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 from openrelay.core.models import Model
 

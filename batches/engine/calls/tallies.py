@@ -33,7 +33,7 @@ from collections import Counter, defaultdict
 from django.db import connection
 
 from batches.engine.calls.callcount import CallCount, deployment_failed
-from batches.engine.calls.flow import Figures
+from batches.figures import Figures
 from batches.models import Engine, Tally
 
 # Model calls take 10 ms (a small model, warm) to the 30-minute limit.
