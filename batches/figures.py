@@ -15,7 +15,7 @@ class Figures(NamedTuple):
 
     in_flight: int  # calls in flight there now
     calls: int  # calls of the last minute
-    failed: int  # of those, failed (batches.engine.calls.callcount)
+    failed: int  # of those, failed (batches.callcount)
     limit: int | None  # this engine's adaptive limit there; None once its lane has closed
 
     @classmethod

@@ -48,7 +48,7 @@ def test_the_final_sample_ends_the_series_at_the_finish():
 
 
 def test_a_deployments_calls_are_counted_over_the_last_minute():
-    from batches.engine.calls.callcount import CallCount
+    from batches.callcount import CallCount
 
     now = [1000.0]
     count = CallCount(clock=lambda: now[0])
