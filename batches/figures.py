@@ -1,6 +1,6 @@
 """What an engine publishes of each deployment with its heartbeat, as the operator page and GET /metrics read it.
 
-A leaf both sides import: the engine writes the figures (its tallies, batches.engine.calls.tallies,
+A leaf both sides import: the engine writes the figures (its tallies, batches.tallies,
 from its adaptive limits, batches.engine.calls.flow) and levels its limits with the other engines'
 (flow.peer_limits); batches.operator reads them back for the operator page and GET /metrics.
 """
@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 
 class Figures(NamedTuple):
-    """What an engine publishes of one deployment with each heartbeat (batches.engine.calls.tallies.take),
+    """What an engine publishes of one deployment with each heartbeat (batches.tallies.take),
     stored as a JSON list on its Engine row: the operator page and GET /metrics sum them over the
     live engines, and the other engines level their limits with `limit` (flow.peer_limits)."""
 

@@ -23,8 +23,7 @@ all of them, in the transaction that ends it.
 from django.db import transaction
 from django.utils import timezone
 
-from batches import live
-from batches.engine.calls import tallies
+from batches import live, tallies
 from batches.models import TERMINAL_BATCH_STATUSES, Batch
 from batches.models import BatchStatus as S
 from billing import ledger

@@ -17,8 +17,9 @@ from collections import defaultdict
 
 from django.utils import timezone
 
+from batches import tallies
 from batches.engine import store
-from batches.engine.calls import flow, tallies
+from batches.engine.calls import flow
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.fairness import CallGate, split
 from batches.engine.lanes import Lane

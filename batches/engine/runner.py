@@ -37,9 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
+from batches import tallies
 from batches.engine import checks, dbretry, liveness, spend, store
 from batches.engine.batch_set import BatchSet
-from batches.engine.calls import budget, tallies
+from batches.engine.calls import budget
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
 from batches.engine.fairness import OrgCaps

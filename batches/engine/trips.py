@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
+from batches import tallies
 from batches.engine import dbretry, prefixes, store
-from batches.engine.calls import tallies
 from batches.engine.checkpoints import LeaseLost
 from batches.engine.state import EngineState
 from batches.engine.store import ClaimedRecord

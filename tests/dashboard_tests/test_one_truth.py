@@ -11,9 +11,8 @@ from django.db import connection, connections
 from django.db.models import F
 from django.test import Client
 
-from batches import live, operator, selectors
+from batches import live, operator, selectors, tallies
 from batches.dashboard.views import retry_label
-from batches.engine.calls import tallies
 from batches.engine.calls.caller import CallResult
 from batches.models import Batch, Engine, RecordStatus
 from batches.presenters import batch_object

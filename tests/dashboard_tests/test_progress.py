@@ -70,7 +70,7 @@ def test_records_done_in_the_last_minute_are_read_from_the_samples():
 
 
 def test_an_engine_reports_a_deployments_last_minute_after_its_lane_closed():
-    from batches.engine.calls import tallies
+    from batches import tallies
     from batches.engine.calls.caller import CallResult
     from batches.figures import Figures
 
