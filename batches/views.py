@@ -67,7 +67,7 @@ class BatchListView(APIView):
             "batches",
             key,
             _body_print(request, body) if key is not None else None,
-            lambda: services.create_batch(organization=request.user.organization, **vars(params)),
+            lambda: services.create_batch(organization=request.user.organization, params=params),
             lambda public_id: _batches(request).filter(public_id=public_id).first(),
         )
         return Response(batch_object(batch))

@@ -561,7 +561,7 @@ def _create_batch(request, upload):
         raise ApiError("Choose or drop a JSONL file, or pick one you uploaded before.", param="file")
     try:
         params = parse_create_params(_form_body(fields, input_file_id))
-        return services.create_batch(organization=request.organization, **vars(params))
+        return services.create_batch(organization=request.organization, params=params)
     except ApiError:
         if stored is not None:  # uploaded for this batch only; nothing else refers to it
             file_services.delete_file(stored)

@@ -259,9 +259,10 @@ class TestCreate:
 
     def test_it_answers_the_created_batch_to_create_batch_callers(self, alice, gemma):
         from batches.services import create_batch
+        from batches.validation.params import CreateParams
 
         file = upload(alice, jsonl(chat_line("a")))
-        batch = create_batch(organization=alice.org, endpoint=CHAT, input_file_id=file.public_id)
+        batch = create_batch(organization=alice.org, params=CreateParams(endpoint=CHAT, input_file_id=file.public_id))
         assert batch.pk and batch.total_count == 1 and batch.model_name == GEMMA
 
 
@@ -271,6 +272,7 @@ class TestCreateCleanup:
         self, alice, gemma, monkeypatch, tmp_path, django_capture_on_commit_callbacks
     ):
         from batches import services
+        from batches.validation.params import CreateParams
 
         def broken_batch_row(**fields):
             raise RuntimeError("disk full")
@@ -278,7 +280,7 @@ class TestCreateCleanup:
         # No request can make the write fail after the scan, so the unit is patched.
         monkeypatch.setattr(services, "_create_batch_row", broken_batch_row)
         with pytest.raises(RuntimeError), django_capture_on_commit_callbacks(execute=True):
-            services.create_batch(organization=alice.org, endpoint=CHAT, requests=[chat_line("a")])
+            services.create_batch(organization=alice.org, params=CreateParams(endpoint=CHAT, requests=[chat_line("a")]))
         assert not File.objects.exists()
         assert not Batch.objects.exists()
         assert not any(path.is_file() for path in (tmp_path / "files").rglob("*"))
