@@ -9,6 +9,7 @@ import pytest
 from batches.models import Batch, BatchStatus, Record
 from files import services as files
 from files.models import File
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
 from openrelay.core.models import Price
 from tests.batches_api_tests.helpers import CHAT, GEMMA, chat_line, create, jsonl, upload
 
@@ -23,15 +24,7 @@ BATCH_KEYS = {
     "status",
     "output_file_id",
     "error_file_id",
-    "created_at",
-    "in_progress_at",
-    "expires_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
+    *BATCH_TIMESTAMPS,
     "request_counts",
     "metadata",
     "usage",
