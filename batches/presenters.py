@@ -5,7 +5,7 @@ Shared by the API, the dashboard and the CLI. Load batches with
 list costs one query.
 """
 
-from batches.estimate.risk import expected_completion
+from batches.risk import expected_completion
 from billing.pricing import batch_cost, unbilled_cost, usd
 from openrelay.api.timestamps import BATCH_TIMESTAMPS
 
