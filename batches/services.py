@@ -57,7 +57,7 @@ def create_batch(*, organization, params, max_records=None):
         output_expires_after_s=params.output_expires_after_s,
         priority=params.priority,
         max_cost_nanos=params.max_cost_nanos,
-        **_breaker_fields(params.breaker),
+        **(params.breaker or guardrails.Breaker.default()).as_fields(),
         output_contract=params.output_contract,
     )
     committed = False
@@ -72,16 +72,6 @@ def create_batch(*, organization, params, max_records=None):
         if params.requests is not None and not committed:
             files.delete_file(file)  # a refused inline input belongs to no batch
     return batch
-
-
-def _breaker_fields(rules):
-    defaults = guardrails.Breaker.default()
-    if rules is None:
-        return defaults.as_fields()
-    given = dict(zip(("window", "failures", "consecutive"), rules, strict=True))
-    return guardrails.Breaker(
-        **{name: getattr(defaults, name) if value is None else value for name, value in given.items()}
-    ).as_fields()
 
 
 def _create_after_scan(file, checker, param, fields, max_records):
