@@ -5,8 +5,9 @@ Shared by the API, the dashboard and the CLI. Load batches with
 list costs one query.
 """
 
-from batches.estimate.risk import expected_completion
+from batches.risk import expected_completion
 from billing.pricing import batch_cost, unbilled_cost, usd
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
 
 PRESENTER_RELATED = ("output_file", "error_file")
 
@@ -21,19 +22,6 @@ def live_batches(queryset):
 def live_batch_object(batch):
     """The Batch object without `errors`, for a batch loaded through live_batches."""
     return _batch_object(batch, errors=None)
-
-
-_TIMESTAMPS = (
-    "created_at",
-    "in_progress_at",
-    "expires_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
-)
 
 
 def batch_object(batch):
@@ -52,7 +40,7 @@ def _batch_object(batch, errors):
         "status": batch.status,
         "output_file_id": batch.output_file.public_id if batch.output_file_id else None,
         "error_file_id": batch.error_file.public_id if batch.error_file_id else None,
-        **{name: _unix(getattr(batch, name)) for name in _TIMESTAMPS},
+        **{name: _unix(getattr(batch, name)) for name in BATCH_TIMESTAMPS},
         "request_counts": {
             "total": batch.total_count,
             "completed": batch.completed_count,

@@ -5,7 +5,7 @@ Two feeds, both answering `{"type": "batch.updated", "batch": <Batch object>}`:
 - `/ws/batches/<batch_id>`: one batch (group `batch.<id>`), joined only after
   checking that the batch belongs to the user's organization.
 
-Workers send their events through the channel layer (batches.dashboard.events). With
+Workers send their events through the channel layer (batches.live). With
 channels-redis (REDIS_URL set) those reach every web process. The in-memory
 layer of the embedded default lives inside one process, so events sent by the
 worker processes never reach the web process: with that layer each socket
@@ -30,8 +30,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer
 from django.db.models import Q
 
-from batches import selectors
-from batches.dashboard import events
+from batches import live, selectors
 from batches.dashboard.views import failures_fragment, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
@@ -40,7 +39,7 @@ from openrelay.core.models import Membership
 
 logger = logging.getLogger("openrelay.dashboard")
 
-MIN_INTERVAL_S = events.MIN_INTERVAL_S
+MIN_INTERVAL_S = live.MIN_INTERVAL_S
 POLL_INTERVAL_S = 0.5
 # The organization feed follows at most this many unfinished batches at once
 # when it polls (the newest); the page shows the rest as they were rendered.
@@ -173,7 +172,7 @@ class BatchFeedConsumer(AsyncJsonWebsocketConsumer):
 
     async def _push(self, batch):
         extras = await database_sync_to_async(self.extras)(batch)
-        await self.send_json({"type": events.EVENT_TYPE, "batch": batch, **extras})
+        await self.send_json({"type": live.EVENT_TYPE, "batch": batch, **extras})
 
     def extras(self, batch):
         """What the page shows beside the snapshot (sync: runs in the database thread): how many
@@ -226,7 +225,7 @@ class OrganizationBatchesConsumer(BatchFeedConsumer):
     watching = ()
 
     def authorize(self):
-        return events.org_group(self.organization_id)
+        return live.org_group(self.organization_id)
 
     def read(self):
         # The unfinished batches, plus those unfinished at the last read, so
@@ -263,7 +262,7 @@ class BatchConsumer(BatchFeedConsumer):
         self.batch_pk = (
             Batch.objects.for_org(self.organization_id).filter(public_id=batch_id).values_list("pk", flat=True).first()
         )
-        return None if self.batch_pk is None else events.batch_group(batch_id)
+        return None if self.batch_pk is None else live.batch_group(batch_id)
 
     def read(self):
         batch = live_batches(Batch.objects.filter(pk=self.batch_pk)).first()
@@ -285,7 +284,7 @@ class BatchConsumer(BatchFeedConsumer):
         """The push for `batch` (sync: runs in the database thread), or None to hold it until the
         failures card is due."""
         if batch["request_counts"]["failed"] == self.failures_for:
-            return {"type": events.EVENT_TYPE, "batch": batch}
+            return {"type": live.EVENT_TYPE, "batch": batch}
         wait = self.failures_at + self.failures_every - time.monotonic()
         if wait > 0 and batch["status"] not in TERMINAL_BATCH_STATUSES:
             self._failures_later(wait)
@@ -299,7 +298,7 @@ class BatchConsumer(BatchFeedConsumer):
         self.failures_at, self.failures_every = time.monotonic(), max(MIN_INTERVAL_S, took / FAILURES_SHARE)
         self.failures_for = fresh["request_counts"]["failed"]
         return {
-            "type": events.EVENT_TYPE,
+            "type": live.EVENT_TYPE,
             "batch": fresh,
             "not_run": failures.unrun,
             "failures": failures_fragment(fresh["id"], failures),

@@ -32,8 +32,7 @@ from django.utils.http import content_disposition_header, urlencode
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from batches import guardrails, operator, progress, selectors, services
-from batches.engine import results
+from batches import guardrails, operator, progress, results, selectors, services
 from batches.estimate import quote as quotes
 from batches.lifecycle import PAUSABLE
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
@@ -562,7 +561,7 @@ def _create_batch(request, upload):
         raise ApiError("Choose or drop a JSONL file, or pick one you uploaded before.", param="file")
     try:
         params = parse_create_params(_form_body(fields, input_file_id))
-        return services.create_batch(organization=request.organization, **vars(params))
+        return services.create_batch(organization=request.organization, params=params)
     except ApiError:
         if stored is not None:  # uploaded for this batch only; nothing else refers to it
             file_services.delete_file(stored)

@@ -20,8 +20,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from batches import tallies
 from batches.engine import store
-from batches.engine.calls import flow, tallies
+from batches.engine.calls import flow
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig

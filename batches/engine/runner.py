@@ -11,7 +11,8 @@ several batches a trip, on one database thread; batches are closed
 claims.
 
 The database is the ledger: a record is an engine's only while its lease
-lives (renewed with the engine's heartbeat every LEASE_S / 4), every write
+lives (the loop renews its leases every OPENRELAY_LEASE_S / 4, apart from
+the heartbeat, which runs every peers.HEARTBEAT_S), every write
 is conditional on still holding it, and a dead engine's records are
 taken over by a live engine within about a second of its death
 (batches.engine.liveness), by any engine once their lease runs out at worst.
@@ -44,9 +45,10 @@ from typing import Any
 
 from django.db import connections
 
+from batches import tallies
 from batches.engine import checks, dbretry, liveness, spend, store
 from batches.engine.batch_set import Roster
-from batches.engine.calls import budget, tallies
+from batches.engine.calls import budget
 from batches.engine.config import EngineConfig
 from batches.engine.fairness import OrgCaps
 from batches.engine.lanes import BatchRun, Lanes

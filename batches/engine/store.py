@@ -175,7 +175,7 @@ class Fenced(Exception):
 def heartbeat(owner, holding, *, host="", pid=0, lease_s=None, first=True):
     """Prove `owner` alive and publish what it holds of each deployment; return the live
     engines as [(owner, holding, calls)], sorted by owner (an engine's rank is its place;
-    `calls` is what each published last with batches.engine.calls.tallies, its adaptive limits among them).
+    `calls` is what each published last with batches.tallies, its adaptive limits among them).
 
     An engine found dead (batches.engine.liveness), or whose heartbeat is older
     than one lease, is out: its records are claimable again, and what it held

@@ -11,6 +11,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 
 from openrelay.api.errors import anthropic_error_type, error_type
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
 
 
 def ref(name):
@@ -176,20 +177,7 @@ COMPONENTS = {
             },
             "output_file_id": _NULLABLE_STRING,
             "error_file_id": _NULLABLE_STRING,
-            **{
-                name: _NULLABLE_INT
-                for name in (
-                    "created_at",
-                    "in_progress_at",
-                    "expires_at",
-                    "finalizing_at",
-                    "completed_at",
-                    "failed_at",
-                    "expired_at",
-                    "cancelling_at",
-                    "cancelled_at",
-                )
-            },
+            **{name: _NULLABLE_INT for name in BATCH_TIMESTAMPS},
             "request_counts": ref("BatchRequestCounts"),
             "metadata": {"type": "object", "nullable": True, "additionalProperties": {"type": "string"}},
             "usage": ref("BatchUsage"),

@@ -13,6 +13,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
+
 REJECTIONS_SHOWN = 20
 
 
@@ -108,17 +110,8 @@ def _batch_rows(batch):
     rows += _guardrail_rows(batch.get("openrelay") or {})
     if batch.get("metadata"):
         rows.append(("metadata", ", ".join(f"{k}={v}" for k, v in batch["metadata"].items())))
-    for name in (
-        "created_at",
-        "in_progress_at",
-        "finalizing_at",
-        "completed_at",
-        "failed_at",
-        "expired_at",
-        "cancelling_at",
-        "cancelled_at",
-        "expires_at",
-    ):
+    # In the order the batch lived them, its deadline (expires_at) after what happened.
+    for name in sorted(BATCH_TIMESTAMPS, key="expires_at".__eq__):
         if batch.get(name) is not None:
             rows.append((name.removesuffix("_at").replace("_", " "), _when(batch[name])))
     return rows

@@ -17,7 +17,7 @@ from django.contrib.auth import get_user_model
 from django.db import connections
 from playwright.sync_api import sync_playwright
 
-from batches.dashboard import events
+from batches import live
 from batches.models import Batch
 from openrelay.core.models import Deployment, Membership, Model, Organization, Price
 from openrelay.simulator.config import SimulatorConfig
@@ -94,7 +94,7 @@ def browser(processes, monkeypatch):
 
 def _announce(batch_pk):
     try:
-        events.batch_changed_sync(batch_pk)
+        live.batch_changed_sync(batch_pk)
     finally:
         connections.close_all()  # this thread's own connection; a left-open one blocks dropping the test database
 

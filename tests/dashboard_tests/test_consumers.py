@@ -10,7 +10,8 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from batches.dashboard import consumers, events
+from batches import live
+from batches.dashboard import consumers
 from batches.models import Batch, Record, RecordStatus
 from batches.presenters import batch_object
 from openrelay.asgi import application
@@ -51,7 +52,7 @@ def snapshot(batch, **counts):
     batch.refresh_from_db()
     obj = batch_object(batch)
     obj["request_counts"] = {**obj["request_counts"], **counts}
-    return {"type": events.EVENT_TYPE, "batch": obj}
+    return {"type": live.EVENT_TYPE, "batch": obj}
 
 
 def add_records(batch, status, code, n):
@@ -126,11 +127,11 @@ def test_a_member_gets_the_organizations_events_and_never_anothers(alice, alice_
         assert (await ws.connect())[0]
         # On connect: the unfinished batches as they stand (only alice's).
         assert await ws.receive_json_from(timeout=2) == first
-        await group_send(events.org_group(bob.org.pk), foreign)
-        await group_send(events.batch_group(theirs.public_id), foreign)
+        await group_send(live.org_group(bob.org.pk), foreign)
+        await group_send(live.batch_group(theirs.public_id), foreign)
         # Long enough for a poll of the in-memory fallback too: bob's batch is unfinished in the database.
         await nothing(ws, consumers.POLL_INTERVAL_S + 0.3)
-        await group_send(events.org_group(alice.org.pk), pushed)
+        await group_send(live.org_group(alice.org.pk), pushed)
         assert await ws.receive_json_from(timeout=2) == pushed
         await ws.disconnect()
 
@@ -152,9 +153,9 @@ def test_a_batch_feed_gets_its_batch_and_nothing_else(alice, alice_user):
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
         assert (await ws.receive_json_from(timeout=2))["batch"]["id"] == batch.public_id
-        await group_send(events.batch_group(other.public_id), elsewhere)
+        await group_send(live.batch_group(other.public_id), elsewhere)
         await nothing(ws, 0.3)
-        await group_send(events.batch_group(batch.public_id), pushed)
+        await group_send(live.batch_group(batch.public_id), pushed)
         # The rejections stay on the page; the pushes leave them out.
         assert await ws.receive_json_from(timeout=2) == {**pushed, "batch": {**pushed["batch"], "errors": None}}
         await ws.disconnect()
@@ -177,7 +178,7 @@ def test_a_burst_of_events_goes_out_as_the_newest_one(alice, alice_user):
         assert (await ws.connect())[0]
         await ws.receive_json_from(timeout=2)
         for event in burst:
-            await group_send(events.batch_group(batch.public_id), event)
+            await group_send(live.batch_group(batch.public_id), event)
         # Ten events inside one interval: one message, the newest.
         assert await ws.receive_json_from(timeout=2) == burst[-1]
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
@@ -198,9 +199,9 @@ def test_an_older_snapshot_arriving_late_is_dropped(alice, alice_user):
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
         await ws.receive_json_from(timeout=2)
-        await group_send(events.batch_group(batch.public_id), finished)
+        await group_send(live.batch_group(batch.public_id), finished)
         assert await ws.receive_json_from(timeout=2) == finished
-        await group_send(events.batch_group(batch.public_id), late)
+        await group_send(live.batch_group(batch.public_id), late)
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
         await ws.disconnect()
 
@@ -286,7 +287,7 @@ def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_fee
     async def test():
         ws = socket("/ws/batches", cookie)
         assert (await ws.connect())[0]
-        await group_send(events.org_group(alice.org.pk), pushed)  # as the close announces it
+        await group_send(live.org_group(alice.org.pk), pushed)  # as the close announces it
         message = await ws.receive_json_from(timeout=2)
         assert message["batch"]["status"] == "cancelled" and message["not_run"] == 65
         await ws.disconnect()

@@ -6,8 +6,8 @@ import orjson
 import pytest
 from django.utils import timezone
 
-from batches.estimate.risk import warn_at_risk
 from batches.models import Batch
+from batches.risk import warn_at_risk
 from tests.helpers import MODEL, chat, deploy, make_batch
 from webhooks import services as webhooks
 from webhooks.models import WebhookDelivery

@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from batches import endpoints
-from batches.engine.calls import messages, tallies
+from batches import endpoints, tallies
+from batches.engine.calls import messages
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
