@@ -170,8 +170,11 @@ class Lanes(EngineState):
 
         A slot works records one after another (no Task per record), picking
         the next one fairly itself; new slots are only needed when records
-        arrive faster than the running ones finish.
+        arrive faster than the running ones finish. None while the engine's leases are in
+        doubt (batches.engine.leases): other engines may soon run its records.
         """
+        if not self.leases.live():
+            return
         for lane in self.lanes.values():
             while (run := lane.pick(self.caps)) is not None:
                 task = self.loop.create_task(self._slot(lane, self._begin(run)))
@@ -235,7 +238,7 @@ class Lanes(EngineState):
             if self.pending >= FLUSH_SIZE or len(run.queue) <= run.target // 2:
                 self._wake()
             work = None
-            if not self.stopping and (next_run := lane.pick(self.caps)) is not None:
+            if not self.stopping and self.leases.live() and (next_run := lane.pick(self.caps)) is not None:
                 work = self._begin(next_run)
         self._wake()
 

@@ -51,6 +51,7 @@ class Peers(EngineState):
             idle_timeout_s=self.config.idle_timeout_s,
             gate=CallGate(self.caps),
             health=self.health,
+            leased=self.leases.live,
         )
         await caller.__aenter__()
         lane = self.lanes[model_id] = Lane(model_id, caller, self.config)

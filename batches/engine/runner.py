@@ -11,7 +11,9 @@ several batches a trip, on one database thread; batches are closed
 claims.
 
 The database is the ledger: a record is an engine's only while its lease
-lives (renewed with the engine's heartbeat every LEASE_S / 4), every write
+lives (renewed every LEASE_S / 4 on a thread of its own: batches.engine.leases;
+an engine whose renewals stop landing for half a lease starts no record and
+sends no call), every write
 is conditional on still holding it, and a dead engine's records are
 taken over by a live engine within about a second of its death
 (batches.engine.liveness), by any engine once their lease runs out at worst.
@@ -37,7 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
-from batches.engine import checks, dbretry, liveness, spend, store
+from batches.engine import checks, dbretry, leases, liveness, spend, store
 from batches.engine.batch_set import BatchSet
 from batches.engine.calls import budget, tallies
 from batches.engine.calls.health import Health
@@ -74,7 +76,11 @@ class Engine(BatchSet, Lanes, Peers, Trips):
         self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
         self.resuming = False  # dead engines' records were freed: claim them before taking their shares
         self.freed = {}  # batch pk -> records freed of a batch not joined yet (a new engine's first beat)
-        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
+        self.leases = leases.Leases(self.owner, self.config.lease_s)
+        # An engine session: the server ends what it leaves open (dbretry.deadlines).
+        self.db_thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="openrelay-db", initializer=dbretry.engine_session
+        )
         self.closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-close")
         self.batches = {}
         self.lanes = {}
@@ -123,15 +129,22 @@ class Engine(BatchSet, Lanes, Peers, Trips):
         try:
             async with OutboundClient() as self.outbound:
                 watch = self.loop.create_task(self._watch())
+                tend = None
                 try:
                     await self._heartbeat()
+                    self.leases.start()
+                    tend = self.loop.create_task(self._tend_leases())
                     await self._poll()
                     await self._main()
                 finally:
                     watch.cancel()
                     await asyncio.gather(watch, return_exceptions=True)
                     await self._shutdown()
+                    if tend is not None:
+                        tend.cancel()
+                        await asyncio.gather(tend, return_exceptions=True)
         finally:
+            self.leases.stop()
             self.db_thread.shutdown(wait=True)
             self.closer.shutdown(wait=True)
             self.liveness.close()  # here too: a shutdown cut short by the database never reaches _cleanup
@@ -139,9 +152,12 @@ class Engine(BatchSet, Lanes, Peers, Trips):
 
     async def _main(self):
         now = time.monotonic()
-        last_poll = last_flush = last_beat = last_renew = last_deployments = now
+        last_poll = last_flush = last_beat = last_deployments = now
         while True:
             now = time.monotonic()
+            if self.leases.fenced:
+                logger.error("engine %s was taken for dead and its records taken over; starting again", self.owner)
+                raise store.Fenced(self.owner)
             if self.stopping:
                 self._stop_step(now)
                 if not self.running:
@@ -165,13 +181,39 @@ class Engine(BatchSet, Lanes, Peers, Trips):
                 await self._heartbeat()
             if self.resuming:
                 await self._take_over()
-            if now - last_renew >= self.config.lease_s / 4:
-                last_renew = now
-                await self.db(store.renew, self.owner, list(self.batches))
             if now - last_deployments >= DEPLOYMENTS_EVERY_S:
                 last_deployments = now
                 await self._refresh_deployments()
             await self._sleep(FLUSH_EVERY_S)
+
+    async def _tend_leases(self):
+        """Tell the renewing thread that the loop turns and which batches it holds; while the
+        renewals do not land (the database is cut off, or the process was stopped), drop the
+        records claimed ahead: they go back, or their leases run out, for other engines."""
+        every = min(0.25, self.config.lease_s / 8)
+        in_doubt = False
+        while True:
+            await asyncio.sleep(every)
+            self.leases.loop_seen = time.monotonic()
+            self.leases.batch_pks = list(self.batches)
+            if self.leases.live():
+                if in_doubt:
+                    logger.info("engine %s renews its leases again", self.owner)
+                    in_doubt = False
+                    self._wake()
+                continue
+            if not in_doubt:
+                logger.warning(
+                    "engine %s: no renewal of its leases for half a lease; it starts no call (%d in flight)",
+                    self.owner,
+                    len(self.running),
+                )
+                in_doubt = True
+            for run in self.batches.values():
+                self.handback += [record.pk for record, _ in run.queue]
+                run.queue.clear()
+                run.resumed_queued = 0
+            self._wake()
 
     async def _pass_on(self, written, claimed, finished):
         """What a trip wrote, claimed and finished goes to the parts that act on it: the lanes start

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from batches.engine.config import EngineConfig
     from batches.engine.fairness import OrgCaps
     from batches.engine.lanes import BatchRun, Lane
+    from batches.engine.leases import Leases
     from batches.engine.liveness import Liveness
     from batches.engine.spend import Guard
     from batches.engine.store import ClaimedRecord
@@ -34,6 +35,7 @@ class EngineState:
     poll_s: float
     poll_now: bool
     liveness: Liveness
+    leases: Leases  # its renewals, on a thread of their own, and whether they still hold
     beaten: bool  # its first heartbeat creates its row; later ones find it (or were fenced)
     resuming: bool  # dead engines' records were freed: claim them before taking their shares
     freed: dict[int, int]  # batch pk -> records freed of a batch not joined yet

@@ -45,8 +45,11 @@ class Trips(EngineState):
         return written, read_lines(self.batches, records, self.config.prefix_bytes), finished
 
     def _claims(self, now):
-        """{batch pk: (how many, after which line)} for the batches whose claim-ahead ran low."""
-        claims = {}
+        """{batch pk: (how many, after which line)} for the batches whose claim-ahead ran low
+        (none while the engine's leases are in doubt: it would start none of them)."""
+        claims: dict[int, tuple[int, int, bool]] = {}
+        if not self.leases.live():
+            return claims
         for run in self.batches.values():
             if not run.workable or run.recheck_at > now:
                 continue
