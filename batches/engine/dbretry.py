@@ -59,7 +59,7 @@ def call(fn, *args):
             delay = min(delay * 2, MAX_DELAY_S)
 
 
-def drop_connections():
+def drop_connections() -> None:
     """Close this thread's connections (they are thread-local) so the next query opens a new one."""
     for connection in connections.all(initialized_only=True):
         try:
@@ -71,7 +71,7 @@ def drop_connections():
 _thread = threading.local()
 
 
-def engine_session():
+def engine_session() -> None:
     """Mark this thread's connections as an engine's (a ThreadPoolExecutor initializer):
     each gets the server-side deadlines when it opens."""
     _thread.engine = True

@@ -207,7 +207,7 @@ def renew(owner, batch_pks, lease_s=None):
         )
 
 
-def hold(owner, batch_pks, lease_s=None):
+def hold(owner: str, batch_pks: list[int], lease_s: float | None = None) -> bool:
     """Renew `owner`'s leases and its heartbeat in one transaction (batches.engine.leases, on a
     connection of its own). False, and nothing renewed, when its row is gone: it was fenced."""
     with transaction.atomic():
