@@ -37,7 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from django.db import connections
 
-from batches.engine import checks, dbretry, liveness, spend, store
+from batches.engine import checks, dbretry, liveness, spend, store, warmup
 from batches.engine.batch_set import BatchSet
 from batches.engine.calls import budget, tallies
 from batches.engine.calls.health import Health
@@ -124,6 +124,8 @@ class Engine(BatchSet, Lanes, Peers, Trips):
             async with OutboundClient() as self.outbound:
                 watch = self.loop.create_task(self._watch())
                 try:
+                    if self.only is None:  # a worker's engine (not one driven in-process for given batches)
+                        await warmup.warm()
                     await self._heartbeat()
                     await self._poll()
                     await self._main()
