@@ -30,6 +30,7 @@ whose executor always failed each made a 1,000,000-nano turn under a
 
 import asyncio
 import contextvars
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -398,7 +399,27 @@ def _budget(row):
 
 
 def _cost(prices, prompt, cached, completion):
-    return cost(prices, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion).total_nanos
+    """billing.pricing.cost's total, in integer arithmetic when the prices allow it exactly."""
+    rates = _rates(prices)
+    if rates is None:
+        return cost(prices, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion).total_nanos
+    cached = min(cached, prompt)  # as billing.pricing.cost: never more cached than prompt tokens
+    return (prompt - cached) * rates[0] + cached * rates[1] + completion * rates[2]
+
+
+@functools.lru_cache(maxsize=256)
+def _rates(prices):
+    """Nano-dollars a token at each of `prices` (input, cached input, output) when each is a whole
+    number, else None. USD per 1M tokens x 1,000 is nanos a token: prices of up to three decimals
+    (x the multiplier) make whole numbers, and then a token count times them is exactly what
+    billing.pricing's Decimal product rounds to, at a fraction of its cost (issue 55)."""
+    rates = []
+    for price in (prices.input, prices.cached_input, prices.output):
+        rate = Decimal(price) * Decimal(prices.multiplier) * 1000
+        if rate != rate.to_integral_value():
+            return None
+        rates.append(int(rate))
+    return tuple(rates)
 
 
 def _count(value):

@@ -10,14 +10,19 @@ from decimal import Decimal
 from types import SimpleNamespace
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from batches.engine import spend
 from batches.engine.calls.usage import Usage
 from batches.engine.outcomes import RecordOutcome
 from billing.pricing import Prices, cost
 
+# Prices of more than three decimals: priced by billing.pricing's Decimal arithmetic (spend._rates).
+PRICES = (Decimal("2.5"), Decimal("1.25"), Decimal("0.0375"))
 
-def _row(cap=None, prices=(Decimal("2.5"), Decimal("1.25"), Decimal("10")), budget=None):
+
+def _row(cap=None, prices=PRICES, budget=None):
     return {
         "pk": 1,
         "organization_id": 7,
@@ -80,7 +85,7 @@ def test_a_capped_batch_prices_each_record_once_and_its_flush_moves_that_exact_f
     outcomes = [_outcome() for _ in range(5)]
     for outcome in outcomes:
         batch.record_ended(spend.Tab(batch), outcome)
-    prices = Prices(Decimal("2.5"), Decimal("1.25"), Decimal("10"))
+    prices = Prices(*PRICES)
     billed = cost(prices, prompt_tokens=1_234, cached_tokens=200, completion_tokens=567).total_nanos
     unbilled = cost(prices, prompt_tokens=10, cached_tokens=0, completion_tokens=3).total_nanos
     assert batch.pending == 5 * (billed + unbilled) and batch.spent == batch.pending
@@ -120,3 +125,16 @@ def test_a_cap_set_while_records_wait_for_their_flush_leaves_no_figure_negative(
     guard.polled([_row(cap=10**12)])
     batch.record_flushed(outcome)
     assert (batch.pending, batch.flushed) == (0, 0)
+
+
+@given(
+    prices=st.tuples(*[st.decimals(min_value=0, max_value=100, places=6, allow_nan=False)] * 3),
+    multiplier=st.sampled_from([Decimal(1), Decimal("0.5"), Decimal(2), Decimal("1.5")]),
+    tokens=st.tuples(*[st.integers(min_value=0, max_value=10**9)] * 3),
+)
+def test_the_figures_are_billing_s_to_the_nano_whatever_the_prices(prices, multiplier, tokens):
+    """Whole nanos a token go by integer arithmetic, the rest by billing.pricing: either way its figure."""
+    at = Prices(*prices, multiplier)
+    prompt, cached, completion = tokens
+    expected = cost(at, prompt_tokens=prompt, cached_tokens=cached, completion_tokens=completion).total_nanos
+    assert spend._cost(at, prompt, cached, completion) == expected
