@@ -47,7 +47,7 @@ from typing import Any
 from django.db import connections
 
 from batches import tallies
-from batches.engine import checks, dbretry, leases, liveness, spend, store
+from batches.engine import checks, dbretry, leases, liveness, spend, store, warmup
 from batches.engine.batch_set import Roster
 from batches.engine.calls import budget
 from batches.engine.config import EngineConfig
@@ -142,6 +142,8 @@ class Engine:
                 watch = self.loop.create_task(self._watch())
                 tend = None
                 try:
+                    if self.only is None:  # a worker's engine (not one driven in-process for given batches)
+                        await warmup.warm()
                     await self._heartbeat()
                     self.leases.start()
                     tend = self.loop.create_task(self._tend_leases())
