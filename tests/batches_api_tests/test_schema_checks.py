@@ -101,7 +101,12 @@ class TestSchemaChecks:
             ("/v1/embeddings", {"input": "hi", "dimensions": "8"}, "invalid_type", "body.dimensions"),
             ("/v1/embeddings", {"input": "hi", "encoding_format": "hex"}, "invalid_value", "body.encoding_format"),
             ("/v1/moderations", {"input": [{"type": "banana"}]}, "invalid_type", "body.input.0"),
-            ("/v1/responses", {"input": "hi", "text": {"format": {"type": "banana"}}}, "invalid_value", "body.text.format.type"),
+            (
+                "/v1/responses",
+                {"input": "hi", "text": {"format": {"type": "banana"}}},
+                "invalid_value",
+                "body.text.format.type",
+            ),
             ("/v1/responses", {"input": [{"role": "wizard", "content": "x"}]}, "invalid_value", "body.input.0.role"),
             ("/v1/responses", {"input": "hi", "temperature": "hot"}, "invalid_type", "body.temperature"),
             (
