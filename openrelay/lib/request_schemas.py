@@ -102,7 +102,7 @@ def _build(source: str) -> tuple[dict[str, set[str]], SchemaValidator]:
     _rewrite(schema, definitions)
     fields: dict[str, set[str]] = {}
     _collect_fields(schema, fields)
-    return fields, SchemaValidator(schema)  # type: ignore[arg-type]  # a rewritten CoreSchema, as pydantic builds them
+    return fields, SchemaValidator(schema)
 
 
 def _rewrite(node: Any, definitions: dict[str, Any]) -> None:
