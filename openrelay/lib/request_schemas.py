@@ -90,7 +90,13 @@ class RequestSchema:
         try:
             self.validator.validate_python(body, strict=True)
         except ValidationError as exc:
-            return _worded(_chosen(exc.errors(include_url=False), body, self._fields), prefix)
+            errors = exc.errors(include_url=False)
+            try:
+                return _worded(_chosen(errors, body, self._fields), prefix)
+            except Exception:  # noqa: BLE001  # a shape the chooser did not foresee: pydantic's first error, never a 500
+                first = errors[0]
+                param = prefix + ".".join(str(part) for part in first["loc"])
+                return Problem(param.rstrip("."), f"Invalid '{param.rstrip('.')}': {first['msg']}.", "invalid_value")
         return None
 
 
