@@ -86,9 +86,6 @@ class Command(BaseCommand):
                     output_price="0.80",
                     stdout=self.stdout,
                 )
-                # It builds its request checks before it listens (seconds: openrelay.lib.request_schemas); workers
-                # that started first would find it refusing connections and take the deployment out of rotation.
-                self._wait_until_listening(children, "127.0.0.1", simulator_port)
             children.append(self._spawn([sys.executable, "manage.py", "qcluster"]))
             # openrelay.web.webserver's protocol: request heads capped while they are read (431).
             children.append(
@@ -173,8 +170,8 @@ class Command(BaseCommand):
         return password, "new" if created else "new: it replaces the old one, which up had not saved"
 
     def _wait_until_listening(self, children, host, port, timeout=60):
-        """Wait for a child server (the simulator, then the web server) to accept connections (the children's
-        start-up output is then done); False if a child stopped first or it took too long."""
+        """Wait for the web server to accept connections (the children's start-up output is then done);
+        False if a child stopped first or it took too long."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and all(child.poll() is None for child in children):
             try:
