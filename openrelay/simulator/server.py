@@ -525,8 +525,11 @@ def serve(config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: 
 
 
 async def _serve_until_signal(config: SimulatorConfig, host: str, port: int) -> None:
-    runner = make_runner(build_app(config))
     sock = bind_socket(host, port)
+    # Listening before build_app builds the request checks (seconds): a client that connects meanwhile waits
+    # in the backlog for its answer instead of being refused (`manage.py up` starts its workers beside it).
+    sock.listen(128)
+    runner = make_runner(build_app(config))
     await _start_site(runner, sock)
     print(f"Simulated model server on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
     stopping = asyncio.Event()
