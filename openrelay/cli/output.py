@@ -29,9 +29,8 @@ def _when(timestamp):
 
 
 def _cost(batch):
-    # The billing fields may arrive inside `usage` (as the docs put it) or beside it.
-    usage = batch.get("usage") or {}
-    return usage.get("cost") or batch.get("cost")
+    # OpenRelay's extension object carries the cost; `usage` is OpenAI's five fields.
+    return (batch.get("openrelay") or {}).get("cost")
 
 
 def _cost_text(cost):

@@ -73,7 +73,7 @@
     const failed = counts.failed - notRun;
     const done = counts.completed + failed;
     const usage = batch.usage || {};
-    const cost = usage.cost || {};
+    const cost = (batch.openrelay || {}).cost || {};
     const cur = cost.currency;
     const contracts = (batch.openrelay || {}).output_contracts || {};
     return {
