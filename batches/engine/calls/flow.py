@@ -62,8 +62,9 @@ BASELINE_S = 60.0  # the latency baseline is the lowest window mean this recent
 # Below this, a rise in call time is noise, not a queue: a fast server's calls take
 # 1-10 ms, and their mean doubles with scheduling jitter alone.
 MIN_QUEUE_DELAY_S = 0.05
-# The line's estimate counts only a rise over this: scheduling jitter is not a queue.
-LINE_NOISE_S = 0.02
+# Slow start ends on a rise over this (and SLOW_START_EXIT x the baseline): ending it on jitter
+# costs only the ramp, where the line (which waits for MIN_QUEUE_DELAY_S) would cost throughput.
+SLOW_START_NOISE_S = 0.02
 SLOW_START_SAMPLES = 8  # answers of a window that may end slow start before the window does
 REFUSED = 503  # a full queue: the status whose calls in flight teach a ceiling
 METRICS_EVERY_S = 0.5
@@ -192,7 +193,7 @@ class FlowControl:
         calls = self.window_calls
         if calls >= SLOW_START_SAMPLES and self.means:
             mean, baseline = self.window_seconds / calls, self.means[0][1]
-            if mean > SLOW_START_EXIT * baseline and mean - baseline > LINE_NOISE_S:
+            if mean > SLOW_START_EXIT * baseline and mean - baseline > SLOW_START_NOISE_S:
                 self.slow_start = False
                 return
         if in_flight >= self._limit:
@@ -334,8 +335,9 @@ class FlowControl:
     def waiting(self, mean, baseline, in_flight):
         """(the calls estimated waiting in the server, the line they are held to) for a window whose
         calls took `mean` against the `baseline` with `in_flight` in flight on average. Without a
-        line, or under the noise, nothing is estimated waiting."""
-        if self.line <= 0 or mean - baseline <= LINE_NOISE_S:
+        line, or under MIN_QUEUE_DELAY_S (an engine's own loop, busy with more calls, slows what it
+        measures: a 20 ms server read 40 ms a call beside other work), nothing is estimated waiting."""
+        if self.line <= 0 or mean - baseline <= MIN_QUEUE_DELAY_S:
             return 0.0, math.inf
         return in_flight * (1 - baseline / mean), max(1.0, self.line * in_flight)
 
