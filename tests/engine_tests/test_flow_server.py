@@ -101,6 +101,9 @@ def test_the_servers_waiting_count_steers_the_limit_when_it_publishes_one(adapti
 
 def test_the_limit_grows_back_once_the_server_stops_pushing_back(adaptive):
     adaptive.OPENRELAY_CONCURRENCY_START = 16
+    # The growth after 429s alone: this server runs in the test's own process, where each call in
+    # flight slows every other (one GIL), which the line may read as calls waiting.
+    adaptive.OPENRELAY_QUEUE_LINE = 0
     with run_in_thread(SimulatorConfig(record=False, latency_ms=20, retry_after_s=0.01)) as server:
         upstream = Upstream(server.base_url, "m", "", 32)
         run(upstream, [chat(f"busy {i} [[status:429x1]]") for i in range(64)], callers=32)
