@@ -197,7 +197,7 @@ def test_the_start_is_split_over_the_live_engines(alice, model, adaptive):
         model.deployments.update(base_url=sim.base_url, max_concurrency=64)
         with Engines(2) as engines:
             # Both engines must count each other before the batch opens their lanes.
-            wait_for(lambda: all(e.engines == 2 for e in engines.engines), 30, "the engines to see each other")
+            wait_for(lambda: all(e.peers.engines == 2 for e in engines.engines), 30, "the engines to see each other")
             assert EngineRow.objects.count() == 2
             batch = make_batch(alice.org, [record(f"r{i}") for i in range(64)])
 
@@ -205,7 +205,7 @@ def test_the_start_is_split_over_the_live_engines(alice, model, adaptive):
                 return [
                     upstream.flow.start
                     for engine in engines.engines
-                    for lane in list(engine.lanes.values())
+                    for lane in list(engine.peers.lanes.values())
                     for upstream in list(lane.upstreams.values())
                 ]
 
