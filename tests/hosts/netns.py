@@ -22,6 +22,7 @@ import contextlib
 import ctypes
 import os
 import re
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable
@@ -78,8 +79,14 @@ def sweep(prefix: str) -> list[str]:
 def check_namespaces_work() -> None:
     """Raises NamespacesUnavailable, saying why, unless this process can make a namespace and a veth pair."""
     probe = f"{run_prefix()}-probe"
+    for program, package in (("ip", "iproute2"), ("nft", "nftables"), ("setpriv", "util-linux")):
+        if not shutil.which(program):
+            raise NamespacesUnavailable(f"`{program}` is not installed (Debian: {package})")
     try:
-        for args in (("netns", "add", probe), ("-n", probe, "link", "add", "name", "probe0", "type", "veth", "peer", "name", "probe1")):
+        for args in (
+            ("netns", "add", probe),
+            ("-n", probe, "link", "add", "name", "probe0", "type", "veth", "peer", "name", "probe1"),
+        ):
             done = ip(*args, check=False)
             if done.returncode:
                 raise NamespacesUnavailable(

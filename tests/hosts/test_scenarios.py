@@ -21,8 +21,8 @@ from tests.hosts.topology import Client, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
-RECORDS = 240
-LATENCY_MS = 1500
+RECORDS = 200
+LATENCY_MS = 1000
 CONCURRENCY = 32
 LEASE_S = 4.0
 # How long a scenario's batch may take after its fault: the batch's own run (about 12 s) and a few leases.
@@ -170,7 +170,7 @@ def test_redis_down_30_s(hosts, client):
         return {"redis_down_s": 30}
 
     ended, at_fault, figures = fault_mid_batch(
-        hosts, client, "redis down 30 s", outage, records=2 * RECORDS, latency_ms=2 * LATENCY_MS
+        hosts, client, "redis down 30 s", outage, records=2 * RECORDS, latency_ms=3 * LATENCY_MS
     )
     assert ended["status"] == "completed"
     assert_invariants(hosts, client, ended, 2 * RECORDS, at_fault["in_flight"], figures)
@@ -238,7 +238,9 @@ def test_web_lost_mid_upload_then_the_retry_with_the_same_idempotency_key(hosts,
     again = client.upload(body_lines, idempotency_key="hosts-upload-1")
     assert again.status_code == 200 and again.json()["id"] == retried.json()["id"], again.text
     create = {"input_file_id": retried.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
-    made = [client.call("POST", "/v1/batches", json=create, headers={"Idempotency-Key": "hosts-create-1"}) for _ in "12"]
+    made = [
+        client.call("POST", "/v1/batches", json=create, headers={"Idempotency-Key": "hosts-create-1"}) for _ in "12"
+    ]
     assert [m.status_code for m in made] == [200, 200] and made[0].json()["id"] == made[1].json()["id"], made[1].text
     ended = Progress(client, made[0].json()["id"]).wait_end(120)
     figures = Figures("web lost mid-upload, retried with Idempotency-Key", records, extra={"web_back_s": back_s})

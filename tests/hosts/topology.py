@@ -333,7 +333,7 @@ class Topology:
 
     def close(self) -> None:
         for process in list(self.processes.values())[::-1]:
-            with contextlib.suppress(Exception):  # noqa: BLE001 - teardown goes on whatever one stop raised
+            with contextlib.suppress(Exception):  # teardown goes on whatever one stop raised
                 process.stop()
         self.processes.clear()
         self.inside.close()
@@ -352,8 +352,11 @@ class Client:
     def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         def send():
             return httpx.request(
-                method, self.topology.web_url + path, headers={**self.headers, **kwargs.pop("headers", {})},
-                timeout=kwargs.pop("timeout", 30), **kwargs,
+                method,
+                self.topology.web_url + path,
+                headers={**self.headers, **kwargs.pop("headers", {})},
+                timeout=kwargs.pop("timeout", 30),
+                **kwargs,
             )
 
         return self.topology.ops(send)
@@ -361,7 +364,9 @@ class Client:
     def upload(self, lines: list[dict[str, Any]], idempotency_key: str | None = None) -> httpx.Response:
         body = b"".join(orjson.dumps(line) + b"\n" for line in lines)
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self.call("POST", "/v1/files", files={"file": ("in.jsonl", body)}, data={"purpose": "batch"}, headers=headers)
+        return self.call(
+            "POST", "/v1/files", files={"file": ("in.jsonl", body)}, data={"purpose": "batch"}, headers=headers
+        )
 
     def create(self, lines: list[dict[str, Any]]) -> dict[str, Any]:
         upload = self.upload(lines)
