@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from tests.hosts.invariants import MODEL, Figures, Progress, assert_invariants, lines
+from tests.hosts.invariants import MODEL, Figures, Progress, assert_invariants, calls_settled, lines
 from tests.hosts.topology import Client, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -25,6 +25,7 @@ RECORDS = 200
 LATENCY_MS = 1000
 CONCURRENCY = 32
 LEASE_S = 4.0
+NARROW_MODEL, NARROW = "hosts/narrow", 6
 # How long a scenario's batch may take after its fault: the batch's own run (about 12 s) and a few leases.
 DONE_WITHIN_S = 90
 
@@ -48,6 +49,9 @@ def client(topology):
         "--output-price",
         "2",
     )
+    # The same server, as another model whose one deployment allows NARROW calls at once.
+    narrow = ["--base-url", topology.model_url + "/v1", "--upstream-model", "sim-upstream"]
+    topology.manage("set_model", NARROW_MODEL, *narrow, "--concurrency", str(NARROW))
     return Client(topology, key)
 
 
@@ -112,7 +116,7 @@ def test_partition_work1_cut_from_db_only_stops_calling_the_model(hosts, client)
 
     try:
         ended, at_fault, figures = fault_mid_batch(hosts, client, "partition (work1 cut from db)", partition)
-        after_cut = hosts.sim_calls()["by_peer"].get(work1, 0) - seen["at_cut"]
+        after_cut = calls_settled(hosts)["by_peer"].get(work1, 0) - seen["at_cut"]
         figures.extra["work1_calls_after_cut"] = after_cut
     finally:
         hosts.network.undrop("work1")
@@ -133,16 +137,25 @@ def test_paused_host_sigstop_then_sigcont(hosts, client):
     """work1 stopped (SIGSTOP to its whole cluster) for 3 leases, then continued: work2 takes its records
     when their leases lapse; the thawed host must not send them again."""
     pause_s = 3 * LEASE_S
+    work1 = hosts.address["work1"]
+    seen = {}
 
     def pause():
         hosts.pause("work1")
         time.sleep(pause_s)  # the fault itself
+        seen["at_thaw"] = hosts.sim_calls()["by_peer"].get(work1, 0)
         hosts.resume("work1")
         return {"paused_s": pause_s}
 
     ended, at_fault, figures = fault_mid_batch(hosts, client, f"paused host (SIGSTOP {pause_s:g} s)", pause)
+    after_thaw = calls_settled(hosts)["by_peer"].get(work1, 0) - seen["at_thaw"]
+    figures.extra["work1_calls_after_thaw"] = after_thaw
     assert ended["status"] == "completed"
-    assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+    try:
+        # Its leases ran out while it was stopped: whatever it held is another host's now.
+        assert after_thaw == 0, f"work1 made {after_thaw} model calls after SIGCONT, its leases long gone"
+    finally:
+        assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
 
 
 def test_db_restarted_mid_batch(hosts, client):
@@ -179,13 +192,8 @@ def test_redis_down_30_s(hosts, client):
 def test_max_concurrency_held_across_both_worker_hosts(hosts, client):
     """A deployment's max_concurrency is one limit for every engine on every host: the most calls in flight
     at the model never pass it, and both hosts call."""
-    limit = 6
-    hosts.manage("set_model", MODEL, "--base-url", hosts.model_url + "/v1", "--concurrency", str(limit))
-    try:
-        batch = client.create(lines(96, 400))
-        ended = Progress(client, batch["id"]).wait_end(120)
-    finally:
-        hosts.manage("set_model", MODEL, "--base-url", hosts.model_url + "/v1", "--concurrency", str(CONCURRENCY))
+    limit = NARROW
+    ended = Progress(client, client.create(lines(96, 400, model=NARROW_MODEL))["id"]).wait_end(120)
     calls = hosts.sim_calls()
     figures = Figures(f"max_concurrency {limit} across 2 hosts", 96, extra={"max_in_flight": calls["max_in_flight"]})
     figures.extra["calls_by_host"] = {host: calls["by_peer"].get(hosts.address[host], 0) for host in ("work1", "work2")}
