@@ -136,11 +136,11 @@ class ModelServer:
         self._parked: set[asyncio.Task[Any]] = set()
 
     async def model_call(self, request: web.Request) -> web.StreamResponse:
-        self.state.entered()
+        self.state.entered(request.remote)
         try:
             response = await self._model_call(request)
         finally:
-            self.state.left()
+            self.state.left(request.remote)
         if request.path == MESSAGES_PATH and response.status >= 400 and isinstance(response, web.Response):
             anthropic_error(response)
         return response

@@ -36,6 +36,7 @@ class SimulatorState:
         # last reset): a test of many hosts counts a cut host's calls and a limit held across hosts by them.
         self.calls_by_peer: dict[str, int] = {}
         self.in_flight = 0
+        self.in_flight_by_peer: dict[str, int] = {}
         self.max_in_flight = 0
         self._lock = threading.Lock()
         self._recorded: deque[dict[str, Any]] = deque(maxlen=max(1, config.record_limit))
@@ -53,23 +54,28 @@ class SimulatorState:
                     {"path": path, "headers": recordable_headers(headers), "body": body, "at": time.monotonic()}
                 )
 
-    def entered(self) -> None:
+    def entered(self, peer: str | None) -> None:
         with self._lock:
             self.in_flight += 1
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if peer is not None:
+                self.in_flight_by_peer[peer] = self.in_flight_by_peer.get(peer, 0) + 1
 
-    def left(self) -> None:
+    def left(self, peer: str | None) -> None:
         with self._lock:
             self.in_flight -= 1
+            if peer is not None:
+                self.in_flight_by_peer[peer] -= 1
 
     def calls(self) -> dict[str, Any]:
         """What `GET /_sim/calls` answers: the calls in all and by client address, those in the server now
-        and the most at once."""
+        (in all and by address) and the most at once."""
         with self._lock:
             return {
                 "total": self.request_count,
                 "by_peer": dict(self.calls_by_peer),
                 "in_flight": self.in_flight,
+                "in_flight_by_peer": {peer: n for peer, n in self.in_flight_by_peer.items() if n},
                 "max_in_flight": self.max_in_flight,
             }
 

@@ -180,7 +180,7 @@ def assert_a_cancel_is_honoured(hosts: Topology, client: Client, count: int = 24
     """A batch of slow calls cancelled once its first calls are in flight ends `cancelled` with every record
     once (the unfinished ones as batch_cancelled errors), and no call is made for it after that."""
     hosts.sim_reset()
-    batch = client.create(lines(count, 2000))
+    batch = client.create(lines(count, 1000))
     wait_until(lambda: hosts.sim_calls()["total"] > 0, "the cancelled batch's first calls", 60)
     client.cancel(batch["id"])
     ended = wait_until(

@@ -8,6 +8,7 @@ Leases are 4 s (conftest.SETTINGS), so every bound below is a few leases.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import signal
 import threading
@@ -33,36 +34,35 @@ DONE_WITHIN_S = 90
 @pytest.fixture(scope="module")
 def client(topology):
     """An organization of its own and the model, deployed on the model host (as an operator would)."""
+    prices = ["--input-price", "1", "--output-price", "2"]
+    served = ["--base-url", topology.model_url + "/v1", "--upstream-model", "sim-upstream"]
+    # As an operator would, on the web host: an organization, the model, and the same server as another
+    # model whose one deployment allows NARROW calls at once. Side by side: each command starts Django.
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        org = pool.submit(topology.manage, "create_org", "hosts")
+        done = [
+            pool.submit(topology.manage, "set_model", MODEL, *served, "--concurrency", str(CONCURRENCY), *prices),
+            pool.submit(topology.manage, "set_model", NARROW_MODEL, *served, "--concurrency", str(NARROW)),
+        ]
+        key = org.result().strip().splitlines()[-1]
+        for command in done:
+            command.result()
     wait_until(lambda: topology.engines() == 4, "both worker hosts' 4 engines", 120)
-    key = topology.manage("create_org", "hosts").strip().splitlines()[-1]
-    topology.manage(
-        "set_model",
-        MODEL,
-        "--base-url",
-        topology.model_url + "/v1",
-        "--upstream-model",
-        "sim-upstream",
-        "--concurrency",
-        str(CONCURRENCY),
-        "--input-price",
-        "1",
-        "--output-price",
-        "2",
-    )
-    # The same server, as another model whose one deployment allows NARROW calls at once.
-    narrow = ["--base-url", topology.model_url + "/v1", "--upstream-model", "sim-upstream"]
-    topology.manage("set_model", NARROW_MODEL, *narrow, "--concurrency", str(NARROW))
     return Client(topology, key)
 
 
-def fault_mid_batch(hosts, client, name, fault, *, records=RECORDS, latency_ms=LATENCY_MS):
-    """Runs a batch, calls `fault()` once a quarter of it has finished, waits for the end, checks.
+def fault_mid_batch(hosts, client, name, fault, *, records=RECORDS, latency_ms=LATENCY_MS, busy=None):
+    """Runs a batch, calls `fault()` once a quarter of it has finished (and the `busy` host has calls in
+    flight: the fault then catches it holding records), waits for the end, checks.
 
     Returns the figures and what `fault` returned (its measurements)."""
     batch = client.create(lines(records, latency_ms))
     progress = Progress(client, batch["id"])
     try:
         progress.wait_finished(records // 4, timeout=120)
+        if busy:
+            address = hosts.address[busy]
+            wait_until(lambda: hosts.sim_calls()["in_flight_by_peer"].get(address, 0) >= 4, f"{busy} calling", 60, 0.05)
         at_fault = hosts.sim_calls()
         moment = time.monotonic()
         measured = fault()
@@ -93,7 +93,7 @@ def test_node_loss_work1_link_cut_mid_batch(hosts, client):
     def cut():
         hosts.network.cut("work1")
 
-    ended, at_fault, figures = fault_mid_batch(hosts, client, "node loss (work1's link down)", cut)
+    ended, at_fault, figures = fault_mid_batch(hosts, client, "node loss (work1's link down)", cut, busy="work1")
     hosts.network.heal("work1")
     assert ended["status"] == "completed"
     assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
@@ -115,7 +115,9 @@ def test_partition_work1_cut_from_db_only_stops_calling_the_model(hosts, client)
         seen["at_cut"] = hosts.sim_calls()["by_peer"].get(work1, 0)
 
     try:
-        ended, at_fault, figures = fault_mid_batch(hosts, client, "partition (work1 cut from db)", partition)
+        ended, at_fault, figures = fault_mid_batch(
+            hosts, client, "partition (work1 cut from db)", partition, busy="work1"
+        )
         after_cut = calls_settled(hosts)["by_peer"].get(work1, 0) - seen["at_cut"]
         figures.extra["work1_calls_after_cut"] = after_cut
     finally:
@@ -147,7 +149,9 @@ def test_paused_host_sigstop_then_sigcont(hosts, client):
         hosts.resume("work1")
         return {"paused_s": pause_s}
 
-    ended, at_fault, figures = fault_mid_batch(hosts, client, f"paused host (SIGSTOP {pause_s:g} s)", pause)
+    ended, at_fault, figures = fault_mid_batch(
+        hosts, client, f"paused host (SIGSTOP {pause_s:g} s)", pause, busy="work1"
+    )
     after_thaw = calls_settled(hosts)["by_peer"].get(work1, 0) - seen["at_thaw"]
     figures.extra["work1_calls_after_thaw"] = after_thaw
     assert ended["status"] == "completed"
@@ -266,6 +270,6 @@ def test_rolling_deploy_old_and_new_workers_together(hosts, client):
         hosts.start_worker("work1")
         return {"work1_replaced_s": round(time.monotonic() - started, 1)}
 
-    ended, at_fault, figures = fault_mid_batch(hosts, client, "rolling deploy (work1 replaced)", roll)
+    ended, at_fault, figures = fault_mid_batch(hosts, client, "rolling deploy (work1 replaced)", roll, busy="work1")
     assert ended["status"] == "completed"
     assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)

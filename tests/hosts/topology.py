@@ -147,9 +147,12 @@ class Topology:
         self.start_s3()
         self.start_model()
         self.migrate()
-        self.start_web()
+        # The web and the workers start together (each takes seconds to import on a loaded machine).
+        argv, env = self.product("web", "web")
+        self.run("web", "web", argv, env)
         for host in WORKERS:
             self.start_worker(host)
+        self.wait_listening("web", 8000)
         return self
 
     def run(self, host: str, name: str, argv: list[str], env: dict[str, str] | None = None) -> HostProcess:

@@ -453,12 +453,25 @@ def test_it_counts_calls_by_client_address_and_the_most_in_flight_at_once(sim, c
     for thread in threads:
         thread.start()
     poll(lambda: client.get(sim.url + "/_sim/calls").json()["in_flight"] == 3)
+    assert client.get(sim.url + "/_sim/calls").json()["in_flight_by_peer"] == {"127.0.0.1": 3}
     for thread in threads:
         thread.join()
     calls = client.get(sim.url + "/_sim/calls").json()
-    assert calls == {"total": 3, "by_peer": {"127.0.0.1": 3}, "in_flight": 0, "max_in_flight": 3}
+    assert calls == {
+        "total": 3,
+        "by_peer": {"127.0.0.1": 3},
+        "in_flight": 0,
+        "in_flight_by_peer": {},
+        "max_in_flight": 3,
+    }
     client.post(sim.url + "/_sim/reset")
-    assert client.get(sim.url + "/_sim/calls").json() == {"total": 0, "by_peer": {}, "in_flight": 0, "max_in_flight": 0}
+    assert client.get(sim.url + "/_sim/calls").json() == {
+        "total": 0,
+        "by_peer": {},
+        "in_flight": 0,
+        "in_flight_by_peer": {},
+        "max_in_flight": 0,
+    }
 
 
 def test_it_keeps_only_the_last_recordings_or_none():
