@@ -20,7 +20,9 @@ import pytest
 from tests.hosts.invariants import MODEL, Figures, Progress, assert_invariants, calls_settled, lines
 from tests.hosts.topology import Client, wait_until
 
-pytestmark = [pytest.mark.slow, pytest.mark.long]
+# The first test also builds the topology (initdb, migrate, five hosts' processes: about 2 minutes on a
+# loaded 2-core machine), which pytest-timeout counts as that test's: 10 minutes, not the suite's 5.
+pytestmark = [pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(600)]
 
 RECORDS = 200
 LATENCY_MS = 1000
