@@ -107,27 +107,30 @@ def test_node_loss_work1_link_cut_mid_batch(hosts, client):
     "renew (calls go on without the database; database calls have no clock)",
 )
 def test_partition_work1_cut_from_db_only_stops_calling_the_model(hosts, client):
-    """work1 loses the database but still reaches the model: once it cannot renew its leases it must stop
-    sending calls (a zombie must not burn inference); its calls after the cut are counted by its address."""
+    """work1 loses the database but still reaches the model: once its leases run out (a lease after the
+    cut at most) it must send no more calls (a zombie must not burn inference); its calls are counted by
+    its address."""
     work1 = hosts.address["work1"]
     seen = {}
 
     def partition():
         hosts.network.drop_between("work1", "db")
         seen["at_cut"] = hosts.sim_calls()["by_peer"].get(work1, 0)
+        time.sleep(LEASE_S)  # the fault goes on: within this lease its calls may still be its own
+        seen["lease_later"] = hosts.sim_calls()["by_peer"].get(work1, 0)
 
     try:
         ended, at_fault, figures = fault_mid_batch(
             hosts, client, "partition (work1 cut from db)", partition, busy="work1"
         )
-        after_cut = calls_settled(hosts)["by_peer"].get(work1, 0) - seen["at_cut"]
-        figures.extra["work1_calls_after_cut"] = after_cut
+        at_end = calls_settled(hosts)["by_peer"].get(work1, 0)
+        figures.extra["work1_calls_after_cut"] = at_end - seen["at_cut"]
+        after_lease = figures.extra["work1_calls_a_lease_after_cut"] = at_end - seen["lease_later"]
     finally:
         hosts.network.undrop("work1")
     assert ended["status"] == "completed"
     try:
-        # Calls already in flight at the cut were counted when they arrived, before it.
-        assert after_cut == 0, f"work1 made {after_cut} model calls after it lost the database"
+        assert after_lease == 0, f"work1 made {after_lease} model calls more than a lease after it lost the database"
     finally:
         assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
 
