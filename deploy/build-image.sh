@@ -20,7 +20,7 @@ fi
 # Every dependency as a wheel (the project's own left out: the image runs the code from /app).
 rm -rf .build/wheels
 # async-timeout: redis asks for it on Python < 3.11.3, and bookworm's is 3.11.2 (this machine's may be newer).
-python3 -m pip wheel -q --wheel-dir .build/wheels . 'async-timeout>=4.0.3' 
+python3 -m pip wheel -q --wheel-dir .build/wheels . 'async-timeout>=4.0.3'
 rm -f .build/wheels/openrelay_batch-*.whl
 case "$BUILDER" in
   podman) podman build --isolation "$ISOLATION" --build-arg BASE="$BASE" -f deploy/Containerfile -t "$IMAGE" . ;;
