@@ -53,7 +53,7 @@ def create_batch(
     ApiError (400) for a request that can't make a batch at all, or one of
     more than `max_records` requests (default: the scan's MAX_RECORDS; Message
     Batches take more); BudgetExceeded (402) when the organization has spent its
-    monthly budget. `breaker`: (window, failures, consecutive), None for a rule's default.
+    monthly budget. `breaker`: its rules (guardrails.Breaker), None for the defaults.
     """
     guardrails.check_budget(organization)
     now = timezone.now()
@@ -71,7 +71,7 @@ def create_batch(
         output_expires_after_s=output_expires_after_s,
         priority=priority,
         max_cost_nanos=max_cost_nanos,
-        **_breaker_fields(breaker),
+        **(breaker or guardrails.Breaker.default()).as_fields(),
         output_contract=output_contract,
     )
     committed = False
@@ -86,16 +86,6 @@ def create_batch(
         if requests is not None and not committed:
             files.delete_file(file)  # a refused inline input belongs to no batch
     return batch
-
-
-def _breaker_fields(rules):
-    defaults = guardrails.Breaker.default()
-    if rules is None:
-        return defaults.as_fields()
-    given = dict(zip(("window", "failures", "consecutive"), rules, strict=True))
-    return guardrails.Breaker(
-        **{name: getattr(defaults, name) if value is None else value for name, value in given.items()}
-    ).as_fields()
 
 
 def _create_after_scan(file, checker, param, fields, max_records):

@@ -12,25 +12,60 @@ progress samples of the batches a trip wrote go out beside the loop.
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from django.db import close_old_connections
 from django.utils import timezone
 
 from batches import lifecycle, progress
 from batches.dashboard import events
-from batches.engine import dbretry, finish, samples, store
+from batches.engine import dbretry, finish, samples
 from batches.engine.lanes import BatchRun
-from batches.engine.state import EngineState
+from batches.engine.spend import Guard
 from batches.models import Batch, BatchStatus
 
 logger = logging.getLogger("openrelay.engine")
 
 
-class BatchSet(EngineState):
-    """The Engine's running batches (a part of runner.Engine)."""
+class Roster:
+    """The Engine's running batches (a part of runner.Engine): `batches` ({pk: BatchRun}) and their
+    closes. It joins a batch through `open_run` (runner.Engine._open_run: its lane and its seams),
+    stops a closing batch's records through `cancel` (lanes.Lanes.cancel), and asks `closes_batches`
+    whether this engine closes batches at all (the first by rank: peers.Peers)."""
 
-    async def _poll(self):
-        rows = await self.db(store.active_batches, self.only)
+    def __init__(
+        self,
+        only: set[int] | None,
+        guard: Guard,
+        db: Callable[..., Coroutine[Any, Any, Any]],
+        threads: tuple[ThreadPoolExecutor, ThreadPoolExecutor],
+        open_run: Callable[[dict[str, Any]], Awaitable[BatchRun]],
+        cancel: Callable[[BatchRun], None],
+        closes_batches: Callable[[], bool],
+        wake: Callable[[], None],
+        poll_soon: Callable[[], None],
+    ) -> None:
+        self.only = only  # driven in-process: these batches only
+        self.guard = guard
+        self.db = db  # a call on the engine's database thread (runner.Engine.db)
+        self.db_thread, self.closer = threads  # the database thread, and the thread that closes batches
+        self.open_run = open_run
+        self.cancel = cancel
+        self.closes_batches = closes_batches
+        self.wake = wake  # ends the loop's sleep (runner.Engine._wake)
+        self.poll_soon = poll_soon  # poll at the loop's next turn, and wake it
+        self.batches: dict[int, BatchRun] = {}
+        self.freed: dict[
+            int, int
+        ] = {}  # batch pk -> records freed of a batch not joined yet (a new engine's first beat)
+        self.closes: dict[int, asyncio.Task[Any]] = {}  # batch pk -> the close running on the closer thread
+        self.announcing: asyncio.Task[Any] | None = None  # the task sending live events, if one is
+        self.handback: list[int] = []  # records of batches paused here, to give back (take_handback)
+
+    async def poll(self, rows):
+        """The running batches as the database has them now (`rows`): start, join, close, drop."""
         for pk in self.guard.polled(rows):
             self.held(pk)
         if due := self.guard.budgets_due():
@@ -49,7 +84,7 @@ class BatchSet(EngineState):
                 run = await self._join(row)
             if run is not None:
                 run.status = row["status"]
-            if pk in self.closes or not self._closes_batches():
+            if pk in self.closes or not self.closes_batches():
                 if run is not None and (row["status"] != BatchStatus.IN_PROGRESS or row["expires_at"] <= now):
                     self._stop_batch(run)
                 continue
@@ -66,19 +101,34 @@ class BatchSet(EngineState):
                 self._close(pk, close)
         for pk in [pk for pk in self.batches if pk not in seen]:
             self._drop(self.batches[pk])
-        self._set_caps(rows)
 
-    def _nothing_to_do(self):
-        """An in-process engine is done when its batches are closed, or can't run here at all
-        (their model has no enabled deployment)."""
-        if self.closes or self.running:
+    def idle(self):
+        """No close running and nothing this engine can still do for its batches (an in-process engine
+        ends then): each is done, or can't run here at all (its model has no enabled deployment)."""
+        if self.closes:
             return False
         return all(not run.lane.upstreams and not run.queue for run in self.batches.values())
 
-    def _closes_batches(self):
-        """Closing is left to one engine (the first by rank), so a batch's files are built once;
-        an in-process engine closes its own batches. The sweeper closes what a dead one left."""
-        return self.only is not None or self.rank == 0
+    def take_handback(self):
+        pks, self.handback = self.handback, []
+        return pks
+
+    def hand_back_queued(self):
+        """Stopping: forget every record claimed and not started. Returns their pks, to give back."""
+        pks = [record.pk for run in self.batches.values() for record, _ in run.queue]
+        for run in self.batches.values():
+            run.queue.clear()
+        return pks
+
+    def resume(self, freed):
+        """Claim at once what dead engines left of our batches ({batch pk: records freed}: peers.Peers.take_freed)."""
+        for pk, n in freed.items():
+            run = self.batches.get(pk)
+            if run is not None:
+                run.resume += n
+                run.recheck_at = run.expired_check_at = 0.0
+            else:
+                self.freed[pk] = self.freed.get(pk, 0) + n
 
     @staticmethod
     def _start_batch(pk):
@@ -87,14 +137,11 @@ class BatchSet(EngineState):
         return batch is not None and lifecycle.transition(batch, BatchStatus.IN_PROGRESS)
 
     async def _join(self, row):
-        lane = self.lanes.get(row["model_id"])
-        if lane is None:
-            lane = await self._open_lane(row["model_id"])
-        run = BatchRun(row, lane, self.outbound, self.checkpoints, self.guard.spend(row), self.checkers)
+        run = await self.open_run(row)
         run.resume = self.freed.pop(run.pk, 0)
-        lane.batches[run.pk] = run
+        run.lane.batches[run.pk] = run
         self.batches[run.pk] = run
-        self._wake()  # claim its first records now, not after the loop's next sleep
+        self.wake()  # claim its first records now, not after the loop's next sleep
         return run
 
     def _stop_batch(self, run):
@@ -104,9 +151,7 @@ class BatchSet(EngineState):
             return
         run.closing = True
         run.queue.clear()
-        for task, (owner_run, _) in list(self.running.items()):
-            if owner_run is run:
-                task.cancel()
+        self.cancel(run)
 
     def held(self, pk):
         """Its guardrails paused the batch (hand back what it has queued: it claims nothing now)
@@ -122,7 +167,7 @@ class BatchSet(EngineState):
             run.cursor = 0  # resumed, it claims from its first pending line again
         else:
             run.recheck_at = run.expired_check_at = 0.0
-            self._wake()
+            self.wake()
 
     def _drop(self, run):
         self._stop_batch(run)
@@ -135,15 +180,14 @@ class BatchSet(EngineState):
     def _close(self, pk, close):
         async def closing():
             try:
-                await self.loop.run_in_executor(self.closer, self._close_batch, pk, close)
+                await asyncio.get_running_loop().run_in_executor(self.closer, self._close_batch, pk, close)
             except Exception:
                 logger.exception("closing batch %s failed; the sweeper tries again", pk)
             finally:
                 del self.closes[pk]
-                self.poll_now = True  # see the batch closed (and let an in-process engine end) at once
-                self._wake()
+                self.poll_soon()  # see the batch closed (and let an in-process engine end) at once
 
-        self.closes[pk] = self.loop.create_task(closing())
+        self.closes[pk] = asyncio.get_running_loop().create_task(closing())
 
     @staticmethod
     def _close_batch(pk, close):
@@ -152,7 +196,7 @@ class BatchSet(EngineState):
         if batch is not None:
             dbretry.call(close, batch)
 
-    def _close_finished(self, pks):
+    def close_finished(self, pks):
         """Close the batches this engine's flush finished, whatever its rank: the close is
         conditional (one engine moves a batch to finalizing), and waiting for the
         closing engine's poll cost 0.25-0.45 s a batch."""
@@ -164,7 +208,7 @@ class BatchSet(EngineState):
                 self._stop_batch(run)
             self._close(pk, finish.finalize_if_done)
 
-    async def _announce(self, written):
+    async def announce(self, written):
         """Live events for the batches this trip wrote, each at most every MIN_INTERVAL_S.
 
         Sent beside the loop, not in it: a group send to channels-redis costs
@@ -189,7 +233,7 @@ class BatchSet(EngineState):
                 run.sampled_at = now
                 sample.append(pk)
         if due or sample:
-            self.announcing = self.loop.create_task(self._send_events(due, sample))
+            self.announcing = asyncio.get_running_loop().create_task(self._send_events(due, sample))
 
     async def _send_events(self, batch_pks, sample=()):
         if sample:

@@ -14,17 +14,20 @@ import logging
 import math
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import orjson
 
 from batches.engine import checkpoints, prefixes
 from batches.engine.calls import budget
 from batches.engine.context import BatchCaller, RecordContext
-from batches.engine.fairness import Held, Ticket, place_record, turn
+from batches.engine.fairness import Held, OrgCaps, Ticket, place_record, turn
 from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
-from batches.engine.state import EngineState
-from batches.engine.trips import FLUSH_SIZE
+from batches.engine.spend import Guard
+from batches.engine.store import ClaimedRecord
+from batches.engine.trips import FLUSH_EVERY_S, FLUSH_SIZE
 from batches.models import BatchStatus, Priority
 from batches.validation.contracts import batch_contract
 from openrelay.lib import logs
@@ -162,21 +165,79 @@ class Lane:
         return best
 
 
-class Lanes(EngineState):
-    """The Engine's slots (a part of runner.Engine): start records on each lane, run them one after another."""
+class Lanes:
+    """The Engine's slots (a part of runner.Engine): start records on each lane, run them one after another.
 
-    def _start_slots(self):
+    It owns what runs (`running`), the outcomes waiting for a flush (`pending`, on each BatchRun's
+    `done`) and the records its slots give back (`take_handback`). What a slot needs below it
+    travels in the slot's own context, not in arguments: the answer bytes it holds
+    (budget.current), the cost of its calls (spend.current_tab) and its prompt prefix and place
+    in line (fairness.place_record). Those are read at the call seam, under the record's loop
+    (dispatch, toolloop, workflow, contract) and its caller; passing them down would put three
+    arguments on every function of every loop for values only the seam reads.
+    """
+
+    def __init__(self, caps: OrgCaps, guard: Guard, answers: budget.Budget, wake: Callable[[], None]) -> None:
+        self.caps = caps  # the organizations' caps (peers.Peers sets them)
+        self.guard = guard
+        self.answers = answers  # the answer bytes this engine may hold (budget.Budget)
+        self.wake = wake  # ends the loop's sleep (runner.Engine._wake)
+        self.running: dict[asyncio.Task[Any], tuple[BatchRun, ClaimedRecord]] = {}  # slot task -> what it runs now
+        self.pending = 0  # finished records waiting for a flush, over every batch
+        self.flush_soon = False  # a batch ran out of records here: write its last ones now
+        self.handback: list[int] = []  # records its slots give back unfinished (held, or stopping)
+        self.stopping = False  # stopping: a slot takes no next record
+
+    def start_slots(self, lanes: Iterable[Lane]) -> None:
         """Start records on each lane while it has room, each in a new slot coroutine.
 
         A slot works records one after another (no Task per record), picking
         the next one fairly itself; new slots are only needed when records
         arrive faster than the running ones finish.
         """
-        for lane in self.lanes.values():
+        loop = asyncio.get_running_loop()
+        for lane in lanes:
             while (run := lane.pick(self.caps)) is not None:
-                task = self.loop.create_task(self._slot(lane, self._begin(run)))
+                task = loop.create_task(self._slot(lane, self._begin(run)))
                 lane.slots.add(task)
                 task.add_done_callback(lane.slots.discard)
+
+    def cancel(self, run: BatchRun) -> None:
+        """Stop `run`'s records running here (their batch is closing: whoever closes it marks them)."""
+        for task, (owner_run, _) in list(self.running.items()):
+            if owner_run is run:
+                task.cancel()
+
+    def cancel_stuck(self, now: float, deadline: float) -> None:
+        """While stopping: records still waiting for a model that has no healthy deployment
+        are handed back at once; after `deadline`, every record still running is."""
+        for task, (run, _) in list(self.running.items()):
+            if now >= deadline or run.lane.gate.capacity <= 0:
+                task.cancel()
+
+    def stop(self) -> None:
+        self.stopping = True
+
+    def take_handback(self) -> list[int]:
+        pks, self.handback = self.handback, []
+        return pks
+
+    def flush_due(self, now: float, last_flush: float) -> bool:
+        return bool(self.pending) and (
+            self.flush_soon or self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S
+        )
+
+    def take_outcomes(self, runs: Iterable[BatchRun]) -> tuple[dict[int, list[Any]], list[budget.Holding]]:
+        """The outcomes waiting for a flush ({batch pk: [(record, outcome)]}) and the answer bytes they hold."""
+        outcomes, holdings = {}, []
+        for run in runs:
+            if run.done:
+                outcomes[run.pk], run.done = run.done, []
+                holdings += run.holdings
+                run.holdings = []
+        self.pending = 0
+        self.flush_soon = False
+        return outcomes, holdings
 
     def _begin(self, run):
         """Take `run`'s next queued record and count it running (before its slot even starts,
@@ -194,7 +255,7 @@ class Lanes(EngineState):
 
     async def _slot(self, lane, first):
         task = asyncio.current_task()
-        assert task is not None  # a slot is a task of its own (_start_slots)
+        assert task is not None  # a slot is a task of its own (start_slots)
         work = first
         while work is not None:
             run, record, raw = work
@@ -233,11 +294,11 @@ class Lanes(EngineState):
                 # the room this flush gives back.
                 self.flush_soon = True
             if self.pending >= FLUSH_SIZE or len(run.queue) <= run.target // 2:
-                self._wake()
+                self.wake()
             work = None
             if not self.stopping and (next_run := lane.pick(self.caps)) is not None:
                 work = self._begin(next_run)
-        self._wake()
+        self.wake()
 
     @staticmethod
     def _end(run):

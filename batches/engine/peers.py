@@ -12,17 +12,22 @@ catalog; a deployment another engine found failing is taken out here too
 (`_health_changed`).
 """
 
+import asyncio
 import logging
 from collections import defaultdict
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from django.utils import timezone
 
 from batches.engine import store
 from batches.engine.calls import flow, tallies
 from batches.engine.calls.caller import ModelCaller, Upstream
-from batches.engine.fairness import CallGate, split
+from batches.engine.calls.health import Health
+from batches.engine.config import EngineConfig
+from batches.engine.fairness import CallGate, OrgCaps, split
 from batches.engine.lanes import Lane
-from batches.engine.state import EngineState
+from batches.engine.liveness import Liveness
 from openrelay.core.models import DeploymentHealth
 
 logger = logging.getLogger("openrelay.engine")
@@ -31,10 +36,39 @@ HEARTBEAT_S = 0.5  # how often engines count each other and publish what they ho
 DEPLOYMENTS_EVERY_S = 2.0  # how often the lanes re-read their deployments from the catalog
 
 
-class Peers(EngineState):
-    """The Engine among the other engines (a part of runner.Engine)."""
+class Peers:
+    """The Engine among the other engines (a part of runner.Engine).
 
-    def _set_caps(self, rows):
+    It owns the lanes (one a model: its caller, gate and deployments), the organizations' caps
+    (`caps`, split over the live engines), the deployments' health, this engine's place among
+    the live ones (`rank`, `engines`), and what dead engines left (`take_freed`).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        owner: str,
+        liveness: Liveness,
+        caps: OrgCaps,
+        db: Callable[..., Coroutine[Any, Any, Any]],
+        wake: Callable[[], None],
+    ) -> None:
+        self.config = config
+        self.owner = owner
+        self.liveness = liveness
+        self.caps = caps  # the organizations' caps, this engine's part of each (the lanes and trips read them)
+        self.db = db  # a call on the engine's database thread (runner.Engine.db)
+        self.wake = wake  # ends the loop's sleep (runner.Engine._wake)
+        self.lanes: dict[int, Lane] = {}  # model pk -> its lane
+        self.health = Health(on_change=self._health_changed, on_recovered=wake)
+        self.rank, self.engines = 0, 1  # this engine's place among the live engines, and how many are live
+        self.others_holding: dict[int, int] = {}  # deployment pk -> calls the other live engines hold there
+        self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
+        self.resuming = False  # dead engines' records were freed: claim them before taking their shares
+        self.freed: dict[int, int] = {}  # batch pk -> records dead engines left, not yet handed on (take_freed)
+
+    def set_caps(self, rows):
+        """The organizations' caps of the batches the poll read (`rows`), this engine's part of each."""
         caps = {}
         for row in rows:
             cap = row["organization__max_concurrency"]
@@ -42,6 +76,13 @@ class Peers(EngineState):
                 caps[row["organization_id"]] = split(cap, self.rank, self.engines)
         if caps != self.caps.limits:
             self.caps.set_limits(caps)
+
+    async def lane_for(self, model_id):
+        """The model's lane, opened if this engine has none yet."""
+        lane = self.lanes.get(model_id)
+        if lane is None:
+            lane = await self._open_lane(model_id)
+        return lane
 
     async def _open_lane(self, model_id):
         caller = ModelCaller(
@@ -55,10 +96,10 @@ class Peers(EngineState):
         await caller.__aenter__()
         lane = self.lanes[model_id] = Lane(model_id, caller, self.config)
         self._reconcile(lane, (await self.db(store.deployments, [model_id])).get(model_id, []))
-        await self._heartbeat()  # publish what it will hold of the new deployments, then take it
+        await self.heartbeat()  # publish what it will hold of the new deployments, then take it
         return lane
 
-    async def _refresh_deployments(self):
+    async def refresh_deployments(self):
         if not self.lanes:
             return
         rows = await self.db(store.deployments, list(self.lanes))
@@ -107,7 +148,7 @@ class Peers(EngineState):
             upstream.close()
             lane.retired.remove(upstream)
         lane.gate.dispatch()
-        self._wake()
+        self.wake()
 
     def _retire(self, lane, upstream):
         self.health.forget(upstream)
@@ -135,7 +176,7 @@ class Peers(EngineState):
         if upstream.deployment_id is None:
             return
         state = DeploymentHealth.HEALTHY if upstream.healthy else DeploymentHealth.UNHEALTHY
-        self.loop.create_task(
+        asyncio.get_running_loop().create_task(
             self.db(
                 store.save_health,
                 upstream.deployment_id,
@@ -146,7 +187,7 @@ class Peers(EngineState):
             )
         )
 
-    async def _heartbeat(self):
+    async def heartbeat(self):
         upstreams = [u for lane in self.lanes.values() for u in lane.gate.upstreams if u.deployment_id is not None]
         holding = {str(u.deployment_id): max(u.part, u.share, u.in_use) for u in upstreams}
         try:
@@ -158,7 +199,7 @@ class Peers(EngineState):
         for upstream in upstreams:
             if limits.get(upstream.deployment_id):
                 upstream.absorb(limits[upstream.deployment_id])
-        self._resume(freed)
+        self._freed(freed)
         self.resuming = self.resuming or bool(freed)
         await self.db(tallies.publish, self.owner, tallies.take(upstreams))
         for upstream in upstreams:
@@ -177,22 +218,30 @@ class Peers(EngineState):
             if limits.get(upstream.deployment_id):
                 upstream.level_with(limits[upstream.deployment_id])
         if not self.resuming:
-            self._reshare()
+            self.reshare()
 
-    def _reshare(self):
-        """Split every lane's deployments again (after a heartbeat, or a take-over: runner.Engine._main)."""
+    def reshare(self):
+        """Split every lane's deployments again (after a heartbeat, or a take-over: runner.Engine._take_over,
+        which this ends)."""
+        self.resuming = False
         for lane in self.lanes.values():
             self._reconcile(lane, lane.rows)
 
-    def _resume(self, freed):
-        """Claim at once what dead engines left of our batches ({batch pk: records freed})."""
+    def _freed(self, freed):
+        """Dead engines left records of our batches ({batch pk: records freed}): claim them at once."""
         for pk, n in freed.items():
-            run = self.batches.get(pk)
-            if run is not None:
-                run.resume += n
-                run.recheck_at = run.expired_check_at = 0.0
-            else:
-                self.freed[pk] = self.freed.get(pk, 0) + n
+            self.freed[pk] = self.freed.get(pk, 0) + n
         if freed:
             logger.info("took over %s records of dead engines", sum(freed.values()))
-            self._wake()
+            self.wake()
+
+    def take_freed(self):
+        """{batch pk: records freed} since the last call, for the batches to claim (batch_set.Roster.resume)."""
+        freed, self.freed = self.freed, {}
+        return freed
+
+    async def close(self):
+        for lane in self.lanes.values():
+            await lane.caller.__aexit__(None, None, None)
+            lane.gate.close()
+        await self.health.close()

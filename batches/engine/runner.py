@@ -17,14 +17,20 @@ taken over by a live engine within about a second of its death
 (batches.engine.liveness), by any engine once their lease runs out at worst.
 
 `Engine` is this file's loop and its life (start, the loop's turn, stop,
-shutdown); each other question has a room of its own, one part of Engine
-each (docs/engine.md has the map):
+shutdown); each other question has a room of its own, a part the Engine
+holds, with its own state (docs/engine.md has the map):
 
-- batch_set.py: which batches run here; joining, dropping and closing them;
-- lanes.py: which record starts (lanes, claim-ahead, the slot coroutines);
-- peers.py: what this engine holds among the others (heartbeat, shares,
-  deployments and their health);
-- trips.py: the database trips (claims, flushes, checkpoint writes).
+- batch_set.py, `roster`: which batches run here; joining, dropping and
+  closing them;
+- lanes.py, `lanes`: which record starts (the slot coroutines, the outcomes
+  waiting for a flush);
+- peers.py, `peers`: what this engine holds among the others (heartbeat,
+  shares, the models' lanes, deployments and their health);
+- trips.py, `trips`: the database trips (claims, flushes, checkpoint writes).
+
+The parts never reach into each other: `_main` takes what one returns (a
+trip's written, claimed and finished batches, the records to give back,
+what dead engines freed) to the one that acts on it.
 """
 
 import asyncio
@@ -34,16 +40,16 @@ import secrets
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from django.db import connections
 
 from batches.engine import checks, dbretry, liveness, spend, store
-from batches.engine.batch_set import BatchSet
+from batches.engine.batch_set import Roster
 from batches.engine.calls import budget, tallies
-from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
 from batches.engine.fairness import OrgCaps
-from batches.engine.lanes import Lanes
+from batches.engine.lanes import BatchRun, Lanes
 from batches.engine.peers import DEPLOYMENTS_EVERY_S, HEARTBEAT_S, Peers
 from batches.engine.trips import FLUSH_EVERY_S, CheckpointWriter, Trips
 from openrelay.lib.outbound import OutboundClient
@@ -56,10 +62,14 @@ POLL_S = 0.2  # how often the engine reads the running batches
 WATCH_S = 0.05
 
 
-class Engine(BatchSet, Lanes, Peers, Trips):
+class Engine:
     """Works every running batch (or, driven in-process, the batches in `only`).
 
-    Its state is set here, in one place; the parts it is made of read and change it.
+    It holds four parts, each with its own state: `roster` (the batches), `lanes` (the slots
+    that run their records), `peers` (the other engines, the models' lanes and deployments) and
+    `trips` (the database trips). No part reads another's: `_main` asks one for what it knows
+    and hands that to the one that acts on it. The engine itself keeps its life (the loop, its
+    threads, stopping) and the seams the parts are handed (`db`, `_wake`, `_open_run`).
     """
 
     def __init__(self, only=None, until_closed=False):
@@ -71,39 +81,37 @@ class Engine(BatchSet, Lanes, Peers, Trips):
         self.poll_now = False
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
         self.liveness = liveness.Liveness(self.owner)
-        self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
-        self.resuming = False  # dead engines' records were freed: claim them before taking their shares
-        self.freed = {}  # batch pk -> records freed of a batch not joined yet (a new engine's first beat)
         self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
         self.closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-close")
-        self.batches = {}
-        self.lanes = {}
-        self.caps = OrgCaps()
-        self.health = Health(on_change=self._health_changed, on_recovered=self._wake)
-        self.rank, self.engines = 0, 1
-        self.others_holding = {}  # deployment pk -> calls the other live engines hold there
-        self.running = {}  # slot task -> (BatchRun, ClaimedRecord) it runs now
-        self.handback = []  # records to give back unfinished (stopping)
-        self.closes = {}  # batch pk -> the close running on the closer thread
-        self.announcing = None  # the task sending live events, if one is
+        self.handback: list[int] = []  # what the parts gave back, released at the loop's next turn
         self.stopping = False
-        self.stop_deadline = None
-        self.hop_s = 0.0
-        self.pending = 0  # finished records waiting for a flush, over every batch
-        self.flush_soon = False  # a batch ran out of records here: write its last ones now
+        self.stop_deadline = 0.0
         self.newest_batch = None
-        self.worked = 0
-        self.loop = None
-        self.wake = None
+        self.loop: Any = None  # the engine's asyncio loop, once it runs
+        self.wake: Any = None  # the Event that ends the loop's sleep, once it runs
+        self.outbound: Any = None  # the engine's OutboundClient, once it runs
         self.checkpoints = CheckpointWriter(self)
-        self.answers = budget.Budget(self.config.answer_budget_bytes)
         self.checkers = checks.Checkers(
             self.config.contract_checkers,
             self.config.contract_check_time_limit_s,
             self.config.contract_check_memory_bytes,
         )
         self.guard = spend.Guard(self)
-        self.flushing = []  # the holdings of the outcomes the trip in flight writes
+        caps = OrgCaps()
+        self.peers = Peers(self.config, self.owner, self.liveness, caps, self.db, self._wake)
+        self.lanes = Lanes(caps, self.guard, budget.Budget(self.config.answer_budget_bytes), self._wake)
+        self.roster = Roster(
+            self.only,
+            self.guard,
+            self.db,
+            (self.db_thread, self.closer),
+            open_run=self._open_run,
+            cancel=self.lanes.cancel,
+            closes_batches=self._closes_batches,
+            wake=self._wake,
+            poll_soon=self._poll_soon,
+        )
+        self.trips = Trips(self.owner, self.config, self.db_thread, caps, self.guard)
 
     # ------------------------------------------------------------ life
 
@@ -135,7 +143,7 @@ class Engine(BatchSet, Lanes, Peers, Trips):
             self.db_thread.shutdown(wait=True)
             self.closer.shutdown(wait=True)
             self.liveness.close()  # here too: a shutdown cut short by the database never reaches _cleanup
-        return self.worked
+        return self.trips.worked
 
     async def _main(self):
         now = time.monotonic()
@@ -143,15 +151,16 @@ class Engine(BatchSet, Lanes, Peers, Trips):
         while True:
             now = time.monotonic()
             if self.stopping:
-                self._stop_step(now)
-                if not self.running:
+                self.lanes.cancel_stuck(now, self.stop_deadline)
+                if not self.lanes.running:
                     break
             else:
-                self._start_slots()
-            claims = {} if self.stopping else self._claims(now)
-            if claims or self._flush_due(now, last_flush):
+                self.lanes.start_slots(self.peers.lanes.values())
+            claims = {} if self.stopping else self.trips.claims(now, self.roster.batches)
+            if claims or self.lanes.flush_due(now, last_flush):
                 await self._pass_on(*await self._trip(claims))
                 last_flush = now
+            self.handback += self.roster.take_handback() + self.lanes.take_handback()
             if self.handback:
                 pks, self.handback = self.handback, []
                 await self.db(store.release, self.owner, pks)
@@ -163,60 +172,101 @@ class Engine(BatchSet, Lanes, Peers, Trips):
             if now - last_beat >= HEARTBEAT_S:
                 last_beat = now
                 await self._heartbeat()
-            if self.resuming:
+            if self.peers.resuming:
                 await self._take_over()
             if now - last_renew >= self.config.lease_s / 4:
                 last_renew = now
-                await self.db(store.renew, self.owner, list(self.batches))
+                await self.db(store.renew, self.owner, list(self.roster.batches))
             if now - last_deployments >= DEPLOYMENTS_EVERY_S:
                 last_deployments = now
-                await self._refresh_deployments()
+                await self.peers.refresh_deployments()
             await self._sleep(FLUSH_EVERY_S)
 
-    async def _pass_on(self, written, claimed, finished):
-        """What a trip wrote, claimed and finished goes to the parts that act on it: the lanes start
-        the claimed records, the batch set closes the finished batches and announces the written ones."""
+    async def _trip(self, claims):
+        """One trip: the lanes' finished outcomes written, `claims` claimed for the roster's batches."""
+        runs = self.roster.batches
+        return await self.trips.trip(runs, claims, *self.lanes.take_outcomes(runs.values()))
+
+    async def _pass_on(self, written, claimed, finished, handback):
+        """What a trip wrote, claimed, finished and gave back goes to the parts that act on it: the lanes
+        start the claimed records, the roster closes the finished batches and announces the written ones,
+        the loop gives back the rest at its next turn."""
+        self.handback += handback
         if claimed:
-            self._start_slots()
-        self._close_finished(finished)
-        await self._announce(written)
+            self.lanes.start_slots(self.peers.lanes.values())
+        self.roster.close_finished(finished)
+        await self.roster.announce(written)
 
     async def _take_over(self):
         """Claim and start what dead engines left, then take their shares: the slots they free
         go to their records first (those wait at the head of the gate's line), not to ours."""
-        self.resuming = False
-        await self._pass_on(*await self._trip(self._claims(time.monotonic())))
+        await self._pass_on(*await self._trip(self.trips.claims(time.monotonic(), self.roster.batches)))
         await asyncio.sleep(0)  # the new slots run up to the gate
-        self._reshare()
+        self.peers.reshare()  # and the take-over is done (peers.resuming)
+
+    async def _poll(self):
+        rows = await self.db(store.active_batches, self.only)
+        await self.roster.poll(rows)
+        self.peers.set_caps(rows)
+        self.roster.resume(self.peers.take_freed())  # a lane opened for a new batch beat: perhaps some
+
+    async def _heartbeat(self):
+        await self.peers.heartbeat()
+        self.roster.resume(self.peers.take_freed())
+
+    async def _open_run(self, row):
+        """A batch the roster joins, as this engine works it: on its model's lane, with its seams."""
+        lane = await self.peers.lane_for(row["model_id"])
+        return BatchRun(row, lane, self.outbound, self.checkpoints, self.guard.spend(row), self.checkers)
+
+    def _closes_batches(self):
+        """Closing is left to one engine (the first by rank), so a batch's files are built once;
+        an in-process engine closes its own batches. The sweeper closes what a dead one left."""
+        return self.only is not None or self.peers.rank == 0
+
+    def _nothing_to_do(self):
+        """An in-process engine is done when its batches are closed, or can't run here at all
+        (their model has no enabled deployment)."""
+        return not self.lanes.running and self.roster.idle()
+
+    # What a Guard asks of its engine (spend.GuardedEngine).
+
+    @property
+    def engines(self):
+        return self.peers.engines
+
+    def held(self, pk):
+        self.roster.held(pk)
 
     async def _shutdown(self):
-        tasks = list(self.running)
+        tasks = list(self.lanes.running)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        finished = await self._flush_all()
+        runs = self.roster.batches
+        finished = await self.trips.flush_all(runs, *self.lanes.take_outcomes(runs.values()))
         if not self.stopping:
-            self._close_finished(finished)
-        self.handback += [record.pk for run in self.batches.values() for record, _ in run.queue]
+            self.roster.close_finished(finished)
+        self.handback += self.roster.take_handback() + self.lanes.take_handback() + self.roster.hand_back_queued()
         if self.handback:
             await self.db(store.release, self.owner, self.handback)
-        for lane in self.lanes.values():
-            await lane.caller.__aexit__(None, None, None)
-            lane.gate.close()
-        await self.health.close()
+        await self.peers.close()
         await self.checkers.close()
-        await asyncio.gather(*self.closes.values(), *filter(None, [self.announcing]), return_exceptions=True)
+        await asyncio.gather(
+            *self.roster.closes.values(), *filter(None, [self.roster.announcing]), return_exceptions=True
+        )
         await self.db(tallies.save, tallies.take()[0])  # the counts since the last heartbeat
-        if self.answers.waited:
+        answers = self.lanes.answers
+        if answers.waited:
             logger.info(
                 "%d model answers waited for room in the answer budget (peak held: %d bytes)",
-                self.answers.waited,
-                self.answers.peak,
+                answers.waited,
+                answers.peak,
             )
         await self.db(self._cleanup)
 
     def _cleanup(self):
-        for run in self.batches.values():
+        for run in self.roster.batches.values():
             if run.input is not None:
                 run.input.close()
         store.retire(self.owner)
@@ -238,20 +288,16 @@ class Engine(BatchSet, Lanes, Peers, Trips):
     def _begin_stop(self):
         if self.stopping:
             return
-        logger.info("engine %s stopping: %d records in flight", self.owner, len(self.running))
+        logger.info("engine %s stopping: %d records in flight", self.owner, len(self.lanes.running))
         self.stopping = True
         self.stop_deadline = time.monotonic() + self.config.stop_grace_s
-        for run in self.batches.values():
-            self.handback += [record.pk for record, _ in run.queue]
-            run.queue.clear()
+        self.lanes.stop()
+        self.handback += self.roster.hand_back_queued()
         self._wake()
 
-    def _stop_step(self, now):
-        """While stopping: records still waiting for a model that has no healthy deployment
-        are handed back at once; after the grace period, every record still running is."""
-        for task, (run, _) in list(self.running.items()):
-            if now >= self.stop_deadline or run.lane.gate.capacity <= 0:
-                task.cancel()
+    def _poll_soon(self):
+        self.poll_now = True
+        self._wake()
 
     def _wake(self):
         if self.wake is not None:

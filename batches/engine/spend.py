@@ -227,8 +227,10 @@ class GuardedEngine(Protocol):
     share what is left, its loop and database thread (to write a pause), and `held`, which stops
     a paused batch's work there."""
 
-    engines: int
     loop: Any
+
+    @property
+    def engines(self) -> int: ...
 
     async def db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 

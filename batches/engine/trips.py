@@ -14,6 +14,7 @@ Checkpoints (a multi-step record's loop state) are group-committed by
 import asyncio
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Protocol
 
@@ -21,8 +22,11 @@ from django.utils import timezone
 
 from batches.engine import dbretry, prefixes, store
 from batches.engine.calls import tallies
+from batches.engine.calls.budget import Holding
 from batches.engine.checkpoints import LeaseLost
-from batches.engine.state import EngineState
+from batches.engine.config import EngineConfig
+from batches.engine.fairness import OrgCaps
+from batches.engine.spend import Guard
 from batches.engine.store import ClaimedRecord
 from files.models import File
 from files.services import open_records
@@ -32,22 +36,36 @@ FLUSH_SIZE = 500
 RECHECK_S = 1.0  # a batch with nothing left to claim looks again this often (dead engines' leases run out)
 
 
-class Trips(EngineState):
-    """The Engine's trips to the database (a part of runner.Engine: it reads the engine's batches)."""
+class Trips:
+    """The Engine's trips to the database (a part of runner.Engine). It owns the trip's timing
+    (`hop_s`), the count of records written (`worked`) and the answer bytes of the outcomes in
+    flight (`flushing`); the batches it claims for and writes are handed to each call."""
 
-    async def _flush_and_claim(self, outcomes, claims):
+    def __init__(
+        self, owner: str, config: EngineConfig, db_thread: ThreadPoolExecutor, caps: OrgCaps, guard: Guard
+    ) -> None:
+        self.owner = owner  # whose leases the trips take and write under
+        self.config = config
+        self.db_thread = db_thread  # the one thread of every database trip
+        self.caps = caps  # the organizations' caps (peers.Peers sets them)
+        self.guard = guard
+        self.hop_s = 0.0  # the database's round trip, smoothed
+        self.worked = 0  # records this engine wrote
+        self.flushing: list[Holding] = []  # the holdings of the outcomes the trip in flight writes
+
+    async def _flush_and_claim(self, runs, outcomes, claims):
         """(written {batch pk: n}, claimed {batch pk: [(ClaimedRecord, line bytes)]}, finished batch pks)."""
         trip = FlushAndClaim(self.owner, outcomes, claims, self.config.lease_s)
-        return await self.loop.run_in_executor(self.db_thread, self._trip_then_read, trip)
+        return await asyncio.get_running_loop().run_in_executor(self.db_thread, self._trip_then_read, runs, trip)
 
-    def _trip_then_read(self, trip):
+    def _trip_then_read(self, runs, trip):
         written, records, finished = dbretry.call(trip)
-        return written, read_lines(self.batches, records, self.config.prefix_bytes), finished
+        return written, read_lines(runs, records, self.config.prefix_bytes), finished
 
-    def _claims(self, now):
-        """{batch pk: (how many, after which line)} for the batches whose claim-ahead ran low."""
+    def claims(self, now, runs):
+        """{batch pk: (how many, after which line)} for the batches (`runs`: {pk: BatchRun}) whose claim-ahead ran low."""
         claims = {}
-        for run in self.batches.values():
+        for run in runs.values():
             if not run.workable or run.recheck_at > now:
                 continue
             lane = run.lane
@@ -62,31 +80,30 @@ class Trips(EngineState):
                 claims[run.pk] = (max(run.target - len(run.queue), run.resume), run.cursor, expired)
         return claims
 
-    def _flush_due(self, now, last_flush):
-        return self.pending and (self.flush_soon or self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S)
-
-    async def _trip(self, claims):
-        """Flush what finished, claim what `claims` asks for, queue what was claimed. Returns what
-        the loop passes on (runner.Engine._pass_on): ({batch pk: written}, whether any record was
-        claimed, the pks of the batches whose every record is now finished)."""
-        outcomes = self._take_outcomes()
+    async def trip(self, runs, claims, outcomes, holdings):
+        """Flush `outcomes` (holding `holdings`), claim what `claims` asks for, queue what was claimed
+        on `runs` ({pk: BatchRun}). Returns what the loop passes on (runner.Engine._pass_on):
+        ({batch pk: written}, whether any record was claimed, the pks of the batches whose every
+        record is now finished, the pks of the records to give back: their batch paused meanwhile)."""
+        self.flushing += holdings  # a trip that failed left its own: released with these
         started = time.monotonic()
-        written, claimed, finished = await self._flush_and_claim(outcomes, claims)
+        written, claimed, finished = await self._flush_and_claim(runs, outcomes, claims)
         self._release_flushed()
         await self.guard.flushed(outcomes)
         tallies.flushed(outcomes, written, claimed)
         self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
         self.worked += sum(written.values())
         now = time.monotonic()
+        handback = []
         for pk, (limit, _, _) in claims.items():
-            run = self.batches.get(pk)
+            run = runs.get(pk)
             if run is None:
                 continue
             records = claimed.get(pk, [])
             if run.closing:
                 continue  # closed while the claim ran: the closer marks these records
             if not run.workable:
-                self.handback += [record.pk for record, _ in records]  # paused while the claim ran
+                handback += [record.pk for record, _ in records]  # paused while the claim ran
                 continue
             run.resume = 0
             resumed = [item for item in records if item[0].resumed]
@@ -111,26 +128,15 @@ class Trips(EngineState):
                 run.expired_check_at = 0.0
             if len(records) < limit:
                 run.recheck_at = now + RECHECK_S
-        return written, bool(claimed), finished
+        return written, bool(claimed), finished, handback
 
-    def _take_outcomes(self):
-        outcomes = {}
-        for run in self.batches.values():
-            if run.done:
-                outcomes[run.pk], run.done = run.done, []
-                self.flushing += run.holdings
-                run.holdings = []
-        self.pending = 0
-        self.flush_soon = False
-        return outcomes
-
-    async def _flush_all(self):
-        """Flush what finished (the last trip, at shutdown). Returns the pks of the batches whose
+    async def flush_all(self, runs, outcomes, holdings):
+        """Flush `outcomes` (the last trip, at shutdown). Returns the pks of the batches whose
         every record is now finished."""
-        outcomes = self._take_outcomes()
         if not outcomes:
             return set()
-        written, _, finished = await self._flush_and_claim(outcomes, {})
+        self.flushing += holdings
+        written, _, finished = await self._flush_and_claim(runs, outcomes, {})
         self._release_flushed()
         await self.guard.flushed(outcomes)
         tallies.flushed(outcomes, written, {})
@@ -162,12 +168,12 @@ class FlushAndClaim:
         return store.trip(self.owner, self.outcomes, self.claims, self.lease_until, recover=self.attempts > 1)
 
 
-def read_lines(batches, records, prefix_bytes):
+def read_lines(runs, records, prefix_bytes):
     """{batch pk: [(ClaimedRecord, its input line)]} for the records a trip claimed, each with its
     prompt prefix's key (batches.engine.prefixes). On the database thread, after the trip."""
     claimed: dict[int, list[tuple[ClaimedRecord, bytes]]] = {}
     for pk, batch_records in records.items():
-        run = batches.get(pk)
+        run = runs.get(pk)
         if run is None:
             continue
         if run.input is None:

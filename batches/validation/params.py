@@ -4,10 +4,12 @@ output expiry, priority) checked into a `CreateParams`, raising an `ApiError`
 (400) on the first problem, in OpenAI's wording (`openrelay.api.params`).
 """
 
+import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
 from batches import endpoints
+from batches.guardrails import Breaker
 from batches.validation import contracts
 from batches.validation.extensions import RecordRejected
 from openrelay.api.errors import ApiError
@@ -49,7 +51,7 @@ class CreateParams:
     output_expires_after_s: int | None = None
     priority: str = "standard"
     max_cost_nanos: int | None = None
-    breaker: tuple | None = None  # (window, failures, consecutive); None: the defaults
+    breaker: Breaker | None = None  # its rules, those not given at their defaults; None: the defaults
     output_contract: object = None  # the batch's output contract as given (checked), False, or None
 
 
@@ -113,14 +115,14 @@ def parse_max_cost(value, param):
 
 
 def _parse_breaker(value):
-    """false: off (every rule 0); an object: its rules, missing ones at their defaults (None)."""
+    """false: off (every rule 0); an object: its rules, missing ones at their defaults; else None (the defaults)."""
     if value is None or value is True:
         return None
     if value is False:
-        return (0, 0, 0)
+        return Breaker.off()
     if not isinstance(value, dict):
         raise invalid_type("openrelay.breaker", "false or an object", value)
-    rules = []
+    rules = {}
     for key in value:
         if key not in BREAKER_RULES:
             raise unknown_parameter(f"openrelay.breaker.{key}")
@@ -134,8 +136,10 @@ def _parse_breaker(value):
                 param=param,
                 code="invalid_value",
             )
-        rules.append(rule)
-    return tuple(rules)  # failures above window: that rule can never trip (as with 0, it is off)
+        if rule is not None:
+            rules[key] = rule
+    # Failures above window: that rule can never trip (as with 0, it is off).
+    return dataclasses.replace(Breaker.default(), **rules)
 
 
 def _parse_output_contract(contract, endpoint):

@@ -140,7 +140,7 @@ def test_two_organizations_share_an_adapting_model_evenly(alice, model, adaptive
             limit = sum(
                 upstream.share
                 for engine in engines.engines
-                for lane in list(engine.lanes.values())
+                for lane in list(engine.peers.lanes.values())
                 for upstream in list(lane.upstreams.values())
             )
             stats = server.stats()

@@ -40,11 +40,11 @@ class Side:
 
     def answer(self, faults, status=500):
         """A call of the record whose Faults these are got `status`; why it is sent again, or ""."""
-        return self.engine.health.judge(self.gate, self.upstream, _answer(status), faults)
+        return self.engine.peers.health.judge(self.gate, self.upstream, _answer(status), faults)
 
     async def settled(self):
         """Once the neutral request judging this engine's run is answered (the dead server refuses it)."""
-        await self.engine.health.settled(self.upstream)
+        await self.engine.peers.health.settled(self.upstream)
 
     async def row(self):
         """The Deployment row once this engine's writes are in (one database thread: in order)."""
@@ -54,10 +54,10 @@ class Side:
 
     async def read_row(self):
         """What a catalog refresh does with the row: adopt another engine's ejection."""
-        self.engine._adopt_health(self.lane, self.upstream, await self.row())
+        self.engine.peers._adopt_health(self.lane, self.upstream, await self.row())
 
     async def close(self):
-        await self.engine.health.close()
+        await self.engine.peers.health.close()
         await self.engine.db(connections.close_all)
         self.engine.db_thread.shutdown()
         self.engine.closer.shutdown()

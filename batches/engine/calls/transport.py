@@ -49,6 +49,7 @@ from urllib.parse import unquote, urlsplit
 import httptools
 
 from batches.engine.calls import budget
+from batches.engine.calls.inflate import Inflater
 from openrelay.lib.outbound import valid_header
 
 # Idle connections older than this are closed instead of reused: uvicorn
@@ -60,8 +61,6 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 # OpenAI's API takes, of its largest model) written as JSON floats the way
 # vLLM or OpenAI write them: ~137 MB. The default fits that and little more.
 DEFAULT_MAX_ANSWER_BYTES = 144 * 1024 * 1024
-# Inflated a step at a time, so no piece of output larger than this is ever made whole.
-INFLATE_STEP = 1024 * 1024
 # The most a proxy's answer to CONNECT may take before its blank line.
 MAX_TUNNEL_HEAD_BYTES = 64 * 1024
 
@@ -309,7 +308,7 @@ class _Connection(asyncio.Protocol):
         self.headers: dict[str, str] = {}
         self.body = bytearray()
         self.wire_bytes = 0
-        self.inflater: _Inflater | None = None
+        self.inflater: Inflater | None = None
         self.headers_done = False
         self.read_at = 0.0  # loop time of the last bytes of the answer in flight; 0: none yet
 
@@ -362,7 +361,7 @@ class _Connection(asyncio.Protocol):
             self._too_large(f"the model server's answer announces {length} bytes, over the {self.max_bytes}-byte cap")
         encoding = self.headers.get("content-encoding", "identity").strip().lower()
         if encoding in ("gzip", "x-gzip", "deflate"):
-            self.inflater = _Inflater(encoding)
+            self.inflater = Inflater(encoding)
         elif encoding != "identity":
             self._fail(BadResponse(f"the model server answered in an encoding this worker can't read ({encoding})"))
             raise _Stop
@@ -486,35 +485,3 @@ class _Connection(asyncio.Protocol):
 
 class _Stop(Exception):
     """Raised in a parser callback to stop parsing an answer that already failed."""
-
-
-class _Inflater:
-    """gzip or deflate, inflated as the pieces arrive, each piece's output bounded."""
-
-    def __init__(self, encoding: str) -> None:
-        self.encoding = encoding
-        # wbits 47: gzip or zlib by the header. "deflate" is decided on its first two bytes.
-        self.stream = zlib.decompressobj(47) if encoding != "deflate" else None
-        self.start = b""
-
-    @property
-    def ended(self) -> bool:
-        return self.stream is not None and self.stream.eof
-
-    def inflate_into(self, data: bytes, body: bytearray, most: int) -> None:
-        """Inflate `data` onto `body` (a bytearray), INFLATE_STEP at a time, until `body` holds `most`
-        bytes; what would come out past that is never inflated."""
-        if self.stream is None:
-            self.start += data
-            if len(self.start) < 2:
-                return
-            data, self.start = self.start, b""
-            self.stream = zlib.decompressobj(15 if _zlib_header(data) else -15)
-        while data and len(body) < most:
-            body += self.stream.decompress(data, min(INFLATE_STEP, most - len(body)))
-            data = self.stream.unconsumed_tail
-
-
-def _zlib_header(data: bytes) -> bool:
-    """ "deflate" as the RFC means it (a zlib stream), or, as many servers send it, raw deflate."""
-    return data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
