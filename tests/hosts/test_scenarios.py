@@ -135,11 +135,6 @@ def test_partition_work1_cut_from_db_only_stops_calling_the_model(hosts, client)
         assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 54: a paused host is never fenced (its advisory lock's session lives on); after SIGCONT it "
-    "sends the calls of records other hosts already ran",
-)
 def test_paused_host_sigstop_then_sigcont(hosts, client):
     """work1 stopped (SIGSTOP to its whole cluster) for 3 leases, then continued: work2 takes its records
     when their leases lapse; the thawed host must not send them again."""
