@@ -190,5 +190,8 @@ def assert_a_cancel_is_honoured(hosts: Topology, client: Client, count: int = 24
     out, err = client.lines(ended["output_file_id"]), client.lines(ended["error_file_id"])
     assert sorted(line["custom_id"] for line in out + err) == sorted(f"req-{i}" for i in range(1, count + 1))
     assert {line["error"]["code"] for line in err} <= {"batch_cancelled"}
-    # Nothing more is sent for it once it ended: the count stands while half a lease passes with no call.
-    assert calls_settled(hosts)["total"] == calls <= count, "model calls after the cancel ended"
+    # Its calls stop and no record is sent twice. Not "no call after it ended": the closing engine cuts
+    # every unfinished record at once, and an engine elsewhere that claimed one before the cancel learns
+    # of it at its next poll (within a second), so that call may still go out (seen: 1 run in 5).
+    settled = calls_settled(hosts)["total"]
+    assert calls <= settled <= count, f"{settled} model calls for {count} records of a cancelled batch"
