@@ -32,7 +32,7 @@ from django.db.models import Q
 
 from batches import selectors
 from batches.dashboard import events
-from batches.dashboard.views import failures_fragment, operator_fragment
+from batches.dashboard.display import failures_fragment, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
 from batches.progress import not_run

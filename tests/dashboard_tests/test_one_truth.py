@@ -13,7 +13,7 @@ from django.test import Client
 
 from batches import operator, selectors
 from batches.dashboard import events
-from batches.dashboard.views import retry_label
+from batches.dashboard.display import retry_label
 from batches.engine.calls import tallies
 from batches.engine.calls.caller import CallResult
 from batches.models import Batch, Engine, RecordStatus

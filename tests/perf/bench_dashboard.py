@@ -125,7 +125,7 @@ def bench_samples(batches, full):
 
 def bench_operator():
     from batches import operator
-    from batches.dashboard.views import operator_fragment
+    from batches.dashboard.display import operator_fragment
 
     print(
         f"operator figures (overview): {timed(operator.overview):.1f} ms; rendered page: "
