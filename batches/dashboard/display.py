@@ -2,7 +2,9 @@
 
 The one home of the dashboard's formats (numbers with thousands separators, money, times,
 durations, shares). Pages render these; the websockets (batches.dashboard.consumers) send
-the same strings, so static/dashboard/dashboard.js writes what it is given.
+the same strings (`live_fields`), so static/dashboard/dashboard.js writes what it is given.
+Only the batch page's chart formats in the browser: its rate, time left and axis move every
+second between pushes.
 """
 
 import re
@@ -68,6 +70,55 @@ def display(batch, not_run=0):
         "pausable": batch["status"] in PAUSABLE,
         "max_cost": money((batch.get("openrelay") or {}).get("max_cost"), "USD"),
     }
+
+
+def live_fields(batch, not_run=0):
+    """What a websocket push writes into the page's `[data-field]` nodes, keyed by field: the
+    strings `display` renders, so static/dashboard/dashboard.js formats nothing of its own."""
+    shown = display(batch, not_run)
+    counts = batch["request_counts"]
+    fields = {name: shown[name] for name in LIVE_FIELDS}
+    fields.update(
+        {
+            "id": batch["id"],
+            "endpoint": batch["endpoint"],
+            "model": batch.get("model") or "",
+            "status": batch["status"],
+            "percent": f"{shown['percent']}%",
+            **{
+                name: f"{width}%"
+                for name, width in zip(("bar", "bar_failed", "bar_not_run"), shown["bar"], strict=True)
+            },
+            "retry_label": retry_label(counts["failed"] - not_run, not_run),
+            **{field: when(batch.get(field)) for field, _ in TIMELINE},
+        }
+    )
+    if shown["paused"]:
+        fields["paused_since"] = when(shown["paused"].get("since"))
+    return fields
+
+
+# The fields of `display` a push sends as they are.
+LIVE_FIELDS = (
+    "counts",
+    "completed",
+    "failed",
+    "not_run",
+    "tokens",
+    "input_tokens",
+    "cached_tokens",
+    "cached_share",
+    "output_tokens",
+    "reasoning_tokens",
+    "cost",
+    "cost_input",
+    "cost_cached_input",
+    "cost_output",
+    "reasked",
+    "reasks",
+    "invalid_output",
+    "created",
+)
 
 
 def _contract_counts(batch):

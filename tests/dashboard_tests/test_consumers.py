@@ -11,6 +11,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 
 from batches.dashboard import consumers, events
+from batches.dashboard.display import live_fields
 from batches.models import Batch, Record, RecordStatus
 from batches.presenters import batch_object
 from openrelay.asgi import application
@@ -52,6 +53,12 @@ def snapshot(batch, **counts):
     obj = batch_object(batch)
     obj["request_counts"] = {**obj["request_counts"], **counts}
     return {"type": events.EVENT_TYPE, "batch": obj}
+
+
+def sent(event):
+    """The push of a worker's event: its snapshot without the rejections, and the page's values formatted."""
+    batch = {**event["batch"], "errors": None}
+    return {**event, "batch": batch, "fields": live_fields(batch)}
 
 
 def add_records(batch, status, code, n):
@@ -125,13 +132,20 @@ def test_a_member_gets_the_organizations_events_and_never_anothers(alice, alice_
         ws = socket("/ws/batches", cookie)
         assert (await ws.connect())[0]
         # On connect: the unfinished batches as they stand (only alice's).
-        assert await ws.receive_json_from(timeout=2) == first
+        assert await ws.receive_json_from(timeout=2) == sent(first)
         await group_send(events.org_group(bob.org.pk), foreign)
         await group_send(events.batch_group(theirs.public_id), foreign)
         # Long enough for a poll of the in-memory fallback too: bob's batch is unfinished in the database.
         await nothing(ws, consumers.POLL_INTERVAL_S + 0.3)
         await group_send(events.org_group(alice.org.pk), pushed)
-        assert await ws.receive_json_from(timeout=2) == pushed
+        message = await ws.receive_json_from(timeout=2)
+        assert message == sent(pushed)
+        # Formatted by the server, as the page renders them: the browser writes them as given.
+        assert (message["fields"]["counts"], message["fields"]["percent"], message["fields"]["bar"]) == (
+            "4 / 10",
+            "40%",
+            "40.00%",
+        )
         await ws.disconnect()
 
     run(test)
@@ -156,7 +170,7 @@ def test_a_batch_feed_gets_its_batch_and_nothing_else(alice, alice_user):
         await nothing(ws, 0.3)
         await group_send(events.batch_group(batch.public_id), pushed)
         # The rejections stay on the page; the pushes leave them out.
-        assert await ws.receive_json_from(timeout=2) == {**pushed, "batch": {**pushed["batch"], "errors": None}}
+        assert await ws.receive_json_from(timeout=2) == sent(pushed)
         await ws.disconnect()
 
     run(test)
@@ -179,7 +193,7 @@ def test_a_burst_of_events_goes_out_as_the_newest_one(alice, alice_user):
         for event in burst:
             await group_send(events.batch_group(batch.public_id), event)
         # Ten events inside one interval: one message, the newest.
-        assert await ws.receive_json_from(timeout=2) == burst[-1]
+        assert await ws.receive_json_from(timeout=2) == sent(burst[-1])
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
         await ws.disconnect()
 
@@ -199,7 +213,7 @@ def test_an_older_snapshot_arriving_late_is_dropped(alice, alice_user):
         assert (await ws.connect())[0]
         await ws.receive_json_from(timeout=2)
         await group_send(events.batch_group(batch.public_id), finished)
-        assert await ws.receive_json_from(timeout=2) == finished
+        assert await ws.receive_json_from(timeout=2) == sent(finished)
         await group_send(events.batch_group(batch.public_id), late)
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
         await ws.disconnect()
@@ -289,11 +303,15 @@ def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_fee
         await group_send(events.org_group(alice.org.pk), pushed)  # as the close announces it
         message = await ws.receive_json_from(timeout=2)
         assert message["batch"]["status"] == "cancelled" and message["not_run"] == 65
+        # The tiles as the page renders them: 70 failed of which 65 never ran.
+        assert (message["fields"]["failed"], message["fields"]["not_run"]) == ("5", "65")
+        assert message["fields"]["retry_label"] == "Retry 70 records (5 failed, 65 not run)"
         await ws.disconnect()
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
         message = await ws.receive_json_from(timeout=2)  # read when it connects
         assert message["not_run"] == 65 and "failures" in message
+        assert (message["fields"]["failed"], message["fields"]["not_run"]) == ("5", "65")
         await ws.disconnect()
 
     run(test)
