@@ -1,50 +1,24 @@
 """The dashboard's websockets through the real ASGI stack: session auth, isolation, coalescing, polling."""
 
-import copy
-import os
 import time
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
-from django.test import Client
 
 from batches.dashboard import consumers, events
 from batches.dashboard.display import live_fields
-from batches.models import Batch, Record, RecordStatus
+from batches.models import Batch, RecordStatus
 from batches.presenters import batch_object
-from openrelay.asgi import application
-from tests.dashboard_tests.conftest import make_batch
+from tests.dashboard_tests.conftest import add_records, session_of, socket
+from tests.helpers import make_batch
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
 IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_layer(settings):
-    # A new layer object for each test: a layer's queues belong to the event
-    # loop that made them, and each test runs its own loop. On Redis, a prefix
-    # of this process's own: other test runs sharing the Redis have organizations
-    # with the same ids (each test database counts from 1).
-    layers = copy.deepcopy(settings.CHANNEL_LAYERS)
-    if "redis" in layers["default"]["BACKEND"].lower():
-        layers["default"].setdefault("CONFIG", {})["prefix"] = f"dashboard-tests-{os.getpid()}"
-    settings.CHANNEL_LAYERS = layers
 
 
 def run(test):
     async_to_sync(test)()
-
-
-def session_of(user):
-    client = Client()
-    client.force_login(user)
-    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
-
-
-def socket(path, session=()):
-    return WebsocketCommunicator(application, path, headers=list(session))
 
 
 def snapshot(batch, **counts):
@@ -59,14 +33,6 @@ def sent(event):
     """The push of a worker's event: its snapshot without the rejections, and the page's values formatted."""
     batch = {**event["batch"], "errors": None}
     return {**event, "batch": batch, "fields": live_fields(batch)}
-
-
-def add_records(batch, status, code, n):
-    start = batch.records.count()
-    Record.objects.bulk_create(
-        Record(batch=batch, line=start + i, custom_id=f"{code}-{i}", offset=0, length=1, status=status, error_code=code)
-        for i in range(n)
-    )
 
 
 async def nothing(ws, timeout):

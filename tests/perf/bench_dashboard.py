@@ -136,7 +136,7 @@ def bench_operator():
 def bench_failures(org):
     from batches import selectors
     from batches.models import Batch, Record, RecordStatus
-    from tests.dashboard_tests.conftest import make_batch
+    from tests.helpers import make_batch
 
     for n in (2808, 50_000):
         batch = make_batch(org, status="completed", total=n, failed=n)
