@@ -4,7 +4,7 @@ from openrelay.lib import schedules
 
 # The safety net that closes what no engine closed (batches/engine/sweeper.py).
 SWEEPER_SCHEDULE = {"name": "batches.sweep", "func": "batches.tasks.sweep", "minutes": 1}
-# batch.at_risk: a running batch newly expected to finish past its window (batches/estimate/risk.py).
+# batch.at_risk: a running batch newly expected to finish past its window (batches/risk.py).
 AT_RISK_SCHEDULE = {"name": "batches.at_risk", "func": "batches.tasks.warn_at_risk", "minutes": 1}
 
 

@@ -23,8 +23,7 @@ all of them, in the transaction that ends it.
 from django.db import transaction
 from django.utils import timezone
 
-from batches.dashboard import events
-from batches.engine.calls import tallies
+from batches import live, tallies
 from batches.models import TERMINAL_BATCH_STATUSES, Batch
 from batches.models import BatchStatus as S
 from billing import ledger
@@ -126,7 +125,7 @@ def _switched(batch, event_type, tally, now):
     GET /metrics shows, and (after the commit) the live event."""
     webhooks.batch_event(batch, event_type, now)
     tallies.save({tally: 1})
-    transaction.on_commit(lambda: events.batch_changed_sync(batch.pk), robust=True)
+    transaction.on_commit(lambda: live.batch_changed_sync(batch.pk), robust=True)
 
 
 def _ended(batch, status, now):
@@ -139,4 +138,4 @@ def _ended(batch, status, now):
         entry = ledger.bill_batch(batch)
         Batch.objects.filter(pk=batch.pk).update(billed_at=entry.created_at)
     # robust: a channel-layer hiccup must not undo the end.
-    transaction.on_commit(lambda: events.batch_changed_sync(batch.pk), robust=True)
+    transaction.on_commit(lambda: live.batch_changed_sync(batch.pk), robust=True)

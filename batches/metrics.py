@@ -5,7 +5,7 @@ run in worker processes on any number of machines, and a web process can
 only read the files of the processes beside it; the database already holds
 every figure the operator page shows, and the rest (calls by answer,
 durations, lease losses, resumes) the engines add to `Tally` rows with their
-heartbeats (batches.engine.calls.tallies). Any web process answers a scrape with
+heartbeats (batches.tallies). Any web process answers a scrape with
 the same figures. Its cost does not grow with the records stored: records
 are read only where they failed, through the batch/status/line index
 (tests/perf/bench_metrics_scrape.py measures it with 1,020,000 records).
@@ -25,10 +25,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from batches import operator
-from batches.engine.calls.tallies import BUCKETS_S
-from batches.engine.results import failure_code
 from batches.models import Batch, PauseReason, Record, Tally
+from batches.results import failure_code
 from batches.selectors import ERROR_STATUSES
+from batches.tallies import BUCKETS_S
 from openrelay.core.models import DeploymentHealth
 from webhooks.models import WebhookDelivery
 

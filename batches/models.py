@@ -259,7 +259,7 @@ class Tally(models.Model):
     """A running total the engines add to: what leaves no row of its own (model calls by
     deployment and answer, their durations, lease losses, resumes); GET /metrics reads them.
 
-    One row per series (`key` names it and its labels, batches.engine.calls.tallies), added to
+    One row per series (`key` names it and its labels, batches.tallies), added to
     with an atomic upsert, so the totals are every engine's on every machine and outlive
     the engines that made them.
     """

@@ -5,7 +5,7 @@ figures whichever engines made them:
 - health, since when and the last error: the Deployment rows (engines write
   every change, batches.engine.calls.health);
 - calls in flight, calls answered and failed by the deployment in the last minute (a record's own
-  4xx is not the deployment failing: batches.engine.calls.callcount), and the
+  4xx is not the deployment failing: batches.callcount), and the
   adaptive concurrency limit (batches.engine.calls.flow), by deployment: the sum
   over the live engines' `Engine.calls`, which each engine publishes with
   its heartbeat (every 0.5 s); a dead engine's figures drop out with its
@@ -31,7 +31,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from batches import progress
-from batches.engine.calls.flow import Figures
+from batches.figures import Figures
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 from openrelay.core.models import Model
 
@@ -68,7 +68,7 @@ class Calls:
 def state(deployment, calls):
     """A deployment's state as an operator reads it: "down" (out of the rotation, probed until it
     answers; batches.engine.calls.health), "failing" (in the rotation, but it failed calls in the
-    last minute: no answer, 5xx, 401/403, the time limit; batches.engine.calls.callcount), "up",
+    last minute: no answer, 5xx, 401/403, the time limit; batches.callcount), "up",
     or "disabled"."""
     from openrelay.core.models import DeploymentHealth
 

@@ -5,8 +5,9 @@ Shared by the API, the dashboard and the CLI. Load batches with
 list costs one query.
 """
 
-from batches.estimate.risk import expected_completion
+from batches.risk import expected_completion
 from billing.pricing import batch_cost, unbilled_cost, usd
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
 
 PRESENTER_RELATED = ("output_file", "error_file")
 
@@ -21,19 +22,6 @@ def live_batches(queryset):
 def live_batch_object(batch):
     """The Batch object without `errors`, for a batch loaded through live_batches."""
     return _batch_object(batch, errors=None)
-
-
-_TIMESTAMPS = (
-    "created_at",
-    "in_progress_at",
-    "expires_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
-)
 
 
 def batch_object(batch):
@@ -52,7 +40,7 @@ def _batch_object(batch, errors):
         "status": batch.status,
         "output_file_id": batch.output_file.public_id if batch.output_file_id else None,
         "error_file_id": batch.error_file.public_id if batch.error_file_id else None,
-        **{name: _unix(getattr(batch, name)) for name in _TIMESTAMPS},
+        **{name: _unix(getattr(batch, name)) for name in BATCH_TIMESTAMPS},
         "request_counts": {
             "total": batch.total_count,
             "completed": batch.completed_count,
@@ -67,6 +55,9 @@ def _batch_object(batch, errors):
             # Tokens of answers its records got but are not billed for (docs/concepts/billing.md):
             # counted against its max_cost and the monthly budget; null until there are any.
             "unbilled_usage": unbilled_usage_object(batch),
+            # What its billed tokens cost so far, at the prices snapshotted at create: null until any token
+            # was counted. Beside `usage`, not in it: OpenAI's usage has five fields, and clients parse it so.
+            "cost": cost_object(batch),
             # While it runs: when it is expected to finish, at its last minute's pace (the dashboard's ETA).
             "expected_completion_at": _unix(expected_completion(batch)),
             # Guardrails (batches.guardrails): why and since when it is paused, its cap, its breaker.
@@ -98,10 +89,10 @@ def paused_object(batch):
 
 
 def usage_object(batch):
-    """OpenAI's batch usage plus its cost so far, or None until any token was counted.
+    """OpenAI's batch usage, its five fields and nothing else, or None until any token was counted.
 
-    The cost comes from the live counters at the prices snapshotted at
-    create, so it rises as records finish and ends equal to the ledger entry.
+    Clients parse it with OpenAI's model (litellm's `Usage` reads a `cost` as a float): the cost is
+    `openrelay.cost` (cost_object).
     """
     if batch.input_tokens + batch.output_tokens <= 0:
         return None
@@ -111,8 +102,18 @@ def usage_object(batch):
         "output_tokens": batch.output_tokens,
         "output_tokens_details": {"reasoning_tokens": batch.reasoning_tokens},
         "total_tokens": batch.input_tokens + batch.output_tokens,
-        "cost": batch_cost(batch).as_object(),
     }
+
+
+def cost_object(batch):
+    """The batch's cost so far, {currency, input, cached_input, output, total}, or None until any token was counted.
+
+    It comes from the live counters at the prices snapshotted at create, so it rises as records finish
+    and ends equal to the ledger entry.
+    """
+    if batch.input_tokens + batch.output_tokens <= 0:
+        return None
+    return batch_cost(batch).as_object()
 
 
 def unbilled_usage_object(batch):

@@ -11,8 +11,8 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.db.models.fields.json import KeyTextTransform
 
-from batches.engine.results import failure_code
 from batches.models import Batch, Record, RecordStatus
+from batches.results import failure_code
 from openrelay.api.pagination import cursor_page
 
 UNRUN_STATUSES = (RecordStatus.EXPIRED, RecordStatus.CANCELLED)

@@ -13,11 +13,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import guardrails, lifecycle
-from batches.dashboard import events
-from batches.models import Batch, BatchStatus, Priority, Record, RecordStatus
+from batches import guardrails, lifecycle, live
+from batches.models import Batch, BatchStatus, Record, RecordStatus
 from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
+from batches.validation.params import CreateParams
 from batches.validation.records import RecordChecker
 from billing.pricing import PRICE_MULTIPLIER
 from files import services as files
@@ -31,59 +31,45 @@ INLINE_FILENAME = "batch_requests.jsonl"
 CANCELLED_OR_CANCELLING = (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
 
 
-def create_batch(
-    *,
-    organization,
-    endpoint,
-    completion_window="24h",
-    input_file_id=None,
-    requests=None,
-    metadata=None,
-    output_expires_after_s=None,
-    priority=Priority.STANDARD,
-    max_cost_nanos=None,
-    breaker=None,
-    output_contract=None,
-    max_records=None,
-):
+def create_batch(*, organization, params, max_records=None):
     """Validate every record of the input and create the batch (the engines pick it up).
 
-    The input is either an uploaded purpose-`batch` file or inline `requests`,
-    which are first stored as such a file so every batch has one. Raises
-    ApiError (400) for a request that can't make a batch at all, or one of
-    more than `max_records` requests (default: the scan's MAX_RECORDS; Message
-    Batches take more); BudgetExceeded (402) when the organization has spent its
-    monthly budget. `breaker`: its rules (guardrails.Breaker), None for the defaults.
+    `params` is the create request as one `CreateParams` (batches.validation.params: the API and
+    the dashboard parse it from a body, a retry and Message Batches build it). The input is either
+    an uploaded purpose-`batch` file or inline `requests`, which are first stored as such a file so
+    every batch has one. Raises ApiError (400) for a request that can't make a batch at all, or one
+    of more than `max_records` requests (default: the scan's MAX_RECORDS; Message Batches take
+    more); BudgetExceeded (402) when the organization has spent its monthly budget.
     """
     guardrails.check_budget(organization)
     now = timezone.now()
-    if requests is None:
-        file, param = _find_input_file(organization, input_file_id, now), "input_file_id"
+    if params.requests is None:
+        file, param = _find_input_file(organization, params.input_file_id, now), "input_file_id"
     else:
-        file, param = _store_inline_requests(organization, requests, now, max_records), "requests"
+        file, param = _store_inline_requests(organization, params.requests, now, max_records), "requests"
     fields = dict(
         organization=organization,
         file=file,
         now=now,
-        endpoint=endpoint,
-        completion_window=completion_window,
-        metadata=metadata,
-        output_expires_after_s=output_expires_after_s,
-        priority=priority,
-        max_cost_nanos=max_cost_nanos,
-        **(breaker or guardrails.Breaker.default()).as_fields(),
-        output_contract=output_contract,
+        endpoint=params.endpoint,
+        completion_window=params.completion_window,
+        metadata=params.metadata,
+        output_expires_after_s=params.output_expires_after_s,
+        priority=params.priority,
+        max_cost_nanos=params.max_cost_nanos,
+        **(params.breaker or guardrails.Breaker.default()).as_fields(),
+        output_contract=params.output_contract,
     )
     committed = False
     try:
-        checker = _checker(endpoint, organization, output_contract)
+        checker = _checker(params.endpoint, organization, params.output_contract)
         if connection.vendor == "postgresql":
             batch = _create_streaming(file, checker, param, fields, max_records)
         else:
             batch = _create_after_scan(file, checker, param, fields, max_records)
         committed = True
     finally:
-        if requests is not None and not committed:
+        if params.requests is not None and not committed:
             files.delete_file(file)  # a refused inline input belongs to no batch
     return batch
 
@@ -328,7 +314,7 @@ def _announce_on_commit(batch):
     # Nothing to enqueue: every engine reads the running batches every
     # POLL_S. robust: a channel-layer hiccup must not turn a created (or
     # cancelled) batch into an error answer.
-    transaction.on_commit(lambda: events.batch_changed_sync(batch.pk), robust=True)
+    transaction.on_commit(lambda: live.batch_changed_sync(batch.pk), robust=True)
 
 
 # ---------------------------------------------------------------------------
@@ -475,14 +461,14 @@ def retry_failed(batch):
             expires_at=files.default_expiry(Purpose.BATCH, now),
         )
     try:
-        return create_batch(
-            organization=batch.organization,
+        params = CreateParams(
             endpoint=batch.endpoint,
             input_file_id=retry_file.public_id,
             metadata=batch.metadata,
             priority=batch.priority,
             output_contract=batch.output_contract,
         )
+        return create_batch(organization=batch.organization, params=params)
     except BaseException:
         files.delete_file(retry_file)
         raise

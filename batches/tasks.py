@@ -12,6 +12,6 @@ def sweep():
 
 
 def warn_at_risk():
-    from batches.estimate.risk import warn_at_risk as warn
+    from batches.risk import warn_at_risk as warn
 
     return warn()

@@ -6,8 +6,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batches import catalog, guardrails, services
-from batches.engine import results
+from batches import catalog, guardrails, results, services
 from batches.estimate import quote as quotes
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
@@ -68,7 +67,7 @@ class BatchListView(APIView):
             "batches",
             key,
             _body_print(request, body) if key is not None else None,
-            lambda: services.create_batch(organization=request.user.organization, **vars(params)),
+            lambda: services.create_batch(organization=request.user.organization, params=params),
             lambda public_id: _batches(request).filter(public_id=public_id).first(),
         )
         return Response(batch_object(batch))

@@ -6,12 +6,13 @@ from datetime import date, timedelta
 
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import ledger
 from billing.pricing import CURRENCY, usd
+from openrelay.api import openapi
 from openrelay.api.errors import ApiError
 
 DEFAULT_DAYS = 30
@@ -64,22 +65,6 @@ USAGE_SCHEMA = {
         "total": {"type": "object", "required": list(_TOTALS), "properties": _TOTALS},
     },
 }
-ERROR_SCHEMA = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {
-        "error": {
-            "type": "object",
-            "required": ["message", "type", "param", "code"],
-            "properties": {
-                "message": {"type": "string"},
-                "type": {"type": "string"},
-                "param": {"type": "string", "nullable": True},
-                "code": {"type": "string", "nullable": True},
-            },
-        }
-    },
-}
 
 
 class UsageView(APIView):
@@ -102,7 +87,7 @@ class UsageView(APIView):
         ],
         responses={
             200: USAGE_SCHEMA,
-            **{status: OpenApiResponse(ERROR_SCHEMA, description="Error envelope") for status in (400, 401)},
+            **openapi.errors(400, 401),
         },
     )
     def get(self, request):

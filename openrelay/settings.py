@@ -107,6 +107,30 @@ DATABASES = {
         DATABASE_URL, conn_max_age=600 if WORKER_PROCESS else 0, conn_health_checks=WORKER_PROCESS
     )
 }
+# Every PostgreSQL connection the product opens has a clock (issue 54): without one a query
+# to a server that vanished (a network cut, a host lost) never raised, and the OS's 2 h
+# keepalive was the only bound. libpq's own parameters, the client's side; options in
+# DATABASE_URL's query string win. The engine's sessions add the server's side
+# (batches.engine.dbretry.deadlines).
+OPENRELAY_DB_CONNECT_TIMEOUT_S = envint("OPENRELAY_DB_CONNECT_TIMEOUT_S", 5, minimum=2)
+OPENRELAY_DB_KEEPALIVE_IDLE_S = envint("OPENRELAY_DB_KEEPALIVE_IDLE_S", 5, minimum=1)
+OPENRELAY_DB_KEEPALIVE_INTERVAL_S = envint("OPENRELAY_DB_KEEPALIVE_INTERVAL_S", 2, minimum=1)
+OPENRELAY_DB_KEEPALIVE_COUNT = envint("OPENRELAY_DB_KEEPALIVE_COUNT", 3, minimum=1)
+OPENRELAY_DB_TCP_USER_TIMEOUT_S = envint("OPENRELAY_DB_TCP_USER_TIMEOUT_S", 15, minimum=1)
+# The engine's sessions, on the server: a transaction left open by a host that vanished ends
+# (and frees its row locks) after this long, and a statement waits this long for a lock at most.
+OPENRELAY_DB_IDLE_IN_TRANSACTION_S = envfloat("OPENRELAY_DB_IDLE_IN_TRANSACTION_S", 10.0, minimum=0.1)
+OPENRELAY_DB_LOCK_TIMEOUT_S = envfloat("OPENRELAY_DB_LOCK_TIMEOUT_S", 5.0, minimum=0.1)
+if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    for _name, _value in {
+        "connect_timeout": OPENRELAY_DB_CONNECT_TIMEOUT_S,
+        "keepalives": 1,
+        "keepalives_idle": OPENRELAY_DB_KEEPALIVE_IDLE_S,
+        "keepalives_interval": OPENRELAY_DB_KEEPALIVE_INTERVAL_S,
+        "keepalives_count": OPENRELAY_DB_KEEPALIVE_COUNT,
+        "tcp_user_timeout": OPENRELAY_DB_TCP_USER_TIMEOUT_S * 1000,
+    }.items():
+        DATABASES["default"].setdefault("OPTIONS", {}).setdefault(_name, _value)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web process read while a worker writes; the busy timeout
     # turns "database is locked" into a short wait. A checkpoint every 10,000

@@ -16,7 +16,7 @@ BATCH_EVENTS = {
 }
 # A running batch paused (a guardrail or its owner) and resumed: batches.lifecycle.pause / resume.
 PAUSE_EVENTS = ("batch.paused", "batch.resumed")
-# Sent while a batch runs, once, when it is expected to finish past its window (batches/estimate/risk.py).
+# Sent while a batch runs, once, when it is expected to finish past its window (batches/risk.py).
 AT_RISK_EVENT = "batch.at_risk"
 EVENT_TYPES = (*BATCH_EVENTS.values(), *PAUSE_EVENTS, AT_RISK_EVENT)
 

@@ -9,7 +9,8 @@ ended the batch) to this sender and return at once.
 
 Bounds, so one organization's hanging endpoints can't starve another's events:
 - OPENRELAY_WEBHOOK_CONCURRENCY threads per process (each attempt
-  runs `services.deliver`, at most OPENRELAY_WEBHOOK_TIMEOUT_S on the wire);
+  runs the `deliver` the sender was made with, services.deliver_pk: at most
+  OPENRELAY_WEBHOOK_TIMEOUT_S on the wire);
 - at most OPENRELAY_WEBHOOK_ORG_CONCURRENCY of one organization's deliveries
   in that pool at once; the rest wait in the organization's own queue, not
   the pool's, so another organization's delivery takes the next free thread.
@@ -19,6 +20,9 @@ pending, and the retry sweep (tasks.deliver_due) sends them once due. So the
 threads are daemons: a worker process that stops does not wait for endpoints
 (concurrent.futures' pool would join its threads at exit, every queued attempt
 run first, each up to the timeout).
+
+The sender is given its `deliver` callable rather than importing services, which
+imports it: the arrow runs one way (services -> sender).
 """
 
 import logging
@@ -33,7 +37,8 @@ logger = logging.getLogger("webhooks")
 
 
 class Sender:
-    def __init__(self, *, threads, per_org):
+    def __init__(self, deliver, *, threads, per_org):
+        self.deliver = deliver  # deliver(pk, first_only=...): one attempt of one delivery
         self.per_org = per_org
         self._jobs = SimpleQueue()  # (organization id, pk, first_only), each with its organization's slot
         self._lock = threading.Lock()
@@ -61,10 +66,8 @@ class Sender:
             self._send(*self._jobs.get())
 
     def _send(self, org_id, pk, first_only):
-        from webhooks import services  # services imports this module
-
         try:
-            services.deliver_pk(pk, first_only=first_only)
+            self.deliver(pk, first_only=first_only)
         except Exception:
             logger.exception("webhook delivery %s failed on an error; the retry sweep tries again", pk)
         finally:
@@ -88,11 +91,13 @@ _sender = {"instance": None}
 _sender_lock = threading.Lock()
 
 
-def sender():
-    """This process's sender, made on first use."""
+def sender(deliver):
+    """This process's sender, made on first use with `deliver` (webhooks.services.submit passes its deliver_pk)."""
     with _sender_lock:
         if _sender["instance"] is None:
             _sender["instance"] = Sender(
-                threads=settings.OPENRELAY_WEBHOOK_CONCURRENCY, per_org=settings.OPENRELAY_WEBHOOK_ORG_CONCURRENCY
+                deliver,
+                threads=settings.OPENRELAY_WEBHOOK_CONCURRENCY,
+                per_org=settings.OPENRELAY_WEBHOOK_ORG_CONCURRENCY,
             )
         return _sender["instance"]

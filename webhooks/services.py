@@ -174,7 +174,7 @@ def _send_after_commit(org_id, pks):
         # A worker just closed the batch (the engine's closer, or a sweep): the sender sends,
         # on threads of its own, so the closer goes on to the next batch at once.
         for pk in pks:
-            sender.sender().submit(org_id, pk, first_only=True)
+            submit(org_id, pk, first_only=True)
         return
     # A web process (a create whose every line was rejected) doesn't make its client wait.
     from django_q.tasks import async_task
@@ -185,6 +185,12 @@ def _send_after_commit(org_id, pks):
 
 # ---------------------------------------------------------------------------
 # Delivery
+
+
+def submit(org_id, pk, *, first_only):
+    """Hand a delivery to this worker process's sender (webhooks.sender), which attempts it with
+    deliver_pk on a thread of its own; False if this process holds it already."""
+    return sender.sender(deliver_pk).submit(org_id, pk, first_only)
 
 
 def deliver_pk(pk, *, first_only=True):

@@ -10,7 +10,7 @@ from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from webhooks import sender, services
+from webhooks import services
 from webhooks.models import DeliveryStatus, WebhookDelivery
 
 DUE_PER_SWEEP = 200
@@ -25,7 +25,7 @@ def deliver(delivery_pk):
     org_id = WebhookDelivery.objects.filter(pk=delivery_pk).values_list("endpoint__organization_id", flat=True).first()
     if org_id is None:
         return "gone"
-    sender.sender().submit(org_id, delivery_pk, first_only=True)
+    services.submit(org_id, delivery_pk, first_only=True)
     return "queued"
 
 
@@ -35,7 +35,7 @@ def deliver_due(now=None):
     now = now or timezone.now()
     due = list(_due(now)[:DUE_PER_SWEEP])
     if settings.WORKER_PROCESS:
-        return sum(sender.sender().submit(d.endpoint.organization_id, d.pk, first_only=False) for d in due)
+        return sum(services.submit(d.endpoint.organization_id, d.pk, first_only=False) for d in due)
     # services.deliver takes each one first: what another sender is sending now is skipped.
     return sum(services.deliver(delivery, now=now) != "taken" for delivery in due)
 

@@ -6,7 +6,7 @@ Two feeds, both answering `{"type": "batch.updated", "batch": <Batch object>, "f
 - `/ws/batches/<batch_id>`: one batch (group `batch.<id>`), joined only after
   checking that the batch belongs to the user's organization.
 
-Workers send their events through the channel layer (batches.dashboard.events). With
+Workers send their events through the channel layer (batches.live). With
 channels-redis (REDIS_URL set) those reach every web process. The in-memory
 layer of the embedded default lives inside one process, so events sent by the
 worker processes never reach the web process: with that layer each socket
@@ -31,8 +31,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer
 from django.db.models import Q
 
-from batches import selectors
-from batches.dashboard import events
+from batches import live, selectors
 from batches.dashboard.display import failures_fragment, live_fields, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
@@ -41,7 +40,7 @@ from openrelay.core.models import Membership
 
 logger = logging.getLogger("openrelay.dashboard")
 
-MIN_INTERVAL_S = events.MIN_INTERVAL_S
+MIN_INTERVAL_S = live.MIN_INTERVAL_S
 POLL_INTERVAL_S = 0.5
 # The organization feed follows at most this many unfinished batches at once
 # when it polls (the newest); the page shows the rest as they were rendered.
@@ -175,7 +174,7 @@ class BatchFeedConsumer(AsyncJsonWebsocketConsumer):
     async def _push(self, batch):
         extras = await database_sync_to_async(self.extras)(batch)
         fields = live_fields(batch, extras.get("not_run", 0))
-        await self.send_json({"type": events.EVENT_TYPE, "batch": batch, **extras, "fields": fields})
+        await self.send_json({"type": live.EVENT_TYPE, "batch": batch, **extras, "fields": fields})
 
     def extras(self, batch):
         """What the page shows beside the snapshot (sync: runs in the database thread): how many
@@ -228,7 +227,7 @@ class OrganizationBatchesConsumer(BatchFeedConsumer):
     watching = ()
 
     def authorize(self):
-        return events.org_group(self.organization_id)
+        return live.org_group(self.organization_id)
 
     def read(self):
         # The unfinished batches, plus those unfinished at the last read, so
@@ -266,7 +265,7 @@ class BatchConsumer(BatchFeedConsumer):
         self.batch_pk = (
             Batch.objects.for_org(self.organization_id).filter(public_id=batch_id).values_list("pk", flat=True).first()
         )
-        return None if self.batch_pk is None else events.batch_group(batch_id)
+        return None if self.batch_pk is None else live.batch_group(batch_id)
 
     def read(self):
         batch = live_batches(Batch.objects.filter(pk=self.batch_pk)).first()
@@ -288,7 +287,7 @@ class BatchConsumer(BatchFeedConsumer):
         """The push for `batch` (sync: runs in the database thread), or None to hold it until the
         failures card is due."""
         if batch["request_counts"]["failed"] == self.failures_for:
-            return {"type": events.EVENT_TYPE, "batch": batch, "fields": live_fields(batch, self.unrun)}
+            return {"type": live.EVENT_TYPE, "batch": batch, "fields": live_fields(batch, self.unrun)}
         wait = self.failures_at + self.failures_every - time.monotonic()
         if wait > 0 and batch["status"] not in TERMINAL_BATCH_STATUSES:
             self._failures_later(wait)
@@ -302,7 +301,7 @@ class BatchConsumer(BatchFeedConsumer):
         self.failures_at, self.failures_every = time.monotonic(), max(MIN_INTERVAL_S, took / FAILURES_SHARE)
         self.failures_for, self.unrun = fresh["request_counts"]["failed"], failures.unrun
         return {
-            "type": events.EVENT_TYPE,
+            "type": live.EVENT_TYPE,
             "batch": fresh,
             "not_run": failures.unrun,
             "failures": failures_fragment(fresh["id"], failures),

@@ -40,7 +40,7 @@ def display(batch, not_run=0):
     failed = counts["failed"] - not_run
     done, total = counts["completed"] + failed, counts["total"]
     usage = batch["usage"] or {}
-    cost = usage.get("cost") or {}
+    cost = batch["openrelay"].get("cost") or {}
     return {
         "batch": batch,
         "percent": percent(done, total, batch["status"]),

@@ -23,7 +23,7 @@ def create_batch(organization, upload):
     input_file_id, stored = _input_file(organization, upload)
     try:
         params = parse_create_params(_form_body(upload.fields, input_file_id))
-        return services.create_batch(organization=organization, **vars(params))
+        return services.create_batch(organization=organization, params=params)
     except ApiError:
         if stored is not None:  # uploaded for this batch only; nothing else refers to it
             file_services.delete_file(stored)

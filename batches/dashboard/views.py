@@ -24,7 +24,7 @@ from django.utils.http import content_disposition_header, urlencode
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from batches import guardrails, progress, selectors, services
+from batches import guardrails, progress, results, selectors, services
 from batches.dashboard import forms
 from batches.dashboard.display import (
     TIMELINE,
@@ -39,7 +39,6 @@ from batches.dashboard.display import (
     when,
 )
 from batches.dashboard.signin import login, logout, member_required, staff_required
-from batches.engine import results
 from batches.models import Batch, BatchStatus
 from batches.presenters import PRESENTER_RELATED, batch_object
 from batches.validation.params import ENDPOINTS, MAX_METADATA_PAIRS, PRIORITIES, parse_max_cost

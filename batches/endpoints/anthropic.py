@@ -9,6 +9,7 @@ from types import MappingProxyType
 
 from batches.endpoints.base import Dialect, Endpoint
 from openrelay.api.errors import anthropic_envelope
+from openrelay.lib import request_schemas
 
 PATH = "/v1/messages"
 
@@ -34,4 +35,5 @@ MESSAGES = Endpoint(
     # A quote reads no input text of a Messages record (it did not before the registry either): its local
     # count is the approximation's floor, and no model server tokenizer is asked.
     quote="none",
+    schema=request_schemas.MESSAGES,
 )

@@ -1,13 +1,15 @@
 """What an endpoint and an API family are, as data the rest of the code asks: `Endpoint` and `Dialect`.
 
-A leaf: it imports nothing of the project, so validation, the quote, the engine and (through
-openrelay.web.dialects) the web layer can all read it.
+A leaf: it imports nothing of the project but openrelay.lib (the published request schemas), so
+validation, the quote, the engine and (through openrelay.web.dialects) the web layer can all read it.
 """
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
+
+from openrelay.lib.request_schemas import Problem, RequestSchema
 
 # How a quote reads a record's input text (batches.estimate.records): a chat conversation, a Responses
 # input with its instructions, one prompt or input string (or list) under `input_key`, or nothing.
@@ -74,6 +76,13 @@ class Endpoint:
     tokenizer: TokenizerShape = "none"
     # Body key -> why it cannot work in a batch. A key set to null (or false) is fine.
     unsupported: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    # The request type its provider publishes in its SDK: every record's body is checked against it at create.
+    schema: RequestSchema | None = None
+
+    def body_problem(self, body: dict[str, Any]) -> Problem | None:
+        """The first field of a record's body the endpoint's server would refuse (its param under "body."),
+        or None. Fields the schema does not name pass: local servers read their own (vLLM's top_k, ...)."""
+        return self.schema.problem(body, "body.") if self.schema is not None else None
 
     @property
     def contracts(self) -> bool:

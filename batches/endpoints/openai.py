@@ -3,6 +3,7 @@
 from types import MappingProxyType
 
 from batches.endpoints.base import Dialect, Endpoint
+from openrelay.lib import request_schemas
 
 OPENAI = Dialect("openai")
 
@@ -18,6 +19,7 @@ CHAT = Endpoint(
     workflows=True,
     quote="chat",
     tokenizer="chat",
+    schema=request_schemas.CHAT,
 )
 COMPLETIONS = Endpoint(
     "/v1/completions",
@@ -27,6 +29,7 @@ COMPLETIONS = Endpoint(
     "Prompt parameter is required.",
     cap_keys=("max_tokens",),
     tokenizer="text",
+    schema=request_schemas.COMPLETIONS,
 )
 EMBEDDINGS = Endpoint(
     "/v1/embeddings",
@@ -36,6 +39,7 @@ EMBEDDINGS = Endpoint(
     "Input parameter is required.",
     answers_tokens=False,
     tokenizer="text",
+    schema=request_schemas.EMBEDDINGS,
 )
 RESPONSES = Endpoint(
     "/v1/responses",
@@ -55,6 +59,7 @@ RESPONSES = Endpoint(
             "in 'input'",
         }
     ),
+    schema=request_schemas.RESPONSES,
 )
 MODERATIONS = Endpoint(
     "/v1/moderations",
@@ -63,4 +68,5 @@ MODERATIONS = Endpoint(
     "input",
     "Input parameter is required.",
     answers_tokens=False,
+    schema=request_schemas.MODERATIONS,
 )

@@ -20,7 +20,7 @@ from django.db import close_old_connections
 from django.utils import timezone
 
 from batches import lifecycle, progress
-from batches.dashboard import events
+from batches import live as events
 from batches.engine import dbretry, finish, samples
 from batches.engine.lanes import BatchRun
 from batches.engine.spend import Guard

@@ -11,13 +11,26 @@ Retrying is safe because every engine operation is one transaction that is
 either idempotent (renew, status reads) or conditional on the lease it holds
 (a flush whose commit did land before the connection died finds no record
 still held, writes nothing and counts nothing the second time).
+
+Deadlines (issue 54): a call to a server that vanished (a network cut, a
+lost host) used to hang, so the outage limit never applied. Every
+connection carries libpq's connect timeout, keepalives and TCP user timeout
+(openrelay/settings.py); the engine's own sessions (`engine_session` marks
+the threads they run on) add the server's side: `deadlines` sets them when
+the connection opens. A transaction an engine left open ends after
+OPENRELAY_DB_IDLE_IN_TRANSACTION_S (freeing the rows it locked for
+every other engine), a statement waits OPENRELAY_DB_LOCK_TIMEOUT_S for a lock
+at most (then this module retries it), and the server drops the session of a
+client that stopped answering within seconds.
 """
 
 import logging
+import threading
 import time
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connections
+from django.db.backends.signals import connection_created
 
 logger = logging.getLogger("openrelay.engine")
 
@@ -41,15 +54,47 @@ def call(fn, *args):
                 getattr(fn, "__name__", "a call"),
                 delay,
             )
-            _drop_connections()
+            drop_connections()
             time.sleep(delay)
             delay = min(delay * 2, MAX_DELAY_S)
 
 
-def _drop_connections():
+def drop_connections() -> None:
     """Close this thread's connections (they are thread-local) so the next query opens a new one."""
     for connection in connections.all(initialized_only=True):
         try:
             connection.close()
         except Exception:  # noqa: BLE001 - closing a dead connection may fail too; it is dropped either way
             connection.connection = None
+
+
+_thread = threading.local()
+
+
+def engine_session() -> None:
+    """Mark this thread's connections as an engine's (a ThreadPoolExecutor initializer):
+    each gets the server-side deadlines when it opens."""
+    _thread.engine = True
+
+
+def deadlines():
+    """The SET statements of an engine's session: the server's half of its clock."""
+    idle_s = settings.OPENRELAY_DB_KEEPALIVE_IDLE_S
+    interval_s = settings.OPENRELAY_DB_KEEPALIVE_INTERVAL_S
+    count = settings.OPENRELAY_DB_KEEPALIVE_COUNT
+    return (
+        f"SET idle_in_transaction_session_timeout = {round(settings.OPENRELAY_DB_IDLE_IN_TRANSACTION_S * 1000)}; "
+        f"SET lock_timeout = {round(settings.OPENRELAY_DB_LOCK_TIMEOUT_S * 1000)}; "
+        f"SET tcp_keepalives_idle = {idle_s}; SET tcp_keepalives_interval = {interval_s}; "
+        f"SET tcp_keepalives_count = {count}; "
+        f"SET tcp_user_timeout = {settings.OPENRELAY_DB_TCP_USER_TIMEOUT_S * 1000}"
+    )
+
+
+def _set_deadlines(sender, connection, **kwargs):
+    if getattr(_thread, "engine", False) and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(deadlines())
+
+
+connection_created.connect(_set_deadlines, dispatch_uid="openrelay-engine-deadlines")

@@ -14,8 +14,8 @@ from django.core.files.storage import default_storage
 from django.db import transaction
 from django.utils import timezone
 
-from batches import lifecycle, progress
-from batches.engine import cut, results
+from batches import lifecycle, progress, results
+from batches.engine import cut
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from files import services as file_services
 from files.models import Purpose

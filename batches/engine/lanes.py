@@ -177,8 +177,16 @@ class Lanes:
     arguments on every function of every loop for values only the seam reads.
     """
 
-    def __init__(self, caps: OrgCaps, guard: Guard, answers: budget.Budget, wake: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        caps: OrgCaps,
+        guard: Guard,
+        answers: budget.Budget,
+        wake: Callable[[], None],
+        leased: Callable[[], bool],
+    ) -> None:
         self.caps = caps  # the organizations' caps (peers.Peers sets them)
+        self.leased = leased  # whether the engine's leases hold (leases.Leases.live): no record starts without
         self.guard = guard
         self.answers = answers  # the answer bytes this engine may hold (budget.Budget)
         self.wake = wake  # ends the loop's sleep (runner.Engine._wake)
@@ -193,8 +201,11 @@ class Lanes:
 
         A slot works records one after another (no Task per record), picking
         the next one fairly itself; new slots are only needed when records
-        arrive faster than the running ones finish.
+        arrive faster than the running ones finish. None while the engine's leases are in
+        doubt (batches.engine.leases): other engines may soon run its records.
         """
+        if not self.leased():
+            return
         loop = asyncio.get_running_loop()
         for lane in lanes:
             while (run := lane.pick(self.caps)) is not None:
@@ -296,7 +307,7 @@ class Lanes:
             if self.pending >= FLUSH_SIZE or len(run.queue) <= run.target // 2:
                 self.wake()
             work = None
-            if not self.stopping and (next_run := lane.pick(self.caps)) is not None:
+            if not self.stopping and self.leased() and (next_run := lane.pick(self.caps)) is not None:
                 work = self._begin(next_run)
         self.wake()
 

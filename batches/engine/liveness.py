@@ -16,19 +16,29 @@ for each other's death with every heartbeat (0.5 s) instead:
 - Elsewhere (SQLite, one machine): an engine on this host whose process is
   gone (or a zombie) is dead once its heartbeat is DEAD_PID_S old; one on
   another host once its heartbeat is OPENRELAY_ENGINE_DEAD_S old.
+- Everywhere: an engine whose heartbeat is a lease old is dead, though its
+  lock be held or its process live. A stopped process (SIGSTOP, a paused VM)
+  keeps its connection and its pid: it was never fenced, and thawed it sent
+  71-98 calls other engines had made already (issue 54). A live engine beats
+  on a thread of its own (batches.engine.leases), so a slow trip does not
+  make it look dead.
 
 Fencing: the engine that finds another dead deletes its Engine row, only if
 its heartbeat is still the one it read (compare-and-set), and in the same
-transaction ends the leases of its running records, which the ordinary
-claim of expired records then takes first. The shares it held go to the
-living at once (the dead row is gone from heartbeat's count). Should the
-"dead" engine be alive after all, its results cannot land (every write is
-conditional on lease_owner) and its next heartbeat finds its row gone
+transaction ends the leases of its running records and takes its name off
+them, which the ordinary claim of expired records then takes first. The
+shares it held go to the living at once (the dead row is gone from
+heartbeat's count). The owner name is the fencing token: unique to one
+engine's life (host:pid:random), on its row and on every record it holds.
+Should the "dead" engine be alive after all, its results and checkpoints
+cannot land (every write is conditional on lease_owner, no record carries
+its name any more) and its next renewal or heartbeat finds its row gone
 (store.Fenced): it drops everything it holds and starts again under a new
-owner name.
+name.
 """
 
 import hashlib
+import math
 import os
 import socket
 from datetime import timedelta
@@ -101,10 +111,17 @@ class Liveness:
             (started,) = cursor.fetchone()
         if self.key not in held:
             self._hold()  # first beat, or our lock's connection dropped (a server restart)
-        settled = now - started >= timedelta(seconds=settings.OPENRELAY_LEASE_S)
+        lease = timedelta(seconds=settings.OPENRELAY_LEASE_S)
+        settled = now - started >= lease
         # An engine that beat since the server started held its lock then (it takes it before
-        # it beats): a free lock now means its connection ended.
-        return [row for row in rows if lock_key(row[0]) not in held and (row[3] > started or settled)]
+        # it beats): a free lock now means its connection ended. A held lock proves only that
+        # the connection lives: a stopped process (SIGSTOP, a VM paused) keeps it, so a heartbeat
+        # older than a lease is dead too (issue 54: a paused engine was never fenced).
+        return [
+            row
+            for row in rows
+            if (lock_key(row[0]) not in held and (row[3] > started or settled)) or now - row[3] >= lease
+        ]
 
     def _hold(self):
         import psycopg
@@ -114,16 +131,23 @@ class Liveness:
         params.pop("cursor_factory", None)
         with connection.wrap_database_errors:  # Django's errors, so dbretry retries a lost server
             self.lock = psycopg.connect(**params, autocommit=True, application_name="openrelay-engine-liveness")
-        # The server's side of a host that vanished (power, network): drop it, and the lock, in ~5 s,
-        # not after the kernel's 2 h keepalive.
-        self.lock.execute("SET tcp_keepalives_idle = 2; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = 3")
-        self.lock.execute("SET tcp_user_timeout = 5000")
+        # The server's side of a host that vanished (power, network): drop it, and the lock, within
+        # seconds, not after the kernel's 2 h keepalive; but never sooner than half a lease after
+        # the cut, when the engine itself has stopped its calls (batches.engine.leases): the
+        # probes alone take `count` s, whenever the first one goes out.
+        count = math.ceil(settings.OPENRELAY_LEASE_S / 2) + 1
+        self.lock.execute(
+            f"SET tcp_keepalives_idle = 2; SET tcp_keepalives_interval = 1; SET tcp_keepalives_count = {count}"
+        )
+        self.lock.execute(f"SET tcp_user_timeout = {(count + 2) * 1000}")
         (taken,) = self.lock.execute("SELECT pg_try_advisory_lock(%s, %s)", [LOCK_SPACE, self.key]).fetchone()
         if not taken:
             raise RuntimeError(f"engine {self.owner}: its liveness lock is held by another session")
 
     def _dead_by_heartbeat(self, host, pid, seen, now):
         missed = (now - seen).total_seconds()
+        if missed >= settings.OPENRELAY_LEASE_S:
+            return True  # its process may live, stopped (SIGSTOP): its leases ran out with its heartbeat
         if host == self.host and pid:
             # Its process answers for it: a live one, however slow, is never taken for dead
             # (one hung for good loses its records with its leases).
@@ -164,5 +188,8 @@ def take_over(owner, seen_at, now):
         freed = {}
         for batch_pk in records.values_list("batch_id", flat=True):
             freed[batch_pk] = freed.get(batch_pk, 0) + 1
-        records.update(lease_expires_at=now - timedelta(seconds=1))
+        # Its name off them too: the fencing token. Were the engine alive after all (a paused
+        # process thawed), its flushes and checkpoints find no record of its own, even before a
+        # live engine claims them again.
+        records.update(lease_owner="", lease_expires_at=now - timedelta(seconds=1))
     return freed

@@ -27,6 +27,9 @@ class RecordOutcome:
     usage: Usage = field(default_factory=Usage)
     reasks: int = 0  # re-asks its output contract made (batches.engine.loops.contract)
     unbilled: Usage = field(default_factory=Usage)
+    # What the guardrails counted of it as it ended (spend.BatchSpend.record_ended), so its flush
+    # moves that very figure: priced once a record, and not at all in a batch nothing guards.
+    counted_nanos: int = 0
 
     @classmethod
     def error(cls, code, message, usage=None, unbilled=None):

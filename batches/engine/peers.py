@@ -20,8 +20,9 @@ from typing import Any
 
 from django.utils import timezone
 
+from batches import tallies
 from batches.engine import store
-from batches.engine.calls import flow, tallies
+from batches.engine.calls import flow
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
@@ -52,8 +53,10 @@ class Peers:
         caps: OrgCaps,
         db: Callable[..., Coroutine[Any, Any, Any]],
         wake: Callable[[], None],
+        leased: Callable[[], bool],
     ) -> None:
         self.config = config
+        self.leased = leased  # whether the engine's leases hold (leases.Leases.live): each caller checks it
         self.owner = owner
         self.liveness = liveness
         self.caps = caps  # the organizations' caps, this engine's part of each (the lanes and trips read them)
@@ -92,6 +95,7 @@ class Peers:
             idle_timeout_s=self.config.idle_timeout_s,
             gate=CallGate(self.caps),
             health=self.health,
+            leased=self.leased,
         )
         await caller.__aenter__()
         lane = self.lanes[model_id] = Lane(model_id, caller, self.config)

@@ -11,7 +11,9 @@ several batches a trip, on one database thread; batches are closed
 claims.
 
 The database is the ledger: a record is an engine's only while its lease
-lives (renewed with the engine's heartbeat every LEASE_S / 4), every write
+lives (renewed every OPENRELAY_LEASE_S / 4 on a thread of its own: batches.engine.leases;
+an engine whose renewals stop landing for half a lease starts no record and
+sends no call), every write
 is conditional on still holding it, and a dead engine's records are
 taken over by a live engine within about a second of its death
 (batches.engine.liveness), by any engine once their lease runs out at worst.
@@ -44,9 +46,10 @@ from typing import Any
 
 from django.db import connections
 
-from batches.engine import checks, dbretry, liveness, spend, store
+from batches import tallies
+from batches.engine import checks, dbretry, leases, liveness, spend, store, warmup
 from batches.engine.batch_set import Roster
-from batches.engine.calls import budget, tallies
+from batches.engine.calls import budget
 from batches.engine.config import EngineConfig
 from batches.engine.fairness import OrgCaps
 from batches.engine.lanes import BatchRun, Lanes
@@ -81,7 +84,11 @@ class Engine:
         self.poll_now = False
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
         self.liveness = liveness.Liveness(self.owner)
-        self.db_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-db")
+        self.leases = leases.Leases(self.owner, self.config.lease_s)
+        # An engine session: the server ends what it leaves open (dbretry.deadlines).
+        self.db_thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="openrelay-db", initializer=dbretry.engine_session
+        )
         self.closer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="openrelay-close")
         self.handback: list[int] = []  # what the parts gave back, released at the loop's next turn
         self.stopping = False
@@ -98,8 +105,10 @@ class Engine:
         )
         self.guard = spend.Guard(self)
         caps = OrgCaps()
-        self.peers = Peers(self.config, self.owner, self.liveness, caps, self.db, self._wake)
-        self.lanes = Lanes(caps, self.guard, budget.Budget(self.config.answer_budget_bytes), self._wake)
+        self.peers = Peers(self.config, self.owner, self.liveness, caps, self.db, self._wake, self.leases.live)
+        self.lanes = Lanes(
+            caps, self.guard, budget.Budget(self.config.answer_budget_bytes), self._wake, self.leases.live
+        )
         self.roster = Roster(
             self.only,
             self.guard,
@@ -131,15 +140,24 @@ class Engine:
         try:
             async with OutboundClient() as self.outbound:
                 watch = self.loop.create_task(self._watch())
+                tend = None
                 try:
+                    if self.only is None:  # a worker's engine (not one driven in-process for given batches)
+                        await warmup.warm()
                     await self._heartbeat()
+                    self.leases.start()
+                    tend = self.loop.create_task(self._tend_leases())
                     await self._poll()
                     await self._main()
                 finally:
                     watch.cancel()
                     await asyncio.gather(watch, return_exceptions=True)
                     await self._shutdown()
+                    if tend is not None:
+                        tend.cancel()
+                        await asyncio.gather(tend, return_exceptions=True)
         finally:
+            self.leases.stop()
             self.db_thread.shutdown(wait=True)
             self.closer.shutdown(wait=True)
             self.liveness.close()  # here too: a shutdown cut short by the database never reaches _cleanup
@@ -147,16 +165,20 @@ class Engine:
 
     async def _main(self):
         now = time.monotonic()
-        last_poll = last_flush = last_beat = last_renew = last_deployments = now
+        last_poll = last_flush = last_beat = last_deployments = now
         while True:
             now = time.monotonic()
+            if self.leases.fenced:
+                logger.error("engine %s was taken for dead and its records taken over; starting again", self.owner)
+                raise store.Fenced(self.owner)
             if self.stopping:
                 self.lanes.cancel_stuck(now, self.stop_deadline)
                 if not self.lanes.running:
                     break
             else:
                 self.lanes.start_slots(self.peers.lanes.values())
-            claims = {} if self.stopping else self.trips.claims(now, self.roster.batches)
+            # None while the leases are in doubt (leases.py): it would start none of them.
+            claims = {} if self.stopping or not self.leases.live() else self.trips.claims(now, self.roster.batches)
             if claims or self.lanes.flush_due(now, last_flush):
                 await self._pass_on(*await self._trip(claims))
                 last_flush = now
@@ -174,13 +196,39 @@ class Engine:
                 await self._heartbeat()
             if self.peers.resuming:
                 await self._take_over()
-            if now - last_renew >= self.config.lease_s / 4:
-                last_renew = now
-                await self.db(store.renew, self.owner, list(self.roster.batches))
             if now - last_deployments >= DEPLOYMENTS_EVERY_S:
                 last_deployments = now
                 await self.peers.refresh_deployments()
             await self._sleep(FLUSH_EVERY_S)
+
+    async def _tend_leases(self):
+        """Tell the renewing thread that the loop turns and which batches it holds; while the
+        renewals do not land (the database is cut off, or the process was stopped), drop the
+        records claimed ahead: they go back, or their leases run out, for other engines."""
+        every = min(0.25, self.config.lease_s / 8)
+        in_doubt = False
+        while True:
+            await asyncio.sleep(every)
+            self.leases.loop_seen = time.monotonic()
+            self.leases.batch_pks = list(self.roster.batches)
+            if self.leases.live():
+                if in_doubt:
+                    logger.info("engine %s renews its leases again", self.owner)
+                    in_doubt = False
+                    self._wake()
+                continue
+            if not in_doubt:
+                logger.warning(
+                    "engine %s: no renewal of its leases for half a lease; it starts no call (%d in flight)",
+                    self.owner,
+                    len(self.lanes.running),
+                )
+                in_doubt = True
+            for run in self.roster.batches.values():
+                self.handback += [record.pk for record, _ in run.queue]
+                run.queue.clear()
+                run.resumed_queued = 0
+            self._wake()
 
     async def _trip(self, claims):
         """One trip: the lanes' finished outcomes written, `claims` claimed for the roster's batches."""
@@ -200,7 +248,8 @@ class Engine:
     async def _take_over(self):
         """Claim and start what dead engines left, then take their shares: the slots they free
         go to their records first (those wait at the head of the gate's line), not to ours."""
-        await self._pass_on(*await self._trip(self.trips.claims(time.monotonic(), self.roster.batches)))
+        claims = self.trips.claims(time.monotonic(), self.roster.batches) if self.leases.live() else {}
+        await self._pass_on(*await self._trip(claims))
         await asyncio.sleep(0)  # the new slots run up to the gate
         self.peers.reshare()  # and the take-over is done (peers.resuming)
 

@@ -61,8 +61,11 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
     claimed = {}
     flushed = {pk: done for pk, done in outcomes.items() if done}
     with transaction.atomic():
-        # The batch rows first (lock_batches says why), before the claims lock any record.
-        lock_batches(flushed)
+        # The claims first: SKIP LOCKED, they wait for no one. The batch rows last (lock_batches
+        # says why in id order), held for the flush's statement and the commit only: a host that
+        # vanished mid-trip held them across every round trip of its trip (issue 54: a batch
+        # frozen for every host for 163 s), now across its last two, and its session ends after
+        # OPENRELAY_DB_IDLE_IN_TRANSACTION_S (dbretry.deadlines).
         for batch_pk, (limit, after_line, expired) in claims.items():
             records = _leased_until(batch_pk, owner, lease_until) if recover else []
             if limit > len(records):
@@ -70,6 +73,7 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
             if records:
                 records.sort(key=lambda record: record.line)
                 claimed[batch_pk] = records
+        lock_batches(flushed)
         written, finished = flushes.write(owner, flushed)
     return written, claimed, finished
 
@@ -175,7 +179,7 @@ class Fenced(Exception):
 def heartbeat(owner, holding, *, host="", pid=0, lease_s=None, first=True):
     """Prove `owner` alive and publish what it holds of each deployment; return the live
     engines as [(owner, holding, calls)], sorted by owner (an engine's rank is its place;
-    `calls` is what each published last with batches.engine.calls.tallies, its adaptive limits among them).
+    `calls` is what each published last with batches.tallies, its adaptive limits among them).
 
     An engine found dead (batches.engine.liveness), or whose heartbeat is older
     than one lease, is out: its records are claimable again, and what it held
@@ -201,6 +205,16 @@ def renew(owner, batch_pks, lease_s=None):
         Record.objects.filter(batch_id__in=batch_pks, status=RecordStatus.RUNNING, lease_owner=owner).update(
             lease_expires_at=timezone.now() + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S)
         )
+
+
+def hold(owner: str, batch_pks: list[int], lease_s: float | None = None) -> bool:
+    """Renew `owner`'s leases and its heartbeat in one transaction (batches.engine.leases, on a
+    connection of its own). False, and nothing renewed, when its row is gone: it was fenced."""
+    with transaction.atomic():
+        if not Engine.objects.filter(owner=owner).update(seen_at=timezone.now()):
+            return False
+        renew(owner, batch_pks, lease_s)
+    return True
 
 
 def retire(owner):

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from django.utils import timezone
 
+from batches import tallies
 from batches.engine import dbretry, prefixes, store
-from batches.engine.calls import tallies
 from batches.engine.calls.budget import Holding
 from batches.engine.checkpoints import LeaseLost
 from batches.engine.config import EngineConfig

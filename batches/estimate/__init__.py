@@ -14,6 +14,8 @@ validation (batches.services.check_input) and these parts, one job a module:
 - `history`: the organization's past records on the model and endpoint
   (output tokens, tool rounds);
 - `pace`: the engine's figures the time needs (measured throughput, the
-  work queued ahead), read through a few narrow functions only;
-- `risk`: a running batch's expected completion and its `batch.at_risk` event.
+  work queued ahead), read through a few narrow functions only.
+
+A running batch's expected completion and its `batch.at_risk` event are not a
+quote: they live in batches.risk, which the Batch object's presenter reads.
 """

@@ -7,6 +7,7 @@ from batches.message_batches.params import MAX_REQUESTS, MESSAGES, check_params
 from batches.message_batches.presenters import message_batch_id
 from batches.models import Batch
 from batches.validation.messages import Catalog
+from batches.validation.params import CreateParams
 from files import services as files
 from openrelay.api.errors import ApiError
 from openrelay.core.models import Model
@@ -16,9 +17,8 @@ def create_message_batch(*, organization, lines):
     """A batch of Messages requests (lines from params.parse_requests). Its rejected lines keep their custom_id,
     so the results can name them. A request whose params Anthropic would refuse is a 400 before anything is stored."""
     check_params(lines, Catalog(dict(Model.objects.filter(enabled=True).values_list("name", "max_output_tokens"))))
-    batch = services.create_batch(
-        organization=organization, endpoint=MESSAGES, requests=lines, max_records=MAX_REQUESTS
-    )
+    params = CreateParams(endpoint=MESSAGES, requests=lines)
+    batch = services.create_batch(organization=organization, params=params, max_records=MAX_REQUESTS)
     if batch.errors:
         for error in batch.errors:
             line = error.get("line")

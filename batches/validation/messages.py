@@ -2,17 +2,18 @@
 
 FIELDS is a table of field -> check: the shapes a Messages server refuses (a model not in the
 catalog, a max_tokens no model can answer, messages that are not a list of user/assistant turns,
-sampling values out of range, `stream`), not the whole published schema. Fields it does not name
-pass as given: Anthropic adds params often (`thinking`, `output_config`, ...), and a native
-deployment reads them itself. A check raises Invalid with the path under the field; `check` turns
-the first one into ParamInvalid("messages.0.role", ...), which each caller words its own way
-(a Message Batch's create: batches.message_batches.params). Kept as data so one schema check
-of every body (issue 50) can take the table over.
+sampling values out of range, `stream`), in Anthropic's words. After the table, the body is checked
+against the `anthropic` SDK's own MessageCreateParams (openrelay.lib.request_schemas), which knows
+every field it publishes (`thinking`, `output_config`, ...); fields neither names pass as given, as
+a native deployment reads them itself. A check raises Invalid with the path under the field; `check`
+turns the first one into ParamInvalid("messages.0.role", ...), which each caller words its own way
+(a Message Batch's create: batches.message_batches.params).
 """
 
 from dataclasses import dataclass
 
 from openrelay.api.params import shown, type_name
+from openrelay.lib import request_schemas
 
 ROLES = ("user", "assistant")
 TOOL_CHOICES = ("auto", "any", "tool", "none")
@@ -59,6 +60,12 @@ def check(params, catalog):
             except Invalid as problem:
                 path = ".".join((field, *map(str, problem.at)))
                 raise ParamInvalid(path, problem.message, problem.code) from None
+    # Then every field the SDK's MessageCreateParams names, as Anthropic's API refuses them (`thinking`,
+    # `output_config`, a block's own fields...): the table above keeps the checks it words better or the
+    # published type lacks (the catalog's models and caps, sampling ranges, `stream`).
+    problem = request_schemas.MESSAGES.problem(params)
+    if problem is not None:
+        raise ParamInvalid(problem.param, problem.message, problem.code)
 
 
 def _wrong_type(expected, value, *at):

@@ -44,7 +44,7 @@ OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract")
 @dataclass(frozen=True)
 class CreateParams:
     endpoint: str
-    completion_window: str
+    completion_window: str = "24h"  # the one window there is (COMPLETION_WINDOWS)
     input_file_id: str | None = None
     requests: list | None = None
     metadata: dict | None = None

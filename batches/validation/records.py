@@ -1,6 +1,7 @@
 """One record's checks: `RecordChecker` checks an input record (required
 keys, custom_id, method and URL, the endpoint's body, streaming, model, the
-`openrelay` extensions, a duplicate custom_id) and raises `RecordRejected` with
+`openrelay` extensions, the body against the endpoint's published request
+schema, a duplicate custom_id) and raises `RecordRejected` with
 its param and OpenAI's message; it remembers the batch's model and the
 custom_ids taken, so records are checked in order, once each.
 """
@@ -32,8 +33,8 @@ class RecordChecker:
 
     Checks run in a fixed order so a line with several problems always gets
     the same answer: JSON -> required params -> custom_id -> method/url ->
-    body shape -> stream -> model -> openrelay extensions -> duplicate
-    custom_id. Only accepted records claim their custom_id and, for the
+    body shape -> stream -> model -> openrelay extensions -> the endpoint's
+    published schema -> duplicate custom_id. Only accepted records claim their custom_id and, for the
     first one, the batch's model.
     """
 
@@ -68,6 +69,7 @@ class RecordChecker:
             _check_required_cap(body, self.spec.required_cap)
         model = self._check_model(body["model"])
         self._check_extensions(body)
+        self._check_schema(body)
         self._claim(custom_id, model, line)
         return custom_id
 
@@ -109,6 +111,13 @@ class RecordChecker:
                 raise RecordRejected(
                     "unsupported_parameter", f"{name}: '{key}' is not supported in the Batch API: {why}.", f"body.{key}"
                 )
+
+    def _check_schema(self, body):
+        """The body against its endpoint's published request type (batches.endpoints): what a real server
+        refuses with a 400 is refused here, with its line, instead of costing a call."""
+        problem = self.spec.body_problem(body)
+        if problem is not None:
+            raise RecordRejected(problem.code, problem.message, problem.param)
 
     def _check_model(self, model):
         if model not in self.models:

@@ -2,7 +2,8 @@
 
 Domain code raises ApiError (or a subclass); DRF's own exceptions (openrelay.api.handlers) and
 Django's 404/405/413/500 on /v1/ routes (openrelay.web.middleware) are turned into the same shape.
-No DRF here: the engine's record checks raise ApiError too.
+No DRF here: the engine may import no DRF module (an import contract), and reaches this one through
+files.services, which reads its input lines and stores its result files.
 """
 
 from django.http import JsonResponse

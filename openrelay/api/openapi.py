@@ -11,6 +11,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse
 
 from openrelay.api.errors import anthropic_error_type, error_type
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
 
 
 def ref(name):
@@ -104,12 +105,34 @@ COMPONENTS = {
     "BatchUsage": {
         "type": "object",
         "nullable": True,
+        "description": (
+            "OpenAI's batch usage, its five fields only (clients parse it with OpenAI's model); null until any "
+            "token was counted. What the tokens cost is `openrelay.cost`."
+        ),
+        "required": ["input_tokens", "input_tokens_details", "output_tokens", "output_tokens_details", "total_tokens"],
+        "additionalProperties": False,
         "properties": {
             "input_tokens": {"type": "integer"},
             "input_tokens_details": {"type": "object", "properties": {"cached_tokens": {"type": "integer"}}},
             "output_tokens": {"type": "integer"},
             "output_tokens_details": {"type": "object", "properties": {"reasoning_tokens": {"type": "integer"}}},
             "total_tokens": {"type": "integer"},
+        },
+    },
+    "BatchCost": {
+        "type": "object",
+        "nullable": True,
+        "description": (
+            "What the batch's billed tokens cost so far, in decimal strings of USD at the prices snapshotted at "
+            "create; null until any token was counted. It ends equal to the batch's ledger entry."
+        ),
+        "required": ["currency", "input", "cached_input", "output", "total"],
+        "properties": {
+            "currency": {"type": "string"},
+            "input": {"type": "string"},
+            "cached_input": {"type": "string"},
+            "output": {"type": "string"},
+            "total": {"type": "string"},
         },
     },
     "BatchUnbilledUsage": {
@@ -176,20 +199,7 @@ COMPONENTS = {
             },
             "output_file_id": _NULLABLE_STRING,
             "error_file_id": _NULLABLE_STRING,
-            **{
-                name: _NULLABLE_INT
-                for name in (
-                    "created_at",
-                    "in_progress_at",
-                    "expires_at",
-                    "finalizing_at",
-                    "completed_at",
-                    "failed_at",
-                    "expired_at",
-                    "cancelling_at",
-                    "cancelled_at",
-                )
-            },
+            **{name: _NULLABLE_INT for name in BATCH_TIMESTAMPS},
             "request_counts": ref("BatchRequestCounts"),
             "metadata": {"type": "object", "nullable": True, "additionalProperties": {"type": "string"}},
             "usage": ref("BatchUsage"),
@@ -207,6 +217,7 @@ COMPONENTS = {
                         ),
                     },
                     "unbilled_usage": ref("BatchUnbilledUsage"),
+                    "cost": ref("BatchCost"),
                     "paused": ref("BatchPause"),
                     "max_cost": {**_NULLABLE_STRING, "description": "The batch's spend cap in USD, or null."},
                     "breaker": ref("BatchBreaker"),

@@ -13,6 +13,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
+
 REJECTIONS_SHOWN = 20
 
 
@@ -27,9 +29,8 @@ def _when(timestamp):
 
 
 def _cost(batch):
-    # The billing fields may arrive inside `usage` (as the docs put it) or beside it.
-    usage = batch.get("usage") or {}
-    return usage.get("cost") or batch.get("cost")
+    # OpenRelay's extension object carries the cost; `usage` is OpenAI's five fields.
+    return (batch.get("openrelay") or {}).get("cost")
 
 
 def _cost_text(cost):
@@ -108,17 +109,8 @@ def _batch_rows(batch):
     rows += _guardrail_rows(batch.get("openrelay") or {})
     if batch.get("metadata"):
         rows.append(("metadata", ", ".join(f"{k}={v}" for k, v in batch["metadata"].items())))
-    for name in (
-        "created_at",
-        "in_progress_at",
-        "finalizing_at",
-        "completed_at",
-        "failed_at",
-        "expired_at",
-        "cancelling_at",
-        "cancelled_at",
-        "expires_at",
-    ):
+    # In the order the batch lived them, its deadline (expires_at) after what happened.
+    for name in sorted(BATCH_TIMESTAMPS, key="expires_at".__eq__):
         if batch.get(name) is not None:
             rows.append((name.removesuffix("_at").replace("_", " "), _when(batch[name])))
     return rows

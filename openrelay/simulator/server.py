@@ -23,7 +23,8 @@ from typing import Any, Self
 import orjson
 from aiohttp import web
 
-from openrelay.lib import aio
+from openrelay.lib import aio, request_schemas
+from openrelay.lib.request_schemas import RequestSchema
 from openrelay.simulator.answers import (
     BadRequest,
     answer_chat,
@@ -114,15 +115,20 @@ class ModelEndpoint:
     text_of: Callable[[dict[str, Any]], str]  # body -> the text searched for fault directives
     answer: Callable[[dict[str, Any]], dict[str, Any]]  # body -> answer payload (raises BadRequest)
     prefix_of: Callable[[dict[str, Any]], str] | None = None  # body -> the text the prefix cache sees (None: no cache)
+    # The request type the provider publishes (openrelay.lib.request_schemas): a body a real server refuses
+    # is refused here too, 400 in the endpoint's envelope, so no test passes on a body no server would take.
+    schema: RequestSchema | None = None
 
 
 MODEL_ENDPOINTS = {
-    "/v1/chat/completions": ModelEndpoint(chat_text, answer_chat, chat_prefix_text),
-    "/v1/completions": ModelEndpoint(completion_text, answer_completion, completion_prefix_text),
-    "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings),
-    "/v1/responses": ModelEndpoint(response_text, answer_responses, response_prefix_text),
-    "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations),
-    "/v1/messages": ModelEndpoint(messages_text, answer_messages, messages_text),
+    "/v1/chat/completions": ModelEndpoint(chat_text, answer_chat, chat_prefix_text, request_schemas.CHAT),
+    "/v1/completions": ModelEndpoint(
+        completion_text, answer_completion, completion_prefix_text, request_schemas.COMPLETIONS
+    ),
+    "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings, schema=request_schemas.EMBEDDINGS),
+    "/v1/responses": ModelEndpoint(response_text, answer_responses, response_prefix_text, request_schemas.RESPONSES),
+    "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations, schema=request_schemas.MODERATIONS),
+    "/v1/messages": ModelEndpoint(messages_text, answer_messages, messages_text, request_schemas.MESSAGES),
 }
 
 
@@ -155,6 +161,9 @@ class ModelServer:
             return json_response(error_envelope(401, "Invalid API key."), 401)
         if not isinstance(body, dict):
             return json_response(error_envelope(400, "The body must be a JSON object."), 400)
+        problem = endpoint.schema.problem(body) if endpoint.schema is not None else None
+        if problem is not None:
+            return json_response(error_envelope(400, problem.message, problem.param), 400)
         text = endpoint.text_of(body)
         directives = parse_fault_directives(text)
         outcome, status = self._decide(directives, raw)
@@ -358,6 +367,11 @@ def build_app(config: SimulatorConfig | None = None) -> web.Application:
         app.router.add_post("/v1/chat/completions/input_tokens", server.chat_input_tokens)
     app.router.add_route("*", "/{tail:.*}", server.not_found)
     app.on_shutdown.append(server.wake_parked)
+    # Built before the server answers (seconds, once a process: the SDKs' import and pydantic's schemas), so
+    # no request waits for it: a first call's latency is the simulator's, as tests of timeouts expect.
+    for endpoint in MODEL_ENDPOINTS.values():
+        if endpoint.schema is not None:
+            endpoint.schema.validator  # noqa: B018  # built and kept (request_schemas.RequestSchema)
     return app
 
 
@@ -511,8 +525,11 @@ def serve(config: SimulatorConfig | None = None, host: str = "127.0.0.1", port: 
 
 
 async def _serve_until_signal(config: SimulatorConfig, host: str, port: int) -> None:
-    runner = make_runner(build_app(config))
     sock = bind_socket(host, port)
+    # Listening before build_app builds the request checks (seconds): a client that connects meanwhile waits
+    # in the backlog for its answer instead of being refused (`manage.py up` starts its workers beside it).
+    sock.listen(128)
+    runner = make_runner(build_app(config))
     await _start_site(runner, sock)
     print(f"Simulated model server on http://{host}:{sock.getsockname()[1]}/v1", flush=True)
     stopping = asyncio.Event()

@@ -9,6 +9,7 @@ import pytest
 from batches.models import Batch, BatchStatus, Record
 from files import services as files
 from files.models import File
+from openrelay.api.timestamps import BATCH_TIMESTAMPS
 from openrelay.core.models import Price
 from tests.batches_api_tests.helpers import CHAT, GEMMA, chat_line, create, jsonl, upload
 
@@ -23,15 +24,7 @@ BATCH_KEYS = {
     "status",
     "output_file_id",
     "error_file_id",
-    "created_at",
-    "in_progress_at",
-    "expires_at",
-    "finalizing_at",
-    "completed_at",
-    "failed_at",
-    "expired_at",
-    "cancelling_at",
-    "cancelled_at",
+    *BATCH_TIMESTAMPS,
     "request_counts",
     "metadata",
     "usage",
@@ -259,9 +252,10 @@ class TestCreate:
 
     def test_it_answers_the_created_batch_to_create_batch_callers(self, alice, gemma):
         from batches.services import create_batch
+        from batches.validation.params import CreateParams
 
         file = upload(alice, jsonl(chat_line("a")))
-        batch = create_batch(organization=alice.org, endpoint=CHAT, input_file_id=file.public_id)
+        batch = create_batch(organization=alice.org, params=CreateParams(endpoint=CHAT, input_file_id=file.public_id))
         assert batch.pk and batch.total_count == 1 and batch.model_name == GEMMA
 
 
@@ -271,6 +265,7 @@ class TestCreateCleanup:
         self, alice, gemma, monkeypatch, tmp_path, django_capture_on_commit_callbacks
     ):
         from batches import services
+        from batches.validation.params import CreateParams
 
         def broken_batch_row(**fields):
             raise RuntimeError("disk full")
@@ -278,7 +273,7 @@ class TestCreateCleanup:
         # No request can make the write fail after the scan, so the unit is patched.
         monkeypatch.setattr(services, "_create_batch_row", broken_batch_row)
         with pytest.raises(RuntimeError), django_capture_on_commit_callbacks(execute=True):
-            services.create_batch(organization=alice.org, endpoint=CHAT, requests=[chat_line("a")])
+            services.create_batch(organization=alice.org, params=CreateParams(endpoint=CHAT, requests=[chat_line("a")]))
         assert not File.objects.exists()
         assert not Batch.objects.exists()
         assert not any(path.is_file() for path in (tmp_path / "files").rglob("*"))

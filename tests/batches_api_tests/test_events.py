@@ -4,7 +4,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
-from batches.dashboard import events
+from batches import live
 from tests.batches_api_tests.helpers import chat_line, create, jsonl, upload
 
 
@@ -18,7 +18,7 @@ def _listen(group):
 @pytest.mark.django_db
 def test_it_announces_create_and_cancel(alice, gemma, django_capture_on_commit_callbacks, settings):
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-    receive = _listen(events.org_group(alice.org.pk))
+    receive = _listen(live.org_group(alice.org.pk))
     file = upload(alice, jsonl(chat_line("a"), {"custom_id": "broken"}))
     with django_capture_on_commit_callbacks(execute=True):
         batch_id = create(alice, input_file_id=file.public_id).json()["id"]
@@ -39,7 +39,7 @@ def test_a_snapshot_is_one_query_that_never_reads_the_rejections(alice, gemma, d
 
     pk = Batch.objects.get(public_id=batch_id).pk
     with django_assert_num_queries(1) as captured:
-        event = events.snapshot(pk)
+        event = live.snapshot(pk)
     assert '"errors"' not in captured.captured_queries[0]["sql"]
     assert event["batch"]["id"] == batch_id and event["batch"]["errors"] is None
     assert event["batch"]["request_counts"]["total"] == 1

@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
+from openai.types.batch_usage import BatchUsage
 
 from batches.engine import finish
 from batches.engine.runner import run_batch
@@ -194,7 +195,17 @@ def test_a_price_change_after_create_does_not_reprice_the_batch(alice, model):
     assert cached > 0
     expected = oracle_cost(prompt, cached, completion)
     assert entry.total_cost_nanos == expected[3]
-    shown = alice.client.get(f"/v1/batches/{batch.public_id}").json()["usage"]["cost"]
+    body = alice.client.get(f"/v1/batches/{batch.public_id}").json()
+    # `usage` is exactly OpenAI's (the SDK's BatchUsage, each nested object too); the cost is OpenRelay's extension.
+    assert set(body["usage"]) == set(BatchUsage.model_fields)
+    usage = BatchUsage.model_validate(body["usage"])
+    assert body["usage"] == usage.model_dump()
+    assert (usage.input_tokens, usage.input_tokens_details.cached_tokens, usage.output_tokens) == (
+        prompt,
+        cached,
+        completion,
+    )
+    shown = body["openrelay"]["cost"]
     assert shown == {
         "currency": "USD",
         "input": as_usd(expected[0]),

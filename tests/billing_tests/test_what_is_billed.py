@@ -50,9 +50,10 @@ def test_it_bills_successful_plain_records_and_not_failed_or_timed_out_ones(alic
     billed = replayed_usage(sim, lambda body: "[[" not in first_message(body))
     assert (billed.prompt_tokens, billed.cached_tokens, billed.completion_tokens) == (prompt, cached, completion)
     assert Record.objects.filter(batch=batch, status="failed", prompt_tokens__gt=0).count() == 0
-    # The usage object's cost ends equal to the ledger entry.
-    usage = alice.client.get(f"/v1/batches/{batch.public_id}").json()["usage"]
-    assert usage["cost"]["total"] == as_usd(entry.total_cost_nanos)
+    # The batch's cost (openrelay.cost) ends equal to the ledger entry.
+    shown = alice.client.get(f"/v1/batches/{batch.public_id}").json()
+    usage = shown["usage"]
+    assert shown["openrelay"]["cost"]["total"] == as_usd(entry.total_cost_nanos)
     assert (usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"], usage["output_tokens"]) == (
         prompt,
         cached,

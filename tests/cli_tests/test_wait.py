@@ -39,7 +39,7 @@ def test_it_waits_with_progress_and_downloads_both_result_files(orl, alice, mode
 
     assert f"Batch {batch['id']} completed: 5 completed, 1 failed of 6." in result.stdout
     assert f"Output file {batch['output_file_id']} saved to {output}" in result.stdout
-    cost = f"{batch['usage']['cost']['total']} USD"
+    cost = f"{batch['openrelay']['cost']['total']} USD"
     progress = result.stderr.splitlines()
     assert any(
         "completed 6/6" in line
@@ -49,7 +49,7 @@ def test_it_waits_with_progress_and_downloads_both_result_files(orl, alice, mode
         for line in progress
     ), progress
     shown = orl("batches", "get", batch["id"]).stdout
-    assert f"cost         {cost}  (input {batch['usage']['cost']['input']}" in shown
+    assert f"cost         {cost}  (input {batch['openrelay']['cost']['input']}" in shown
 
     # Waiting on a finished batch returns at once, with the same files.
     again = orl("--json", "batches", "wait", batch["id"], "--download", tmp_path / "again")

@@ -103,7 +103,7 @@ def test_the_count_is_exact_on_the_chain_and_linear_in_the_schema():
     assert schema_cost.cost(chain(40), 10**30, 1000).nodes == 2**42 - 2  # counted in 40 steps, not 2^42
     with pytest.raises(schema_cost.TooCostly, match="nest more than"):
         schema_cost.cost(chain(300), 10**100, MAX_SCHEMA_DEPTH)
-    assert time.monotonic() - started < 1
+    assert time.monotonic() - started < 10  # the walk of 2^42 would never end: the bound is a loaded machine's
     assert schema_cost.cost(RECURSIVE_FAN_OUT, MAX_SCHEMA_NODES, MAX_SCHEMA_DEPTH).recursive
 
 
@@ -144,7 +144,7 @@ def test_a_check_past_the_time_limit_raises_and_the_next_check_gets_a_new_checke
         return took, errors
 
     took, errors = asyncio.run(go())
-    assert 0.5 <= took < 3
+    assert 0.5 <= took < 10  # cut at its 0.5 s limit; the rest is a loaded machine's killing and raising
     assert errors == ['$.name: 1 is not of type "string"']
 
 
@@ -152,7 +152,9 @@ def test_a_catastrophic_pattern_is_bounded_by_the_backtracking_limit():
     answer = orjson.dumps(["a" * 40 + "!"] * 200).decode()
     started = time.monotonic()
     errors = checked(CATASTROPHIC_PATTERN, answer)
-    assert time.monotonic() - started < 3
+    # Its 5 s limit would cut an unbounded search (an error, not these 5): the bound only catches a
+    # hang, with room for a loaded machine starting the checker processes.
+    assert time.monotonic() - started < 15
     assert len(errors) == 5 and all(e.startswith("$[") for e in errors)
 
 
@@ -160,7 +162,7 @@ def test_formats_are_asserted_under_draft_7_and_checked_quickly():
     answer = orjson.dumps(["(" * 5000, "a@" + "b" * 5000, "x" * 20000] * 10).decode()
     started = time.monotonic()
     errors = checked(FORMATS_DRAFT7, answer)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 15  # as above: its 5 s limit tells a slow check
     assert errors and len(errors) <= 5
 
 

@@ -15,7 +15,7 @@ import pytest
 from django.conf import settings
 from django.db import connections
 
-from batches.dashboard import events
+from batches import live
 from batches.models import Batch
 from openrelay.core.models import Deployment, Model, Price
 from openrelay.simulator.config import SimulatorConfig
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 
 def _announce(batch_pk):
     try:
-        events.batch_changed_sync(batch_pk)
+        live.batch_changed_sync(batch_pk)
     finally:
         connections.close_all()  # this thread's own connection; a left-open one blocks dropping the test database
 

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from batches import services
 from batches.models import Batch
+from batches.validation.params import CreateParams
 from billing.models import LedgerEntry
 from files import services as file_services
 from openrelay.core.models import Membership, Model
@@ -166,11 +167,8 @@ def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, live_stac
         catalog(sim, concurrency=2)
         url = live_stack.url
         sign_in(page, url)
-        batch = services.create_batch(
-            organization=member,
-            endpoint=CHAT,
-            requests=[chat_line(f"s-{i}", f"slow {i} [[latency:600]]") for i in range(60)],
-        )
+        requests = [chat_line(f"s-{i}", f"slow {i} [[latency:600]]") for i in range(60)]
+        batch = services.create_batch(organization=member, params=CreateParams(endpoint=CHAT, requests=requests))
         page.goto(f"{url}/batches/{batch.public_id}")
         page.wait_for_selector("[data-live].open")
         page.wait_for_function(
@@ -222,14 +220,11 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         page.evaluate("window.__notReloaded = true")
 
         # Every tenth record is refused by the model (400): the record's error, not the deployment's.
-        batch = services.create_batch(
-            organization=member,
-            endpoint=CHAT,
-            requests=[
-                chat_line(f"o-{i}", f"slow {i} [[latency:700]]" + (" [[status:400]]" if i % 10 == 0 else ""))
-                for i in range(30)
-            ],
-        )
+        requests = [
+            chat_line(f"o-{i}", f"slow {i} [[latency:700]]" + (" [[status:400]]" if i % 10 == 0 else ""))
+            for i in range(30)
+        ]
+        batch = services.create_batch(organization=member, params=CreateParams(endpoint=CHAT, requests=requests))
         page.wait_for_function(
             f'() => Number(document.querySelector("{row} [data-field=in_flight]").textContent) > 0', timeout=20_000
         )

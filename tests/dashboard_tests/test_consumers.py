@@ -6,7 +6,8 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 
-from batches.dashboard import consumers, events
+from batches import live
+from batches.dashboard import consumers
 from batches.dashboard.display import live_fields
 from batches.models import Batch, RecordStatus
 from batches.presenters import batch_object
@@ -15,6 +16,9 @@ from tests.helpers import make_batch
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
 IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+# How long a message that must come may take (a deadline, not a measure): 2 s was tight on a
+# loaded 2-core machine; a passing test never waits it out.
+ARRIVES_S = 10
 
 
 def run(test):
@@ -26,7 +30,7 @@ def snapshot(batch, **counts):
     batch.refresh_from_db()
     obj = batch_object(batch)
     obj["request_counts"] = {**obj["request_counts"], **counts}
-    return {"type": events.EVENT_TYPE, "batch": obj}
+    return {"type": live.EVENT_TYPE, "batch": obj}
 
 
 def sent(event):
@@ -98,13 +102,13 @@ def test_a_member_gets_the_organizations_events_and_never_anothers(alice, alice_
         ws = socket("/ws/batches", cookie)
         assert (await ws.connect())[0]
         # On connect: the unfinished batches as they stand (only alice's).
-        assert await ws.receive_json_from(timeout=2) == sent(first)
-        await group_send(events.org_group(bob.org.pk), foreign)
-        await group_send(events.batch_group(theirs.public_id), foreign)
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(first)
+        await group_send(live.org_group(bob.org.pk), foreign)
+        await group_send(live.batch_group(theirs.public_id), foreign)
         # Long enough for a poll of the in-memory fallback too: bob's batch is unfinished in the database.
         await nothing(ws, consumers.POLL_INTERVAL_S + 0.3)
-        await group_send(events.org_group(alice.org.pk), pushed)
-        message = await ws.receive_json_from(timeout=2)
+        await group_send(live.org_group(alice.org.pk), pushed)
+        message = await ws.receive_json_from(timeout=ARRIVES_S)
         assert message == sent(pushed)
         # Formatted by the server, as the page renders them: the browser writes them as given.
         assert (message["fields"]["counts"], message["fields"]["percent"], message["fields"]["bar"]) == (
@@ -131,12 +135,12 @@ def test_a_batch_feed_gets_its_batch_and_nothing_else(alice, alice_user):
     async def test():
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
-        assert (await ws.receive_json_from(timeout=2))["batch"]["id"] == batch.public_id
-        await group_send(events.batch_group(other.public_id), elsewhere)
+        assert (await ws.receive_json_from(timeout=ARRIVES_S))["batch"]["id"] == batch.public_id
+        await group_send(live.batch_group(other.public_id), elsewhere)
         await nothing(ws, 0.3)
-        await group_send(events.batch_group(batch.public_id), pushed)
+        await group_send(live.batch_group(batch.public_id), pushed)
         # The rejections stay on the page; the pushes leave them out.
-        assert await ws.receive_json_from(timeout=2) == sent(pushed)
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(pushed)
         await ws.disconnect()
 
     run(test)
@@ -155,11 +159,11 @@ def test_a_burst_of_events_goes_out_as_the_newest_one(alice, alice_user):
     async def test():
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
-        await ws.receive_json_from(timeout=2)
+        await ws.receive_json_from(timeout=ARRIVES_S)
         for event in burst:
-            await group_send(events.batch_group(batch.public_id), event)
+            await group_send(live.batch_group(batch.public_id), event)
         # Ten events inside one interval: one message, the newest.
-        assert await ws.receive_json_from(timeout=2) == sent(burst[-1])
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(burst[-1])
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
         await ws.disconnect()
 
@@ -177,10 +181,10 @@ def test_an_older_snapshot_arriving_late_is_dropped(alice, alice_user):
     async def test():
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
-        await ws.receive_json_from(timeout=2)
-        await group_send(events.batch_group(batch.public_id), finished)
-        assert await ws.receive_json_from(timeout=2) == sent(finished)
-        await group_send(events.batch_group(batch.public_id), late)
+        await ws.receive_json_from(timeout=ARRIVES_S)
+        await group_send(live.batch_group(batch.public_id), finished)
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(finished)
+        await group_send(live.batch_group(batch.public_id), late)
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
         await ws.disconnect()
 
@@ -204,7 +208,7 @@ def test_in_memory_the_socket_polls_and_pushes_only_changes_at_most_twice_a_seco
     async def test():
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
-        assert (await ws.receive_json_from(timeout=2))["batch"]["request_counts"]["completed"] == 0
+        assert (await ws.receive_json_from(timeout=ARRIVES_S))["batch"]["request_counts"]["completed"] == 0
         # Nothing changes: nothing is sent, however many polls pass.
         await nothing(ws, 2 * consumers.POLL_INTERVAL_S + 0.1)
         # A worker (another process) writes progress every ~60 ms for ~1.5 s.
@@ -224,7 +228,7 @@ def test_in_memory_the_socket_polls_and_pushes_only_changes_at_most_twice_a_seco
         assert counts == sorted(set(counts)) and counts[-1] == 240
         # The terminal snapshot goes out, then the socket stops polling.
         await _set_counts(batch, status="completed", completed_count=1000)
-        assert (await ws.receive_json_from(timeout=2))["batch"]["status"] == "completed"
+        assert (await ws.receive_json_from(timeout=ARRIVES_S))["batch"]["status"] == "completed"
         await _set_counts(batch, metadata={"changed": "after the end"})
         await nothing(ws, 2 * consumers.POLL_INTERVAL_S + 0.1)
         await ws.disconnect()
@@ -241,12 +245,12 @@ def test_in_memory_the_organization_feed_picks_up_new_and_finishing_batches(alic
     async def test():
         ws = socket("/ws/batches", cookie)
         assert (await ws.connect())[0]
-        assert (await ws.receive_json_from(timeout=2))["batch"]["id"] == running.public_id
+        assert (await ws.receive_json_from(timeout=ARRIVES_S))["batch"]["id"] == running.public_id
         fresh = await sync_to_async(make_batch)(alice.org, status="validating", total=3)
         await sync_to_async(make_batch)(bob.org, total=3)
-        assert (await ws.receive_json_from(timeout=2))["batch"]["id"] == fresh.public_id
+        assert (await ws.receive_json_from(timeout=ARRIVES_S))["batch"]["id"] == fresh.public_id
         await _set_counts(running, status="completed", completed_count=5)
-        message = await ws.receive_json_from(timeout=2)
+        message = await ws.receive_json_from(timeout=ARRIVES_S)
         assert (message["batch"]["id"], message["batch"]["status"]) == (running.public_id, "completed")
         await nothing(ws, consumers.POLL_INTERVAL_S + 0.3)
         await ws.disconnect()
@@ -266,8 +270,8 @@ def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_fee
     async def test():
         ws = socket("/ws/batches", cookie)
         assert (await ws.connect())[0]
-        await group_send(events.org_group(alice.org.pk), pushed)  # as the close announces it
-        message = await ws.receive_json_from(timeout=2)
+        await group_send(live.org_group(alice.org.pk), pushed)  # as the close announces it
+        message = await ws.receive_json_from(timeout=ARRIVES_S)
         assert message["batch"]["status"] == "cancelled" and message["not_run"] == 65
         # The tiles as the page renders them: 70 failed of which 65 never ran.
         assert (message["fields"]["failed"], message["fields"]["not_run"]) == ("5", "65")
@@ -275,7 +279,7 @@ def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_fee
         await ws.disconnect()
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
-        message = await ws.receive_json_from(timeout=2)  # read when it connects
+        message = await ws.receive_json_from(timeout=ARRIVES_S)  # read when it connects
         assert message["not_run"] == 65 and "failures" in message
         assert (message["fields"]["failed"], message["fields"]["not_run"]) == ("5", "65")
         await ws.disconnect()

@@ -11,10 +11,8 @@ from django.db import connection, connections
 from django.db.models import F
 from django.test import Client
 
-from batches import operator, selectors
-from batches.dashboard import events
+from batches import live, operator, selectors, tallies
 from batches.dashboard.display import retry_label
-from batches.engine.calls import tallies
 from batches.engine.calls.caller import CallResult
 from batches.models import Batch, Engine, RecordStatus
 from batches.presenters import batch_object
@@ -91,9 +89,9 @@ def test_a_push_that_moves_the_failed_count_carries_the_card_of_the_same_moment(
         # A worker read the batch at 7 failed; by the push 11 have failed: the page gets to 11, and
         # every push on the way shows the card of its own moment (the in-memory layer's poll pushes too).
         await _async(_fail)(batch, 2)
-        stale = await _async(events.snapshot)(batch.pk)
+        stale = await _async(live.snapshot)(batch.pk)
         await _async(_fail)(batch, 4)
-        await _group_send(events.batch_group(batch.public_id), {"type": events.EVENT_TYPE, **stale})
+        await _group_send(live.batch_group(batch.public_id), {"type": live.EVENT_TYPE, **stale})
         card, failed = 5, 5
         while failed < 11:
             message = await ws.receive_json_from(timeout=5)

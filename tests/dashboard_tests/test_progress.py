@@ -48,7 +48,7 @@ def test_the_final_sample_ends_the_series_at_the_finish():
 
 
 def test_a_deployments_calls_are_counted_over_the_last_minute():
-    from batches.engine.calls.callcount import CallCount
+    from batches.callcount import CallCount
 
     now = [1000.0]
     count = CallCount(clock=lambda: now[0])
@@ -70,9 +70,9 @@ def test_records_done_in_the_last_minute_are_read_from_the_samples():
 
 
 def test_an_engine_reports_a_deployments_last_minute_after_its_lane_closed():
-    from batches.engine.calls import tallies
+    from batches import tallies
     from batches.engine.calls.caller import CallResult
-    from batches.engine.calls.flow import Figures
+    from batches.figures import Figures
 
     class Upstream:
         deployment_id, in_use, share = 991, 2, 6

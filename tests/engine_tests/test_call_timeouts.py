@@ -74,7 +74,8 @@ def test_the_limit_cuts_a_call_soon_after_it_runs_out_and_leaves_the_task_usable
 
         result, elapsed, cancelling = _run(call())
     assert result.kind == "time_limit" and "0.2 seconds" in result.message
-    assert 0.2 <= elapsed < 1.0
+    # Cut at 0.2 s (the watchdog looks every 10 ms), not at the answer's 5 s; room for a loaded machine.
+    assert 0.2 <= elapsed < 3.0
     assert cancelling == 0
 
 

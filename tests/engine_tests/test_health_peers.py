@@ -33,7 +33,7 @@ class Side:
         self.engine = Engine()
         self.engine.loop = asyncio.get_running_loop()
         self.gate = CallGate(OrgCaps())
-        self.upstream = Upstream(DEAD_URL, "upstream", "", 16, deployment_id=deployment.pk)
+        self.upstream = Upstream(deployment.base_url, "upstream", "", 16, deployment_id=deployment.pk)
         self.gate.upstreams = [self.upstream]
         self.lane = SimpleNamespace(gate=self.gate)
         self.model_id = deployment.model_id
@@ -41,6 +41,11 @@ class Side:
     def answer(self, faults, status=500):
         """A call of the record whose Faults these are got `status`; why it is sent again, or ""."""
         return self.engine.peers.health.judge(self.gate, self.upstream, _answer(status), faults)
+
+    def drop(self, faults):
+        """A call of the record whose Faults these are was dropped (the connection reset under load)."""
+        dropped = CallResult(kind="unavailable", message="The model server failed: the connection was reset.")
+        return self.engine.peers.health.judge(self.gate, self.upstream, dropped, faults)
 
     async def settled(self):
         """Once the neutral request judging this engine's run is answered (the dead server refuses it)."""
@@ -66,18 +71,32 @@ class Side:
 
 @pytest.fixture
 def sides():
-    model = Model.objects.create(name="openrelay/peers")
-    deployment = Deployment.objects.create(model=model, base_url=DEAD_URL, max_concurrency=16)
+    """`sides(base_url)` makes two engines' views of one deployment at `base_url`."""
 
-    async def make(count):
-        return [Side(deployment) for _ in range(count)]
+    def at(base_url=DEAD_URL):
+        model = Model.objects.create(name="openrelay/peers")
+        deployment = Deployment.objects.create(model=model, base_url=base_url, max_concurrency=16)
 
-    return make
+        async def make(count):
+            return [Side(deployment) for _ in range(count)]
+
+        return make
+
+    return at
 
 
-def _run(sides, scenario):
+@pytest.fixture
+def dead_proxy(model_proxy):
+    """A LiteLLM-shaped proxy whose upstream is dead: 500 to every call and to the neutral request,
+    while its /models answers 200 (so only a canary can tell when it serves again)."""
+    return model_proxy(DEAD_URL.removesuffix("/v1"), error_delay_s=0.0)
+
+
+def _run(sides, scenario, base_url=DEAD_URL):
+    make = sides(base_url)
+
     async def main():
-        made = await sides(2)
+        made = await make(2)
         try:
             await scenario(*made)
         finally:
@@ -145,3 +164,41 @@ def test_an_engine_never_takes_its_own_change_for_a_peers(sides):
         assert a.upstream.healthy and later.count == 1
 
     _run(sides, scenario)
+
+
+def test_a_dropped_call_whose_neutral_request_draws_a_500_ejects_the_deployment_for_a_canary(sides, dead_proxy):
+    """Issue 55, item 5: a call dropped under load began a run, the neutral request drew the proxy's
+    500, and the deployment left without a canary: its /models answered 200 and put it back at once,
+    and the 500s the records drew meanwhile (in flight, then re-sent) counted against them."""
+
+    async def scenario(a, _b):
+        a.drop(Faults())
+        await a.settled()
+        assert not a.upstream.healthy
+        assert a.upstream.canary, "the server answers HTTP but fails: its /models can't vouch for it"
+        in_flight = Faults()
+        assert a.answer(in_flight)  # a record's call sent before it left answers 500: the deployment's
+        assert in_flight.count == 0
+
+    _run(sides, scenario, dead_proxy.base_url)
+
+
+def test_a_500_counted_before_a_peer_took_the_deployment_out_for_a_dropped_call_is_forgiven(sides, dead_proxy):
+    """The two-engine form of the above, as test_canary's cluster case met it: a's record drew a
+    500 (not a run yet there) while b's dropped call took the deployment out."""
+
+    async def scenario(a, b):
+        record = Faults()
+        a.answer(record)
+        assert record.count == 1
+        b.drop(Faults())
+        await b.settled()
+        assert not b.upstream.healthy and b.upstream.canary
+        await b.row()
+        await a.read_row()
+        assert not a.upstream.healthy and a.upstream.canary
+        assert record.count == 0, "the 500 was the deployment's, as b's neutral request found"
+        a.answer(record)  # its call sent again before a read the row: the deployment's too
+        assert record.count == 0
+
+    _run(sides, scenario, dead_proxy.base_url)

@@ -211,8 +211,9 @@ def test_another_organizations_small_batch_starts_at_once_behind_a_backlog(alice
             wait_for(lambda: sum(_completed(b) for b in backlog) >= 32, 30, "the backlog to fill the model")
             small = make_batch(bob.org, [chat(f"b{i}") for i in range(10)])
             took = wait_for(lambda: status_of(small) == "completed", 20, "the small batch")
-            # Half the model is the small batch's at once: 10 records of 0.2 s are one round.
-            assert took < 2.5, took
+            # Half the model is the small batch's at once: 10 records of 0.2 s are one round. The
+            # bound leaves a loaded machine room; behind the backlog it would take ~15 s.
+            assert took < 6, took
             assert all(status_of(b) == "in_progress" for b in backlog)
             # Alice's three batches shared her half round robin: none waited for another.
             counts = [_completed(b) for b in backlog]
@@ -228,8 +229,9 @@ def test_an_expedited_batch_goes_before_standard_ones(alice, model):
             urgent = make_batch(alice.org, [chat(f"u{i}") for i in range(16)])
             Batch.objects.filter(pk=urgent.pk).update(priority="expedited")
             took = wait_for(lambda: status_of(urgent) == "completed", 20, "the expedited batch")
-            # All 8 slots were the expedited batch's as they came free: two rounds of 0.3 s.
-            assert took < 3.0, took
+            # All 8 slots were the expedited batch's as they came free: two rounds of 0.3 s. The
+            # bound leaves a loaded machine room; behind the standard batch it would take ~7 s.
+            assert took < 5.0, took
             assert status_of(standard) == "in_progress"
 
 
@@ -245,8 +247,9 @@ def test_one_organizations_expedited_batches_leave_another_its_fair_share(alice,
             wait_for(lambda: sum(_completed(b) for b in urgent) >= 32, 30, "the expedited batches to fill the model")
             standard = make_batch(bob.org, [chat(f"b{i}") for i in range(10)])
             took = wait_for(lambda: status_of(standard) == "completed", 30, "the other organization's batch")
-            # Half the model is bob's at once: 10 records of 0.2 s are one round (alice's 1,200 take 15 s).
-            assert took < 2.5, took
+            # Half the model is bob's at once: 10 records of 0.2 s are one round (alice's 1,200 take
+            # 15 s); the bound leaves a loaded machine room.
+            assert took < 6, took
             assert all(status_of(b) == "in_progress" for b in urgent)
 
 
@@ -276,5 +279,5 @@ def test_hanging_tools_of_one_organization_do_not_slow_another(alice, model, han
             wait_for(lambda: len(hanging_executor.received) >= 16, 20, "alice's records to wait on her tools")
             plain = make_batch(bob.org, [chat(f"b{i}") for i in range(40)])
             took = wait_for(lambda: status_of(plain) == "completed", 20, "bob's batch")
-            assert took < 3, took
+            assert took < 5, took  # behind alice's tools: 8 s; the bound leaves a loaded machine room
             assert _completed(hanging) == 0  # alice's records are all still waiting on her executor

@@ -158,5 +158,6 @@ def test_the_sweeper_and_webhook_deliveries_stay_on_time_under_full_load(alice, 
         for func in ("batches.tasks.sweep", "webhooks.tasks.deliver_due"):
             task_id = async_task(func)
             took = wait_for(lambda: result(task_id) is not None, 10, f"{func} to run", every=0.02)  # noqa: B023 - called here
-            assert took < 2, f"{func} waited {took:.1f} s behind the engines"
+            # Behind the engines it would wait ~12 s (the batch); the bound leaves a loaded machine room.
+            assert took < 6, f"{func} waited {took:.1f} s behind the engines"
         assert status_of(batch) == "in_progress"

@@ -39,7 +39,8 @@ def test_a_paused_batch_claims_nothing_and_resumes_where_it_stopped(alice, model
         guardrails.pause_batch(fresh(batch))
         paused_at = time.monotonic()
         calls = _calls_settle(sim, batch)
-        assert time.monotonic() - paused_at < 1.0  # in-flight calls came back; nothing new went out
+        # In-flight calls came back (the engine polls pauses every 0.05 s; the bound is a loaded machine's).
+        assert time.monotonic() - paused_at < 5.0
         # Absence takes time to see: a few of the engine's polls (0.05 s each) pass with no call.
         time.sleep(0.5)
         assert sim.request_count == calls
@@ -47,8 +48,9 @@ def test_a_paused_batch_claims_nothing_and_resumes_where_it_stopped(alice, model
         assert done < 200 and fresh(batch).status == "in_progress"
         guardrails.resume_batch(fresh(batch))
         resumed_at = time.monotonic()
-        wait_for(lambda: sim.request_count > calls, 1.0, "calls again within 1 s of resume")
-        assert time.monotonic() - resumed_at < 1.0
+        # Resumed at the next poll; 5 s: a loaded machine's bound, where a missed resume never comes.
+        wait_for(lambda: sim.request_count > calls, 5.0, "calls again soon after resume")
+        assert time.monotonic() - resumed_at < 5.0
         wait_for(lambda: fresh(batch).status == "completed", 60, "the batch to complete")
     assert_exactly_once(batch, 200)
     assert sim.request_count == 200  # no record sent twice

@@ -53,6 +53,9 @@ BAD_PARAMS = [
     ("tool_choice.type", {"tool_choice": {"type": "sometimes"}}, "invalid_value"),
     ("tool_choice.name", {"tool_choice": {"type": "tool"}}, "invalid_type"),
     ("metadata", {"metadata": "user-1"}, "invalid_type"),
+    # Past the table: the anthropic SDK's published MessageCreateParams (openrelay.lib.request_schemas).
+    ("thinking.type", {"thinking": {"type": "banana"}}, "invalid_value"),
+    ("tools.0.input_schema", {"tools": [{"name": "weather", "input_schema": "any"}]}, "invalid_type"),
 ]
 
 

@@ -5,7 +5,7 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from batches.engine.calls import tallies
+from batches import tallies
 from batches.models import Batch, Record, Tally
 from tests.helpers import MODEL, chat, make_batch, make_persona, read_lines, status_of, wait_for
 

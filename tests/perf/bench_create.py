@@ -109,6 +109,7 @@ def _time_inserts(organization, file, batch):
 
 def _bench(path, size):
     from batches.services import create_batch
+    from batches.validation.params import CreateParams
     from openrelay.core.models import Deployment, Model, Organization
 
     organization = Organization.objects.create(name="bench")
@@ -123,9 +124,8 @@ def _bench(path, size):
     for attempt in range(REPEAT):
         with PeakRss() as rss:
             started = time.perf_counter()
-            batch = create_batch(
-                organization=organization, endpoint="/v1/chat/completions", input_file_id=file.public_id
-            )
+            params = CreateParams(endpoint="/v1/chat/completions", input_file_id=file.public_id)
+            batch = create_batch(organization=organization, params=params)
             create_times.append(time.perf_counter() - started)
         if attempt == 0:
             first_rss = rss  # later runs reuse memory the first one grew

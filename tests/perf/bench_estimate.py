@@ -121,7 +121,7 @@ def _accuracy(bench, Row, records):
     actual_s = row["completed_at"] - answered
     final = bench.api.client.get(f"/batches/{batch['id']}").json()
     tokens_err = quoted["input_tokens"]["total"] / final["usage"]["input_tokens"] - 1
-    cost_err = float(quoted["cost"]["expected"]) / float(final["usage"]["cost"]["total"]) - 1
+    cost_err = float(quoted["cost"]["expected"]) / float(final["openrelay"]["cost"]["total"]) - 1
     time_err = quoted["time"]["expected_duration_s"] / actual_s - 1
     detail = (
         f"{records:,} records on an 8-slot simulator, org B's {records:,} running "
@@ -147,8 +147,8 @@ def _accuracy(bench, Row, records):
         TARGETS["estimate_cost"],
         abs(cost_err) <= 0.15,
         f"{quoted['cost']['expected']} quoted ({quoted['output_tokens']['basis']}, "
-        f"{quoted['output_tokens']['history_records']} past records) vs {final['usage']['cost']['total']} USD",
-        {"quoted": quoted["cost"], "billed": final["usage"]["cost"]},
+        f"{quoted['output_tokens']['history_records']} past records) vs {final['openrelay']['cost']['total']} USD",
+        {"quoted": quoted["cost"], "billed": final["openrelay"]["cost"]},
     )
     bench.rows["estimate_time"] = Row(
         "estimate_time",

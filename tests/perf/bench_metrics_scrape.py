@@ -33,7 +33,7 @@ def fill():
     from django.db import connection
     from django.utils import timezone
 
-    from batches.engine.calls import tallies
+    from batches import tallies
     from batches.models import Batch, Engine, Record
     from openrelay.core.models import Deployment, Model, Organization
 

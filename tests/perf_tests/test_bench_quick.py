@@ -20,6 +20,7 @@ ROW_NAMES = (
     "create",
     "upload",
     "end to end",
+    "first batch",
     "first model call",
     "latency-bound",
     "finalize",

@@ -291,7 +291,7 @@ def check_batch(checks, name, raw, output, errors, delta, hidden, exact=True):
     if exact:
         checks.that(billed == counted, f"{name}: billed {billed} but llama-server counted {counted}")
     if raw["usage"]:
-        cost = raw["usage"]["cost"]
+        cost = raw["openrelay"]["cost"]
         expected_cached = usd(billed["cached"], PRICE_INPUT)  # no cached price: the input price
         checks.that(
             Decimal(cost["cached_input"]) == expected_cached.quantize(Decimal("1e-9")),
@@ -303,7 +303,7 @@ def check_batch(checks, name, raw, output, errors, delta, hidden, exact=True):
         "billed": billed,
         "llama_server_counted": counted,
         "implausible_usage": raw["openrelay"]["implausible_usage"],
-        "cost": raw["usage"]["cost"] if raw["usage"] else None,
+        "cost": raw["openrelay"]["cost"],
     }
 
 

@@ -76,13 +76,15 @@ def test_every_endpoint_body_validates_against_the_sdks_own_types(sim):
         ("completions", {"prompt": "hi"}, Completion),
         ("embeddings", {"input": ["a", "b"]}, CreateEmbeddingResponse),
         ("responses", {"input": "hi", "reasoning": {"effort": "low"}}, Response),
-        ("moderations", {"input": ["text", image]}, ModerationCreateResponse),
+        ("moderations", {"input": [{"type": "text", "text": "text"}, image]}, ModerationCreateResponse),
     ):
         answer = httpx.post(f"{sim.base_url}/{path}", json={"model": "m", **body})
         assert answer.status_code == 200, answer.text
         kind.model_validate(answer.json())  # raises on a missing or mistyped field
 
-    applied = httpx.post(f"{sim.base_url}/moderations", json={"model": "m", "input": ["text", image]}).json()
+    applied = httpx.post(
+        f"{sim.base_url}/moderations", json={"model": "m", "input": [{"type": "text", "text": "text"}, image]}
+    ).json()
     text_types, image_types = (result["category_applied_input_types"] for result in applied["results"])
     assert set(map(tuple, text_types.values())) == {("text",)}
     assert image_types["violence"] == ["image"] and image_types["hate"] == []

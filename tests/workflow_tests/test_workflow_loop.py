@@ -88,14 +88,15 @@ def test_it_completes_with_any_json_output_or_none(sim, callback):
 def test_it_runs_a_steps_requests_concurrently(sim, callback):
     callback.answer(
         [
-            cont(*((f"p{i}", chat(f"page {i} [[latency:300]]")) for i in range(3))),
+            cont(*((f"p{i}", chat(f"page {i} [[latency:1000]]")) for i in range(3))),
             COMPLETED,
         ]
     )
     outcome = run_workflow(sim, workflow_body(callback.url, context=["ctx"]))
     first, second = callback.calls
     step_took = second.received_at - first.answered_at
-    assert 0.3 <= step_took < 0.9, f"three 300 ms requests took {step_took:.3f}s: not concurrent"
+    # One after another they take 3 s; together 1 s, and the bound leaves a loaded machine room.
+    assert 1.0 <= step_took < 2.5, f"three 1 s requests took {step_took:.3f}s: not concurrent"
     assert [p["step"] for p in callback.payloads] == [1, 2]
     assert [p["context"] for p in callback.payloads] == [["ctx"], ["ctx"]]
     results = second.payload["results"]

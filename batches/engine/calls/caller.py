@@ -26,8 +26,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from batches import endpoints
-from batches.engine.calls import messages, tallies
+from batches import endpoints, tallies
+from batches.engine.calls import messages
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
@@ -296,7 +296,16 @@ class ModelCaller:
     """
 
     def __init__(
-        self, upstreams, *, time_limit_s, retries, backoff_base_s=0.25, gate=None, health=None, idle_timeout_s=None
+        self,
+        upstreams,
+        *,
+        time_limit_s,
+        retries,
+        backoff_base_s=0.25,
+        gate=None,
+        health=None,
+        idle_timeout_s=None,
+        leased=None,
     ):
         if not upstreams and gate is None:
             raise ValueError("a model needs at least one deployment")
@@ -315,6 +324,9 @@ class ModelCaller:
         self._cut = set()  # tasks the watchdog cancelled at their limit
         self._watchdog = None
         self._ticket = Ticket(0, 0)  # for calls made without one (tests, tools)
+        # Whether the engine still holds its records (batches.engine.leases.Leases.live): a call
+        # is not sent without it. A clock check, no database.
+        self.leased = leased
 
     @property
     def upstreams(self):
@@ -369,6 +381,8 @@ class ModelCaller:
             try:
                 if ticket.held:
                     raise Held  # its batch paused while the call waited for a slot: not sent
+                if self.leased is not None and not self.leased():
+                    raise Held  # the engine's leases are in doubt: another engine may run this record
                 result = await self._attempt(upstream, endpoint, body)
             except BaseException:
                 self.gate.release(ticket, upstream)

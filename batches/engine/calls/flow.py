@@ -37,9 +37,9 @@ import logging
 import math
 import time
 from collections import defaultdict, deque
-from typing import NamedTuple
 
 from batches.engine.calls.transport import TransportError
+from batches.figures import Figures
 
 logger = logging.getLogger("openrelay.engine")
 
@@ -59,23 +59,6 @@ KV_FULL = 0.95
 WAITING = ("vllm:num_requests_waiting", "llamacpp:requests_deferred")
 RUNNING = ("vllm:num_requests_running", "llamacpp:requests_processing")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:kv_cache_usage_ratio")
-
-
-class Figures(NamedTuple):
-    """What an engine publishes of one deployment with each heartbeat (batches.engine.calls.tallies.take),
-    stored as a JSON list on its Engine row: the operator page and GET /metrics sum them over the
-    live engines, and the other engines level their limits with `limit` (peer_limits)."""
-
-    in_flight: int  # calls in flight there now
-    calls: int  # calls of the last minute
-    failed: int  # of those, failed (batches.engine.calls.callcount)
-    limit: int | None  # this engine's adaptive limit there; None once its lane has closed
-
-    @classmethod
-    def stored(cls, figures):
-        """The figures as an Engine row holds them (an older engine published three: no limit)."""
-        in_flight, calls, failed, limit = (list(figures) + [0, 0, 0, None][len(figures) :])[:4]
-        return cls(in_flight, calls, failed, limit)
 
 
 def peer_limits(live, owner):

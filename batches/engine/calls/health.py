@@ -40,6 +40,9 @@ They are
 - a run of 500s judged the deployment's: a proxy whose upstream is dead
   answers so (LiteLLM: 500 "Connection error"), while its own /models
   answers 200;
+- any run whose neutral request the server failed with an HTTP answer (a
+  5xx, a refusal): it talks HTTP, so its /models may answer 200 all the same
+  (a run begun by a dropped call behind that proxy);
 - a probe answered 404/405 (no models route: it proves nothing).
 
 Each engine keeps its own view (it learns from its own calls) and writes
@@ -168,28 +171,44 @@ async def probe(upstream):
 async def ask(upstream):
     """Send the neutral request: "" when the server answered it (any answer but a failed server's),
     None when that says nothing (busy, or no answer within ASK_TIMEOUT_S), else why it failed."""
+    return (await _ask(upstream)).problem
+
+
+class Asked:
+    """What the neutral request came to: `problem` as `ask` gives it; `answered`: the server
+    failed it with an HTTP answer (a 5xx, a refusal), so it talks HTTP and its /models may
+    answer 200 all the same: only another neutral request can tell when it serves again."""
+
+    __slots__ = ("problem", "answered")
+
+    def __init__(self, problem, answered=False):
+        self.problem = problem
+        self.answered = answered
+
+
+async def _ask(upstream):
     try:
         head = upstream.head(NEUTRAL_PATH)
     except ValueError as exc:
-        return f"The model server's settings are not usable: {exc}."
+        return Asked(f"The model server's settings are not usable: {exc}.")
     body = orjson.dumps({"model": upstream.upstream_model, **NEUTRAL_REQUEST})
     try:
         async with asyncio.timeout(ASK_TIMEOUT_S):
             response = await upstream.origin.post(head, body)
     except TimeoutError:
-        return None
+        return Asked(None)
     except (TransportError, OSError) as exc:
-        return f"The model server failed a neutral request: {_transport_reason(exc)}."
+        return Asked(f"The model server failed a neutral request: {_transport_reason(exc)}.")
     status = response.status
     if status == 429 or (status == 503 and response.headers.get("retry-after")):
-        return None
+        return Asked(None)
     if status in REFUSED_STATUSES or (status >= 500 and status not in FINAL_SERVER_STATUSES):
         try:
             parsed = orjson.loads(response.body)
         except orjson.JSONDecodeError:
             parsed = None
-        return _reason(status, parsed)
-    return ""
+        return Asked(_reason(status, parsed), answered=True)
+    return Asked("")
 
 
 class Health:
@@ -276,17 +295,21 @@ class Health:
 
     async def _judge_run(self, gate, upstream, run, reason):
         try:
-            problem = await ask(upstream)
+            asked = await _ask(upstream)
         except Exception:  # the run's records wait for a verdict: an unforeseen error must still give one
             logger.exception("the neutral request to %s failed unexpectedly", upstream.base_url)
-            problem = None
+            asked = Asked(None)
+        problem = asked.problem
         if self._runs.get(upstream) is not run:
             return  # a 2xx, an ejection or another engine's verdict came first
         if problem or (problem is None and len(run.orgs) > 1):
             self._forgive(run)
             calls = len({id(f) for f in run.faults})
-            # Out until a neutral request succeeds if it drew 500s (its /models may answer all the same).
-            canary = bool(run.forgivable)
+            # Out until a neutral request succeeds if the run drew 500s or the neutral request an HTTP
+            # failure: its /models may answer all the same. Issue 55: a run begun by a dropped call,
+            # whose neutral request drew a dead upstream's 500, left for the probe; /models put it back
+            # at once, and the 500s its records drew meanwhile counted (1 of 50 written off).
+            canary = bool(run.forgivable) or asked.answered
             self.failed(gate, upstream, f"{reason} (to {calls} requests in a row, and to a neutral request)", canary)
         elif problem == "":
             self._blame(upstream, run)

@@ -3,7 +3,7 @@
 Two figures, two homes:
 - `Engine.calls` (the operator page and GET /metrics sum the live engines'
   rows): each deployment's calls in flight here, those of the last minute
-  (batches.engine.calls.callcount) and the adaptive limit here, as fresh as the
+  (batches.callcount) and the adaptive limit here, as fresh as the
   heartbeat (0.5 s);
 - `Tally` rows (GET /metrics): running totals of what leaves no row of its
   own: model calls by deployment and answer class, their durations (a
@@ -32,8 +32,8 @@ from collections import Counter, defaultdict
 
 from django.db import connection
 
-from batches.engine.calls.callcount import CallCount, deployment_failed
-from batches.engine.calls.flow import Figures
+from batches.callcount import CallCount, deployment_failed
+from batches.figures import Figures
 from batches.models import Engine, Tally
 
 # Model calls take 10 ms (a small model, warm) to the 30-minute limit.

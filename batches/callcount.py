@@ -14,7 +14,7 @@ WINDOW_S = 60
 
 
 def deployment_failed(answer, status_code):
-    """`answer`: batches.engine.calls.tallies.answer_class of the call."""
+    """`answer`: batches.tallies.answer_class of the call."""
     return answer in ("failed", "time_limit", "5xx") or status_code in (401, 403)
 
 
