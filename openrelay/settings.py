@@ -358,12 +358,16 @@ OPENRELAY_BUDGET_REFRESH_S = envfloat("OPENRELAY_BUDGET_REFRESH_S", 1.0, minimum
 # A stopping engine (SIGTERM) lets calls in flight finish for this long, then hands the rest back.
 OPENRELAY_STOP_GRACE_S = envfloat("OPENRELAY_STOP_GRACE_S", 30.0, minimum=0)
 # Adaptive concurrency (batches/engine/calls/flow.py): a deployment's max_concurrency is a
-# ceiling; each engine's limit starts at START, stays at or above FLOOR, and backs off
-# when calls take more than TOLERANCE x their baseline. Off: the limit is the ceiling.
+# ceiling; the engines' limits start at START (split over the live engines), stay at or above
+# FLOOR, hold the calls estimated waiting inside the server to QUEUE_LINE of those in flight
+# (0: off), back off when calls take more than TOLERANCE x their baseline, and stay under
+# what a 503 showed for CEILING_HOLD_S (0: off). Off: the limit is the ceiling.
 OPENRELAY_ADAPTIVE_CONCURRENCY = envbool("OPENRELAY_ADAPTIVE_CONCURRENCY", True)
 OPENRELAY_CONCURRENCY_FLOOR = envint("OPENRELAY_CONCURRENCY_FLOOR", 1, minimum=1)
 OPENRELAY_CONCURRENCY_START = envint("OPENRELAY_CONCURRENCY_START", 16, minimum=1)
 OPENRELAY_LATENCY_TOLERANCE = envfloat("OPENRELAY_LATENCY_TOLERANCE", 2.0, minimum=1.1)
+OPENRELAY_QUEUE_LINE = envfloat("OPENRELAY_QUEUE_LINE", 0.25, minimum=0)
+OPENRELAY_CEILING_HOLD_S = envfloat("OPENRELAY_CEILING_HOLD_S", 30.0, minimum=0)
 # Prefix-aware dispatch (batches/engine/prefixes.py): records whose prompts share their
 # first PREFIX_BYTES bytes are sent together (0: off), from a claim-ahead of PREFIX_WINDOW.
 OPENRELAY_PREFIX_BYTES = envint("OPENRELAY_PREFIX_BYTES", 1024, minimum=0)

@@ -27,6 +27,8 @@ class EngineConfig:
     concurrency_floor: int
     concurrency_start: int
     latency_tolerance: float
+    queue_line: float  # the calls estimated waiting in the server, as a share of those in flight (0: off)
+    ceiling_hold_s: float  # a 503's ceiling holds the limit this long (0: off)
     max_answer_bytes: int  # a model answer larger than this is a failed server
     idle_timeout_s: float  # a model answer that stops this long is a failed server
     contract_checkers: int  # checker processes (output contracts) one engine may start (checks.py)
@@ -48,6 +50,8 @@ class EngineConfig:
             concurrency_floor=settings.OPENRELAY_CONCURRENCY_FLOOR,
             concurrency_start=settings.OPENRELAY_CONCURRENCY_START,
             latency_tolerance=settings.OPENRELAY_LATENCY_TOLERANCE,
+            queue_line=settings.OPENRELAY_QUEUE_LINE,
+            ceiling_hold_s=settings.OPENRELAY_CEILING_HOLD_S,
             max_answer_bytes=settings.OPENRELAY_MAX_MODEL_RESPONSE_BYTES,
             idle_timeout_s=settings.OPENRELAY_MODEL_IDLE_TIMEOUT_S,
             contract_checkers=settings.OPENRELAY_CONTRACT_CHECKERS,

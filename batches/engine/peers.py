@@ -132,6 +132,9 @@ class Peers:
                     deployment_id=row["pk"],
                     config=self.config,
                     messages_api=row["messages_api"],
+                    # The start is the deployment's, not each engine's: two engines starting at
+                    # 16 each sent 32, a 16-slot server's whole queue (issue 55).
+                    start=max(1, split(self.config.concurrency_start, self.rank + index, self.engines)),
                 )
             upstream.concurrency = max(1, row["max_concurrency"])
             # Offset by the deployment's place, so the engines that take one slot more

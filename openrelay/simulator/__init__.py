@@ -22,6 +22,9 @@ Endpoints
 - `POST /_sim/reset`: forget the recorded calls and the per-body counters
   (and zero the capacity model's figures, empty its prefix cache).
 - `GET /_sim/stats`: the capacity model's figures (see "Capacity model").
+- `GET /_sim/calls`: `{"total", "by_peer", "in_flight", "in_flight_by_peer", "max_in_flight"}`, the model
+  calls in all and by the client's address, those in the server now and the most at
+  once since the last reset (tests of many hosts count a cut host's calls by it).
 - `GET /metrics`: only with `metrics` set (404 otherwise, as before).
 - `POST /tokenize` and `POST /v1/chat/completions/input_tokens`: only with
   `tokenizer` set. "vllm": vLLM's /tokenize (`messages` or `prompt` ->

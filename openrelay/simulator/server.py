@@ -142,7 +142,11 @@ class ModelServer:
         self._parked: set[asyncio.Task[Any]] = set()
 
     async def model_call(self, request: web.Request) -> web.StreamResponse:
-        response = await self._model_call(request)
+        self.state.entered(request.remote)
+        try:
+            response = await self._model_call(request)
+        finally:
+            self.state.left(request.remote)
         if request.path == MESSAGES_PATH and response.status >= 400 and isinstance(response, web.Response):
             anthropic_error(response)
         return response
@@ -156,7 +160,7 @@ class ModelServer:
             body = None
         # An unparsable body is recorded as text: tests want to see what came.
         recorded = body if body is not None else raw.decode(errors="replace")
-        self.state.record(request.path, request.headers, recorded)
+        self.state.record(request.path, request.headers, recorded, request.remote)
         if not self._authorized(request):
             return json_response(error_envelope(401, "Invalid API key."), 401)
         if not isinstance(body, dict):
@@ -287,6 +291,9 @@ class ModelServer:
     async def stats(self, request: web.Request) -> web.Response:
         return json_response(self.capacity.stats())
 
+    async def calls(self, request: web.Request) -> web.Response:
+        return json_response(self.state.calls())
+
     async def metrics(self, request: web.Request) -> web.StreamResponse:
         # llama-server asks for its API key on /metrics; vLLM's key guards /v1 only.
         if self.config.metrics == "llamacpp" and not self._authorized(request):
@@ -359,6 +366,7 @@ def build_app(config: SimulatorConfig | None = None) -> web.Application:
     app.router.add_get("/_sim/requests", server.recorded_requests)
     app.router.add_post("/_sim/reset", server.reset)
     app.router.add_get("/_sim/stats", server.stats)
+    app.router.add_get("/_sim/calls", server.calls)
     if server.config.metrics:
         app.router.add_get("/metrics", server.metrics)
     if server.config.tokenizer:

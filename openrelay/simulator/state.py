@@ -32,19 +32,52 @@ class SimulatorState:
     def __init__(self, config: SimulatorConfig):
         self.config = config
         self.request_count = 0
+        # Model calls by the client's address, and how many are in the server at once (its most since the
+        # last reset): a test of many hosts counts a cut host's calls and a limit held across hosts by them.
+        self.calls_by_peer: dict[str, int] = {}
+        self.in_flight = 0
+        self.in_flight_by_peer: dict[str, int] = {}
+        self.max_in_flight = 0
         self._lock = threading.Lock()
         self._recorded: deque[dict[str, Any]] = deque(maxlen=max(1, config.record_limit))
         self._seen: OrderedDict[bytes, int] = OrderedDict()
 
-    def record(self, path: str, headers: Mapping[str, str], body: Any) -> None:
-        """Count the call; keep it (secret headers left out) when recording."""
+    def record(self, path: str, headers: Mapping[str, str], body: Any, peer: str | None = None) -> None:
+        """Count the call (and by `peer`, the client's address); keep it (secret headers left out) when recording."""
         with self._lock:
             self.request_count += 1
+            if peer is not None:
+                self.calls_by_peer[peer] = self.calls_by_peer.get(peer, 0) + 1
             if self.config.record:
                 # `at`: when it came (time.monotonic(); tests in the same process time re-sends by it).
                 self._recorded.append(
                     {"path": path, "headers": recordable_headers(headers), "body": body, "at": time.monotonic()}
                 )
+
+    def entered(self, peer: str | None) -> None:
+        with self._lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+            if peer is not None:
+                self.in_flight_by_peer[peer] = self.in_flight_by_peer.get(peer, 0) + 1
+
+    def left(self, peer: str | None) -> None:
+        with self._lock:
+            self.in_flight -= 1
+            if peer is not None:
+                self.in_flight_by_peer[peer] -= 1
+
+    def calls(self) -> dict[str, Any]:
+        """What `GET /_sim/calls` answers: the calls in all and by client address, those in the server now
+        (in all and by address) and the most at once."""
+        with self._lock:
+            return {
+                "total": self.request_count,
+                "by_peer": dict(self.calls_by_peer),
+                "in_flight": self.in_flight,
+                "in_flight_by_peer": {peer: n for peer, n in self.in_flight_by_peer.items() if n},
+                "max_in_flight": self.max_in_flight,
+            }
 
     def requests(self, path: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
@@ -65,6 +98,8 @@ class SimulatorState:
             self._recorded.clear()
             self._seen.clear()
             self.request_count = 0
+            self.calls_by_peer.clear()
+            self.max_in_flight = self.in_flight
 
 
 def recordable_headers(headers: Mapping[str, str]) -> dict[str, str]:

@@ -47,7 +47,7 @@ def test_after_an_overload_the_limit_grows_by_one_a_window():
 
 
 def test_calls_taking_longer_than_the_tolerance_over_their_baseline_shrink_the_limit():
-    flow = FlowControl(128, start=8, tolerance=2.0)
+    flow = FlowControl(128, start=8, tolerance=2.0, line=0)  # the tolerance alone
     answer_window(flow, 0.2, now=0)  # the baseline: 0.2 s
     while flow.slow_start and flow.limit < 128:
         answer_window(flow, 0.25, now=1)
@@ -58,6 +58,78 @@ def test_calls_taking_longer_than_the_tolerance_over_their_baseline_shrink_the_l
     shrunk = flow.limit
     answer_window(flow, 0.3, now=3)  # within the tolerance again: grows back, one a window
     assert flow.limit == shrunk + 1
+
+
+def test_the_calls_estimated_waiting_in_the_server_are_held_to_the_line():
+    """Issue 55: a server whose queue is no longer than its slots refuses before its calls take 2x
+    their baseline, so the tolerance never fired. 16 slots, 0.2 s a call: 20 in flight take 0.25 s
+    (4 wait: 20 x (1 - 0.2/0.25)), past a line of a quarter of 20 (5)? No; 24 take 0.3 s (8 wait,
+    past a line of 6): shrink by the 2 past it; back under the line, grow a call a window."""
+    flow = FlowControl(128, start=24, line=0.25)
+    flow.overloaded(sent_at=0, now=0)  # out of slow start: the limit is 16
+    answer_window(flow, 0.2, now=1)  # the baseline
+    flow.value = 24.0
+    flow._clamp()
+    answer_window(flow, 0.3, now=2)  # 1.5x: under the tolerance, 8 waiting past a line of 6
+    assert flow.limit == 22
+    answer_window(flow, 0.25, now=3)  # 1.25x: 4.4 of 22 waiting, under a line of 5.5
+    assert flow.limit == 23
+
+
+def test_without_a_line_the_tolerance_alone_steers():
+    flow = FlowControl(128, start=24, line=0)
+    flow.overloaded(sent_at=0, now=0)
+    answer_window(flow, 0.2, now=1)
+    before = flow.limit
+    answer_window(flow, 0.3, now=2)
+    assert flow.limit == before + 1  # 1.5x the baseline, under the tolerance of 2: it grows
+
+
+def test_a_503_teaches_a_ceiling_held_for_the_hold_then_probed_again():
+    """The calls in flight when a refused call was sent, less one, hold the limit for `hold_s`
+    whatever the answers say; after a hold without a 503 it grows past them again."""
+    flow = FlowControl(64, start=40, hold_s=30)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=20)
+    assert flow.learned == 19
+    assert flow.limit == 19  # the backoff (28) or the ceiling, whichever is lower
+    for step in range(20):  # fast, full windows for most of the hold: no growth past 19
+        answer_window(flow, 0.2, now=2 + step)
+    assert flow.limit == 19
+    answer_window(flow, 0.2, now=31.5)  # the hold (1.0 + 30) is over: one more a window again
+    assert flow.learned is None and flow.limit == 20
+    answer_window(flow, 0.2, now=32)
+    assert flow.limit == 21
+
+
+def test_every_503_of_a_burst_counts_the_lowest_is_the_ceiling():
+    flow = FlowControl(64, start=16, hold_s=30)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=18)
+    flow.overloaded(sent_at=0.9, now=1.01, status=503, sent_with=17)  # sent before the cut: no second cut
+    assert flow.learned == 16
+    flow.overloaded(sent_at=5.0, now=5.0, status=429, sent_with=3)  # a rate limit teaches no ceiling
+    assert flow.learned == 16
+    flow.overloaded(sent_at=40.0, now=40.0, status=503, sent_with=12)  # a later hold starts afresh
+    assert flow.learned == 11
+
+
+def test_without_a_hold_a_503_only_backs_off():
+    flow = FlowControl(64, start=20, hold_s=0)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=20)
+    assert flow.learned is None and flow.limit == int(20 * BACKOFF)
+
+
+def test_a_held_engine_does_not_level_and_its_ceiling_follows_its_part():
+    flow = FlowControl(32, start=16, hold_s=30)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=9)
+    assert flow.limit == 8
+    answer_window(flow, 0.2, now=2)
+    assert flow.limit == 8
+    flow.level_with(2)  # another engine's limit: the held one stays where the server put it
+    assert flow.limit == 8
+    flow.set_ceiling(64)  # the other engine left: this one's part of the server doubles
+    assert flow.learned == 16
+    flow.absorb(4, in_flight=8)  # a dead engine's 4 calls, which the server held too
+    assert flow.learned == 20 and flow.limit == 12
 
 
 def test_a_fast_servers_jitter_is_not_a_queue():

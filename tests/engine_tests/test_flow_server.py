@@ -101,6 +101,9 @@ def test_the_servers_waiting_count_steers_the_limit_when_it_publishes_one(adapti
 
 def test_the_limit_grows_back_once_the_server_stops_pushing_back(adaptive):
     adaptive.OPENRELAY_CONCURRENCY_START = 16
+    # The growth after 429s alone: this server runs in the test's own process, where each call in
+    # flight slows every other (one GIL), which the line may read as calls waiting.
+    adaptive.OPENRELAY_QUEUE_LINE = 0
     with run_in_thread(SimulatorConfig(record=False, latency_ms=20, retry_after_s=0.01)) as server:
         upstream = Upstream(server.base_url, "m", "", 32)
         run(upstream, [chat(f"busy {i} [[status:429x1]]") for i in range(64)], callers=32)
@@ -148,3 +151,65 @@ def test_two_organizations_share_an_adapting_model_evenly(alice, model, adaptive
     assert alice_done <= 1200, alice_done
     assert stats["max_running"] == 8
     assert 4 <= limit <= 32, limit  # the two engines' limits together, adapted well below 64
+
+
+def _refusals(adaptive, hold_s):
+    """4 slots and no queue (a 5th call is refused at once), 64 callers, max_concurrency 64: the
+    upstream after a first 300 calls, and the 503s of the next 600."""
+    adaptive.OPENRELAY_CONCURRENCY_START = 2
+    adaptive.OPENRELAY_CEILING_HOLD_S = hold_s
+    with capacity_server(slots=4, queue_limit=0) as server:
+        upstream = Upstream(server.base_url, "m", "", 64)
+        first = run(upstream, [chat(f"a{i} [[tokens:10]]") for i in range(300)], callers=64, retries=50)
+        learned, before = upstream.flow.learned, server.stats()["rejected"]
+        second = run(upstream, [chat(f"b{i} [[tokens:10]]") for i in range(600)], callers=64, retries=50)
+        stats = server.stats()
+    assert all(result.ok for result in first + second)  # a refused call waits its Retry-After and goes again
+    assert before > 0  # the first calls found where the server refuses
+    return upstream, learned, stats["rejected"] - before
+
+
+def test_a_503_teaches_a_ceiling_the_limit_is_not_probed_past_for_the_hold(adaptive):
+    """Issue 55: AIMD alone saws into the server's refusals, one each time it grows back; a 503's
+    ceiling (the calls in flight less one) holds the limit at the server's slots for the hold."""
+    upstream, learned, later = _refusals(adaptive, hold_s=600)
+    assert learned is not None and learned >= 4  # at least the slots: only a 5th call is refused
+    assert upstream.share <= upstream.flow.learned <= learned
+    assert later <= 2, later  # was 10-40 (AIMD re-probing every few windows: the next test)
+
+
+def test_without_a_hold_aimd_probes_into_refusals_again_and_again(adaptive):
+    upstream, learned, later = _refusals(adaptive, hold_s=0)
+    assert learned is None
+    assert later >= 5, later
+
+
+def test_the_start_is_split_over_the_live_engines(alice, model, adaptive):
+    """Issue 55: each engine started at OPENRELAY_CONCURRENCY_START, so two engines sent 32 calls
+    to a server a start of 16 was chosen for. 3 s calls: the first round is all the start's."""
+    from batches.models import Engine as EngineRow
+    from tests.engine_tests.test_shares import Engines, _peak_tracking_simulator
+    from tests.helpers import chat as record
+    from tests.helpers import make_batch, status_of, wait_for
+
+    adaptive.OPENRELAY_CONCURRENCY_START = 16  # the default
+    with _peak_tracking_simulator(3000) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=64)
+        with Engines(2) as engines:
+            # Both engines must count each other before the batch opens their lanes.
+            wait_for(lambda: all(e.peers.engines == 2 for e in engines.engines), 30, "the engines to see each other")
+            assert EngineRow.objects.count() == 2
+            batch = make_batch(alice.org, [record(f"r{i}") for i in range(64)])
+
+            def starts():
+                return [
+                    upstream.flow.start
+                    for engine in engines.engines
+                    for lane in list(engine.peers.lanes.values())
+                    for upstream in list(lane.upstreams.values())
+                ]
+
+            wait_for(lambda: len(starts()) == 2, 30, "both engines to open the model's lane")
+            opened = starts()
+            wait_for(lambda: status_of(batch) == "completed", 60, "the batch")
+    assert sorted(opened) == [8, 8], opened  # was [16, 16]

@@ -47,6 +47,10 @@ The measurements of issue 12 and the engine's (targets in TARGETS):
     cluster (150 ms x 64 model): the worst batch's create answer -> its first
     record finished, and the largest worker's peak RSS against one 100-record
     batch's run.
+18. refusals at the defaults (issue 55, `--only refusals`): three 16-slot servers (no queue, a queue as
+    long as the slots, 4x that), max_concurrency 256, one and two 2-worker clusters, with and without
+    the server's /metrics: the rate against the server's maximum and its 503s, before (issue 55's
+    rules) beside after;
 15. big answers (issue 42, only with --only big_answers): 16 embeddings answers of 2,048 x 3,072 floats
     (~134 MB of JSON each) on the 2-worker cluster with the default answer
     budget and flush size, organization B's 20 records beside them: all
@@ -134,6 +138,7 @@ TARGETS = {
     "many": "< 2 s, RSS within 20%",
     "flow_high": ">= 95% of max, <= 1% 503s",
     "flow_low": ">= 90% of max within 30 s",
+    "flow_refusals": ">= 95% of max, <= 0.3% 503s, none failed",
     "prefix": ">= 1.5x faster, >= 3x cached share",
     "big_answers": "all finish, worker < 3 GB, B < 30 s",
     "contracts_reask": "100% valid after 1 re-ask, error file exact",
@@ -154,14 +159,15 @@ PARTS = {
     "recovery": ("recovery",),
     "many": ("many_batches",),
     "flow": ("flow_too_high", "flow_too_low"),
+    "refusals": ("flow_refusals",),
     "prefix": ("prefix_aware",),
     "big_answers": ("big_answers",),
     "contracts": ("contracts_reask", "contracts_throughput"),
     "estimate": ("estimates",),
 }
 # Parts a run without --only leaves out: big_answers takes ~20 minutes and ~7 GB at full size;
-# contracts (issue 38) runs 120,000 records at full size.
-OPT_IN = ("big_answers", "contracts")
+# contracts (issue 38) runs 120,000 records at full size; refusals (issue 55) 24 runs, ~20 minutes.
+OPT_IN = ("big_answers", "contracts", "refusals")
 
 
 @dataclass
@@ -1389,6 +1395,11 @@ class Bench:
         from tests.perf.bench_flow import FlowRuns
 
         FlowRuns(self).too_low()
+
+    def flow_refusals(self):
+        from tests.perf.bench_flow import FlowRuns
+
+        FlowRuns(self).refusals()
 
     def prefix_aware(self):
         from tests.perf.bench_flow import FlowRuns

@@ -1,4 +1,4 @@
-"""The bench's flow-control rows (12-14): adaptive concurrency and prefix-aware dispatch, against the
+"""The bench's flow-control rows (12-14, 18): adaptive concurrency and prefix-aware dispatch, against the
 simulator's capacity model (openrelay.simulator: N decode slots, a queue, a prefix cache).
 
 Each run starts its own simulator with the shape below, registers a model on it through the bench's
@@ -8,6 +8,8 @@ database, runs one batch through a fresh cluster and reads the simulator's own f
 
 import asyncio
 import random
+import signal
+import threading
 import time
 
 import httpx
@@ -27,6 +29,28 @@ FLOW_SECONDS = 30  # each flow run's length at the server's capacity
 # Row 14: 20 system prompts shuffled through the batch; the server's prefix cache holds four of them.
 PREFIX_PROMPTS, PREFIX_PROMPT_TOKENS, PREFIX_CACHE_PROMPTS = 20, 1_000, 4
 PREFIX_PREFILL_MS, PREFIX_OUTPUT_TOKENS = 0.05, 16
+# Row 18 (issue 55): refusals at the defaults. max_concurrency far above three 16-slot servers (no queue,
+# a queue as long as its slots, 4x that), one cluster of two workers and two of them; each run before
+# (the issue's rules: no line, no learned ceiling, the start per engine) beside after, in turn.
+REFUSAL_QUEUES = (("no queue", 0), ("queue = slots", SLOTS), ("queue 4x slots", 4 * SLOTS))
+REFUSAL_PATHS = ("", "vllm")  # the latency rules alone; the server's /metrics read
+REFUSAL_CLUSTERS = (1, 2)
+REFUSAL_WHENS = ("before", "after")
+REFUSAL_CEILING = 256
+REFUSAL_SECONDS = 30  # row 12's length
+REFUSAL_SETTLED_S = 5.0  # 503s after this long are the steady state's, not slow start's probe
+REFUSAL_WORKERS = 2  # OPENRELAY_Q_WORKERS' default: a cluster is two engines
+DEFAULT_START = 16  # OPENRELAY_CONCURRENCY_START's default
+
+
+def before_env(clusters):
+    """The engines as issue 55 measured them: no line (latency tolerance alone), no learned ceiling, and
+    the start taken by every engine (here: the default start times the engines, split over them)."""
+    return {
+        "OPENRELAY_QUEUE_LINE": "0",
+        "OPENRELAY_CEILING_HOLD_S": "0",
+        "OPENRELAY_CONCURRENCY_START": str(DEFAULT_START * REFUSAL_WORKERS * clusters),
+    }
 
 
 def _flow_config(**kw):
@@ -129,23 +153,30 @@ class FlowRuns:
             "0.80",
         )
 
-    def _run(self, name, url, concurrency, bodies, timeout_s, sample=None, **cluster_env):
-        """One batch of `bodies` on a fresh 2-worker cluster; (seconds from create's answer to completed, batch row)."""
+    def _run(self, name, url, concurrency, bodies, timeout_s, sample=None, clusters=1, **cluster_env):
+        """One batch of `bodies` on `clusters` fresh 2-worker clusters; (seconds from create's answer to
+        completed, batch row)."""
         bench = self.bench
         bench.release_shared()  # a cluster another run left up would share the batch (and outlive this one's stop)
         self._model(name, url, concurrency)
         path = bench.tmp / f"{name.replace('/', '-')}.jsonl"
         _write(path, bodies, name)
         file_id, _ = bench.api.upload(path)
-        cluster = self.stack.start_cluster(2, **cluster_env)
+        started = []
         try:
+            for _ in range(clusters):
+                started.append(self.stack.start_cluster(REFUSAL_WORKERS, **cluster_env))
             httpx.post(f"{url}/_sim/reset", timeout=10)
             batch, _, answered = bench.api.create(file_id)
             if sample is not None:
                 sample(batch["id"], answered)
             row = bench.wait_done(batch["id"], timeout_s)
         finally:
-            self.stack.stop_cluster(cluster)
+            for cluster in started:  # all at once: stop_cluster waits until no engine at all is live
+                if cluster.poll() is None:
+                    cluster.send_signal(signal.SIGTERM)
+            for cluster in started:
+                self.stack.stop_cluster(cluster)
         return row["completed_at"] - answered, batch["id"], row
 
     def finishing_rate(self, public_id, records):
@@ -322,3 +353,104 @@ class FlowRuns:
                 "prefix_aware": {"seconds": aware_s, "cached_share": aware_share},
             },
         )
+
+    # 18: refusals at the defaults (issue 55)
+    def refusals(self):
+        """Each server x each path (latency, vLLM /metrics) x one and two clusters: before beside after."""
+        bench = self.bench
+        prompt = f"Summarise the ticket. [[tokens:{OUTPUT_TOKENS}]]"
+        capacity = capacity_per_second(_flow_config(), count_tokens(prompt), OUTPUT_TOKENS)
+        records = max(200, int(capacity * (4 if bench.scale.quick else REFUSAL_SECONDS)))
+        bodies = [{"messages": [{"role": "user", "content": f"{prompt} #{i}"}]} for i in range(records)]
+        runs = {}  # (server, path, clusters, "before"/"after") -> figures
+        for server, queue in REFUSAL_QUEUES:
+            for metrics in REFUSAL_PATHS:
+                config = SimulatorConfig(
+                    slots=SLOTS,
+                    queue_limit=queue,
+                    prefill_ms_per_token=PREFILL_MS,
+                    decode_ms_per_token=DECODE_MS,
+                    decode_contention=CONTENTION,
+                )
+                name = f"refuse-q{queue}{metrics}"
+                url = self.stack.start_simulator(0, extra=_argv(config, metrics), name=name)
+                maximum = server_maximum(url, bodies[: max(200, records // 3)], "sim", SLOTS + queue // 2)
+                path = metrics or "latency"
+                for clusters in REFUSAL_CLUSTERS:
+                    for when in REFUSAL_WHENS:
+                        env = before_env(clusters) if when == "before" else {}
+                        early = {}
+
+                        def sample(public_id, answered, url=url, early=early):
+                            # The server's 503s once slow start is over: read in a thread, as _run waits.
+                            def read():
+                                time.sleep(max(0.0, answered + REFUSAL_SETTLED_S - time.time()))
+                                early["rejected"] = _stats(url)["rejected"]
+
+                            early["thread"] = threading.Thread(target=read, daemon=True)
+                            early["thread"].start()
+
+                        _, public_id, row = self._run(
+                            f"bench/{name}-{clusters}-{when}",
+                            url,
+                            REFUSAL_CEILING,
+                            bodies,
+                            120 + 4 * records / capacity,
+                            sample=sample,
+                            clusters=clusters,
+                            **env,
+                        )
+                        early["thread"].join()
+                        stats = _stats(url)
+                        calls = stats["completed"] + stats["rejected"]
+                        rate = self.finishing_rate(public_id, records)
+                        runs[(server, path, clusters, when)] = {
+                            "share": rate / maximum,
+                            "rejected_share": stats["rejected"] / max(1, calls),
+                            "rejected": stats["rejected"],
+                            "rejected_settled": stats["rejected"] - early.get("rejected", 0),
+                            "calls": calls,
+                            "max_waiting": stats["max_waiting"],
+                            "rate": rate,
+                            "maximum": maximum,
+                            "failed": row["failed"],
+                        }
+                        bench.report(
+                            f"18: {server}, {path}, {clusters} cluster(s), {when}: {rate:.0f}/s of {maximum:.0f}/s "
+                            f"({rate / maximum:.0%}), {stats['rejected']} 503s of {calls} "
+                            f"({stats['rejected'] / max(1, calls):.2%}; "
+                            f"{stats['rejected'] - early.get('rejected', 0)} after the first {REFUSAL_SETTLED_S:.0f} s), "
+                            f"at most {stats['max_waiting']} waiting"
+                        )
+        after = [r for key, r in runs.items() if key[3] == "after"]
+        before = [r for key, r in runs.items() if key[3] == "before"]
+        worst_share = min(r["share"] for r in after)
+        worst_503 = max(r["rejected_share"] for r in after)
+        from tests.perf.bench_engine import TARGETS, Row
+
+        bench.rows["flow_refusals"] = Row(
+            "flow_refusals",
+            18,
+            f"refusals at the defaults: 3 servers of {SLOTS} slots (queue 0, {SLOTS}, {4 * SLOTS}), "
+            f"max_concurrency {REFUSAL_CEILING}, 1 and 2 clusters of {REFUSAL_WORKERS} workers, {records:,} records",
+            f"after: worst {worst_share:.0%} of max, {worst_503:.2%} 503s; before: worst "
+            f"{min(r['share'] for r in before):.0%}, {max(r['rejected_share'] for r in before):.2%}",
+            TARGETS["flow_refusals"],
+            worst_share >= 0.95 and worst_503 <= 0.003 and not any(r["failed"] for r in after),
+            "; ".join(
+                f"{server}/{path}/{clusters}c: "
+                + ", ".join(
+                    f"{when} {r['share']:.0%} {r['rejected_share']:.2%} ({r['rejected_settled']} after "
+                    f"{REFUSAL_SETTLED_S:.0f} s)"
+                    for when in ("before", "after")
+                    for r in [runs[(server, path, clusters, when)]]
+                )
+                for server, path, clusters, when in runs
+                if when == "after"
+            )
+            + f"; share: the rate (first to last finished record) over the server's maximum (a bare client "
+            f"holding its slots and half its queue); 503s of all calls; the before runs: "
+            f"OPENRELAY_QUEUE_LINE=0, OPENRELAY_CEILING_HOLD_S=0, the start {DEFAULT_START} an engine",
+            {"|".join(map(str, key)): figures for key, figures in runs.items()},
+        )
+        bench.report(f"18: {bench.rows['flow_refusals'].result}")

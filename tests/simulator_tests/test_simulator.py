@@ -4,6 +4,7 @@ Plain pytest: nothing here touches Django or the database.
 """
 
 import base64
+import contextlib
 import json
 import math
 import os
@@ -441,6 +442,36 @@ def test_it_resets_over_http(sim, client):
     client.post("/chat/completions", json=chat_body("hi"))
     assert client.post(sim.url + "/_sim/reset").status_code == 200
     assert sim.requests() == [] and sim.request_count == 0
+
+
+def test_it_counts_calls_by_client_address_and_the_most_in_flight_at_once(sim, client):
+    def hung(tag):
+        with contextlib.suppress(httpx.TimeoutException):
+            httpx.post(sim.base_url + "/chat/completions", json=chat_body(f"{tag} [[latency:400]]"), timeout=5)
+
+    threads = [threading.Thread(target=hung, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    poll(lambda: client.get(sim.url + "/_sim/calls").json()["in_flight"] == 3)
+    assert client.get(sim.url + "/_sim/calls").json()["in_flight_by_peer"] == {"127.0.0.1": 3}
+    for thread in threads:
+        thread.join()
+    calls = client.get(sim.url + "/_sim/calls").json()
+    assert calls == {
+        "total": 3,
+        "by_peer": {"127.0.0.1": 3},
+        "in_flight": 0,
+        "in_flight_by_peer": {},
+        "max_in_flight": 3,
+    }
+    client.post(sim.url + "/_sim/reset")
+    assert client.get(sim.url + "/_sim/calls").json() == {
+        "total": 0,
+        "by_peer": {},
+        "in_flight": 0,
+        "in_flight_by_peer": {},
+        "max_in_flight": 0,
+    }
 
 
 def test_it_keeps_only_the_last_recordings_or_none():

@@ -152,6 +152,7 @@ class Upstream:
         adaptive=None,
         config=None,
         messages_api="translate",
+        start=None,
     ):
         config = config or EngineConfig.read()
         self.base_url = base_url
@@ -165,8 +166,11 @@ class Upstream:
             self.concurrency,
             adaptive=config.adaptive_concurrency if adaptive is None else adaptive,
             floor=config.concurrency_floor,
-            start=config.concurrency_start,
+            # The engine's part of the start when the peers split it (Peers._reconcile), else all of it.
+            start=config.concurrency_start if start is None else start,
             tolerance=config.latency_tolerance,
+            line=config.queue_line,
+            hold_s=config.ceiling_hold_s,
         )
         self.allotted = self.concurrency
         self.share = self.flow.limit
@@ -217,8 +221,8 @@ class Upstream:
         self.flow.absorb(calls, self.in_use)
         self.share = self.flow.limit
 
-    def overloaded(self, sent_at, now):
-        self.flow.overloaded(sent_at, now)
+    def overloaded(self, sent_at, now, status=None, sent_with=None):
+        self.flow.overloaded(sent_at, now, status, sent_with)
         self.share = self.flow.limit
 
     @property
@@ -377,7 +381,7 @@ class ModelCaller:
         busy = 0
         while True:
             upstream = await self.gate.acquire(ticket)
-            sent = time.monotonic()
+            sent, sent_with = time.monotonic(), upstream.in_use
             try:
                 if ticket.held:
                     raise Held  # its batch paused while the call waited for a slot: not sent
@@ -390,7 +394,7 @@ class ModelCaller:
             now = time.monotonic()
             # Before the slot goes back, so the gate hands out slots by the limit it leads to.
             if result.overload or (result.kind == "response" and result.status_code in OVERLOAD_STATUSES):
-                upstream.overloaded(sent, now)
+                upstream.overloaded(sent, now, result.status_code, sent_with)
             elif result.kind == "response":
                 upstream.observed(now - sent, upstream.in_use, now)
             self.gate.release(ticket, upstream)

@@ -8,13 +8,22 @@ limit between a floor and that part, from what the server's answers say:
   limit, a failed server): the limit is multiplied by BACKOFF, at most once
   a window, and only for calls sent after the last cut (they saw the old
   limit).
-- **Latency** (Vegas-like): each window (as many answers as the limit, about
+- **A refusal** (a 503: the server's queue is full) also teaches a ceiling:
+  the calls this engine had in flight when it sent the refused one, less
+  one. The limit stays at or under it for OPENRELAY_CEILING_HOLD_S (each
+  503 starts the hold again, and the lowest such ceiling of a hold counts);
+  after a hold without one it grows past it again, a call a window.
+- **Latency** (Vegas): each window (as many answers as the limit, about
   one round trip of every slot) gives a mean call time. The baseline is the
-  lowest window mean of the last BASELINE_S. A mean above
-  OPENRELAY_LATENCY_TOLERANCE x the baseline means calls queue inside the
-  server: the limit shrinks towards the level where they would not.
-  Otherwise the limit grows, by doubling while it has never been cut (slow
-  start), then by one a window; it only grows while calls actually fill it.
+  lowest window mean of the last BASELINE_S. The calls waiting inside the
+  server are estimated as in flight x (1 - baseline / mean) (Little's law:
+  the share of a call's time it did not run); the limit is held so that
+  at most OPENRELAY_QUEUE_LINE of the calls in flight (at least one) wait:
+  it shrinks by what waits past that, and grows only while less waits. A mean
+  above OPENRELAY_LATENCY_TOLERANCE x the baseline cuts harder, to where
+  calls would not queue. The limit grows by doubling while it has never
+  been cut (slow start), then by one a window; it only grows while calls
+  actually fill it.
 - **The server's own figures**, when GET /metrics answers (vLLM:
   `vllm:num_requests_waiting`, `vllm:num_requests_running`, KV-cache usage;
   llama.cpp: `llamacpp:requests_deferred`, `llamacpp:requests_processing`):
@@ -28,8 +37,12 @@ fixed limit 8x too high kept 112 requests queued in the server (or drew
 503s past its queue limit); AIMD on errors alone saws between the queue
 limit and half of it, an error each cycle; the latency rule settles where
 the slots are full and little queues; the server's waiting count does that
-directly, without a latency baseline to learn. docs/concepts/flow-control.md
-says what an operator sets and sees; docs/performance.md has the benchmark rows.
+directly, without a latency baseline to learn. The line and the learned
+ceiling are issue 55's: a server whose queue is no longer than its slots
+never shows calls taking 2x their baseline before it refuses (Little's law),
+so the tolerance alone left AIMD sawing into 503s, 1.1-1.3% of the calls
+all run long; a server without a queue shows no latency at all, only 503s.
+docs/concepts/flow-control.md says what an operator sets and sees; docs/performance.md has the benchmark rows.
 """
 
 import asyncio
@@ -49,6 +62,11 @@ BASELINE_S = 60.0  # the latency baseline is the lowest window mean this recent
 # Below this, a rise in call time is noise, not a queue: a fast server's calls take
 # 1-10 ms, and their mean doubles with scheduling jitter alone.
 MIN_QUEUE_DELAY_S = 0.05
+# Slow start ends on a rise over this (and SLOW_START_EXIT x the baseline): ending it on jitter
+# costs only the ramp, where the line (which waits for MIN_QUEUE_DELAY_S) would cost throughput.
+SLOW_START_NOISE_S = 0.02
+SLOW_START_SAMPLES = 8  # answers of a window that may end slow start before the window does
+REFUSED = 503  # a full queue: the status whose calls in flight teach a ceiling
 METRICS_EVERY_S = 0.5
 METRICS_TIMEOUT_S = 2.0
 METRICS_RETRY_S = 60.0  # a server with no usable /metrics is asked again this much later
@@ -83,12 +101,17 @@ class FlowControl:
     overload signal, `metrics` with the server's figures.
     """
 
-    def __init__(self, ceiling, *, floor=1, start=None, tolerance=2.0, adaptive=True):
+    def __init__(self, ceiling, *, floor=1, start=None, tolerance=2.0, line=0.25, hold_s=30.0, adaptive=True):
         self.ceiling = max(0, ceiling)
         self.floor = max(1, floor)
         self.adaptive = adaptive
         self.tolerance = tolerance
+        self.line = line  # the share of the calls in flight that may wait in the server (0: no line)
+        self.hold_s = hold_s  # how long a 503's ceiling holds (0: none is learned)
+        self.learned = None  # the calls in flight past which the server refused, while held
+        self.held_until = -math.inf
         self.value = float(self.ceiling if start is None or not adaptive else start)
+        self.start = self.value  # where it started (the engine's part of the deployment's start)
         self.slow_start = True
         self.cut_at = -math.inf  # when the limit was last cut (time.monotonic): older calls don't cut again
         self.means = deque()  # (when, window mean): the baseline's candidates, oldest (and lowest) first
@@ -102,19 +125,32 @@ class FlowControl:
         return self._limit
 
     def set_ceiling(self, ceiling):
-        self.ceiling = max(0, ceiling)
+        ceiling = max(0, ceiling)
+        if self.learned is not None and self.ceiling and ceiling and ceiling != self.ceiling:
+            # The engine's part of max_concurrency moved (an engine joined or left): so did its
+            # part of what the server holds.
+            self.learned = max(self.floor, round(self.learned * ceiling / self.ceiling))
+        self.ceiling = ceiling
         if not self.adaptive:
             self.value = float(self.ceiling)
         self._clamp()
+
+    @property
+    def top(self):
+        """Where growth stops: the engine's part of max_concurrency, or a held 503's ceiling under it."""
+        top = max(self.ceiling, self.floor)
+        return top if self.learned is None else max(self.floor, min(top, self.learned))
 
     def _clamp(self):
         # `value` keeps its place while the ceiling moves (an engine's part is 0 until it has
         # published it, and shrinks while another engine joins); growth stops at the ceiling.
         self.value = max(self.value, self.floor)
+        if self.learned is not None:
+            self.value = min(self.value, max(self.floor, self.learned))
         self._limit = min(int(self.value), self.ceiling)
 
     def _grow(self, step):
-        self.value = min(self.value + step, max(self.ceiling, self.floor))
+        self.value = min(self.value + step, self.top)
 
     # ------------------------------------------------------------ signals
 
@@ -124,24 +160,67 @@ class FlowControl:
             return
         self.window_calls += 1
         self.window_seconds += seconds
+        self.window_in_flight += in_flight
         if in_flight > self.window_peak:
             self.window_peak = in_flight
-        if self.slow_start and in_flight >= self._limit:
-            # One more a full answer: the limit doubles every round trip while nothing pushes back.
-            self._grow(1)
-            self._clamp()
+        if self.slow_start:
+            self._slow_start(in_flight)
         if self.window_calls >= self.window_size:
             self._end_window(now)
 
-    def overloaded(self, sent_at, now):
-        """The server said it is overloaded to a call sent at `sent_at` (time.monotonic)."""
-        if not self.adaptive or sent_at < self.cut_at:
+    def _slow_start(self, in_flight):
+        """One more a full answer (the limit doubles every round trip while nothing pushes back),
+        until this window's first answers take longer than the baseline (HyStart's delay rule):
+        a window's end is a round trip late, and a doubling too many filled a queue as long as
+        the slots and drew a burst of 503s (issue 55)."""
+        calls = self.window_calls
+        if calls >= SLOW_START_SAMPLES and self.means:
+            mean, baseline = self.window_seconds / calls, self.means[0][1]
+            if mean > SLOW_START_EXIT * baseline and mean - baseline > SLOW_START_NOISE_S:
+                self.slow_start = False
+                return
+        if in_flight >= self._limit:
+            self._grow(1)
+            self._clamp()
+
+    def overloaded(self, sent_at, now, status=None, sent_with=None):
+        """The server said it is overloaded to a call sent at `sent_at` (time.monotonic) with
+        `sent_with` calls in flight (itself included); `status` is its answer's (None: cut for time)."""
+        if not self.adaptive:
             return
-        self.slow_start = False
-        self.value *= BACKOFF
-        self.cut_at = now
+        cut = sent_at >= self.cut_at  # a call sent after the last cut: it saw the limit that led here
+        if status == REFUSED and sent_with and self.hold_s > 0:
+            # The server said how many it takes: the limit goes there, not to a backoff under it
+            # (which left room for the other engines to grow into and be refused in turn), unless
+            # it refused what it took before (its room shrank: back off as well).
+            held = self.learned is not None and now < self.held_until
+            cut = cut and held and sent_with <= self.learned
+            self.slow_start = False
+            self._learn(sent_with - 1, now)
+        if cut:
+            self.slow_start = False
+            self.value *= BACKOFF
+            self.cut_at = now
         self._clamp()
-        self._reset_window()
+        if cut or status == REFUSED:
+            self._reset_window()
+
+    def _learn(self, calls, now):
+        """A refused call: `calls` in flight were all the server would take beside the other engines'.
+        Every refusal of a burst says so (the burst that slow start's last doubling sends), not
+        only the first, so the lowest of a hold is kept."""
+        if self.learned is None or now >= self.held_until:
+            self.learned = max(self.floor, calls)
+        else:
+            self.learned = max(self.floor, min(self.learned, calls))
+        self.held_until = now + self.hold_s
+        self._clamp()
+
+    def release(self, now):
+        """A hold that saw no refusal ends: the limit grows past its ceiling again, a call a window
+        (re-probing the server once a hold, not each time it grows back)."""
+        if self.learned is not None and now >= self.held_until:
+            self.learned = None
 
     def level_with(self, level):
         """Move halfway to `level`, the other engines' mean limit at this deployment (heartbeat).
@@ -151,8 +230,12 @@ class FlowControl:
         one 8-slot server, one engine's limit sank to 1-2 while the other's grew, and the
         records claimed by the first crawled (2 a second). Meeting halfway every heartbeat
         keeps the sum and evens the parts, as the even split of max_concurrency assumes.
+
+        An engine holding a 503's ceiling does not move: the server told it where it stands
+        beside the others, and moving it down would leave their sum under what the server
+        holds, for the others to probe into again.
         """
-        if self.adaptive:
+        if self.adaptive and self.learned is None:
             self.value = (self.value + level) / 2
             self._clamp()
 
@@ -162,6 +245,8 @@ class FlowControl:
         to what the server took. Left to grow back by answers, the survivor of a kill -9 sent the
         dead engine's calls again one 3 s call round per step."""
         if self.adaptive:
+            if self.learned is not None:
+                self.learned += calls  # the server held those calls too
             self.value = max(self.value, in_flight) + calls
             self._clamp()
 
@@ -178,10 +263,13 @@ class FlowControl:
         self.window_size = max(1, self._limit)
         self.window_calls = 0
         self.window_seconds = 0.0
+        self.window_in_flight = 0
         self.window_peak = 0
 
     def _end_window(self, now):
         mean = self.window_seconds / self.window_calls
+        in_flight = self.window_in_flight / self.window_calls
+        self.release(now)
         filled = self.window_peak >= self._limit  # the limit, not the work, held calls back
         baseline = self._baseline(mean, now)
         if self.server is not None and now - self.server[0] <= METRICS_FRESH_S:
@@ -191,7 +279,7 @@ class FlowControl:
                 self.steered_at = self.server[0]
                 self._steer_by_server(filled)
         else:
-            self._steer_by_latency(mean, baseline, filled)
+            self._steer_by_latency(mean, baseline, in_flight, filled)
         self._clamp()
         self._reset_window()
 
@@ -210,17 +298,31 @@ class FlowControl:
             means.popleft()
         return means[0][1]
 
-    def _steer_by_latency(self, mean, baseline, filled):
+    def _steer_by_latency(self, mean, baseline, in_flight, filled):
         queueing = mean - baseline > MIN_QUEUE_DELAY_S
         if self.slow_start and queueing and mean > SLOW_START_EXIT * baseline:
             # Calls begin to wait: stop doubling before the burst overshoots (HyStart's rule).
             self.slow_start = False
+        waiting, line = self.waiting(mean, baseline, in_flight)
         if mean > self.tolerance * baseline and queueing:
             # Calls queue in the server: shrink towards where they would take `tolerance` x the baseline.
             self.slow_start = False
             self.value = max(self.value * BACKOFF, self.value * self.tolerance * baseline / mean)
+        elif waiting > line:
+            # Past the line: take back what waits beyond it (at most a backoff's worth a window).
+            self.slow_start = False
+            self.value = max(self.value * BACKOFF, self.value - (waiting - line))
         elif filled and not self.slow_start:
             self._grow(1)
+
+    def waiting(self, mean, baseline, in_flight):
+        """(the calls estimated waiting in the server, the line they are held to) for a window whose
+        calls took `mean` against the `baseline` with `in_flight` in flight on average. Without a
+        line, or under MIN_QUEUE_DELAY_S (an engine's own loop, busy with more calls, slows what it
+        measures: a 20 ms server read 40 ms a call beside other work), nothing is estimated waiting."""
+        if self.line <= 0 or mean - baseline <= MIN_QUEUE_DELAY_S:
+            return 0.0, math.inf
+        return in_flight * (1 - baseline / mean), max(1.0, self.line * in_flight)
 
     def _steer_by_server(self, filled):
         _, waiting, running, kv_usage = self.server
