@@ -68,8 +68,13 @@ def chat(content, **extra):
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
 
 
-def make_batch(org, bodies, *, endpoint=CHAT, window=timedelta(hours=24), model=None):
-    """A batch as create leaves it: an input file and records pointing into it (custom_ids req-1, req-2, ...)."""
+def make_batch(org, bodies=None, *, endpoint=CHAT, window=timedelta(hours=24), model=None, **rollups):
+    """A batch as create leaves it: an input file and records pointing into it (custom_ids req-1, req-2, ...).
+
+    Without `bodies`: a batch row only, as the engine leaves it mid-way, for the pages and sockets that
+    read nothing but its roll-ups (see `_rollup_batch`)."""
+    if bodies is None:
+        return _rollup_batch(org, endpoint=endpoint, window=window, model=model, **rollups)
     lines = [
         orjson.dumps({"custom_id": f"req-{i}", "method": "POST", "url": endpoint, "body": body}) + b"\n"
         for i, body in enumerate(bodies, start=1)
@@ -87,6 +92,7 @@ def make_batch(org, bodies, *, endpoint=CHAT, window=timedelta(hours=24), model=
         created_at=now,
         expires_at=now + window,
         total_count=len(lines),
+        **rollups,
     )
     offset, records = 0, []
     for i, line in enumerate(lines, start=1):
@@ -94,6 +100,40 @@ def make_batch(org, bodies, *, endpoint=CHAT, window=timedelta(hours=24), model=
         offset += len(line)
     Record.objects.bulk_create(records)
     return batch
+
+
+def _rollup_batch(
+    org, *, endpoint, window, model, status="in_progress", total=10, completed=0, failed=0, input_file=None, **fields
+):
+    """`status`, `total`, `completed` and `failed` as given; no records, and no model unless given."""
+    file = input_file or stored_file(org)
+    now = timezone.now()
+    fields = {"model_name": MODEL, "model": model, **fields}
+    return Batch.objects.create(
+        organization=org,
+        input_file=file,
+        input_file_public_id=file.public_id,
+        endpoint=endpoint,
+        status=status,
+        created_at=now,
+        expires_at=now + window,
+        in_progress_at=now if status != "validating" else None,
+        total_count=total,
+        completed_count=completed,
+        failed_count=failed,
+        **fields,
+    )
+
+
+def stored_file(org, content=b'{"custom_id": "a"}\n', filename="in.jsonl", purpose="batch"):
+    """A stored file of the organization's, expiring as an upload's would."""
+    return file_services.create_file_from_chunks(
+        organization=org,
+        filename=filename,
+        purpose=purpose,
+        chunks=[content],
+        expires_at=file_services.default_expiry(purpose),
+    )
 
 
 def read_lines(file):
@@ -129,9 +169,11 @@ def assert_exactly_once(batch, total):
 
 
 def wait_for(predicate, timeout, what, every=0.05):
-    """Poll `predicate` until it is true; fail after `timeout` seconds. Returns the seconds it took.
+    """Poll `predicate` until it is true; fail after `timeout` seconds, saying `what` was awaited (a
+    callable `what` is called then, to say how things stood). Returns the seconds it took.
 
-    A database error (the database restarting under us) counts as not yet.
+    The suite's one polling loop (no sleeping to wait for work). A database error (the database
+    restarting under us) counts as not yet.
     """
     started = time.monotonic()
     deadline = started + timeout
@@ -141,7 +183,7 @@ def wait_for(predicate, timeout, what, every=0.05):
                 return time.monotonic() - started
         except (OperationalError, InterfaceError):
             connections.close_all()
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        assert time.monotonic() < deadline, f"timed out waiting for {what() if callable(what) else what}"
         time.sleep(every)
 
 

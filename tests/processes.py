@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from openrelay.lib import children
-from tests.helpers import ROOT, database_url, free_port
+from tests.helpers import ROOT, database_url, free_port, wait_for
 
 WEB_SERVERS = {
     "uvicorn": lambda port: [
@@ -59,15 +59,6 @@ def product_env(data_dir, **env):
     # A browser test sets it for its own ORM calls under Playwright's loop; the product never runs with it.
     merged.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     return merged
-
-
-def wait_for(predicate, what, timeout=30):
-    """Poll `predicate` until it returns something true (returned), failing after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 class Process:
@@ -187,7 +178,7 @@ def web(kind, data_dir, timeout=30, **env):
     port = free_port()
     process = start(kind, WEB_SERVERS[kind](port), data_dir, **env)
     try:
-        wait_for(lambda: process.listens(port), f"{kind} to listen", timeout)
+        wait_for(lambda: process.listens(port), timeout, f"{kind} to listen")
     except BaseException:
         process.stop()
         raise

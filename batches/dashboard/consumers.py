@@ -1,6 +1,7 @@
 """The dashboard's websockets: live batch snapshots, scoped to the signed-in user's organization.
 
-Two feeds, both answering `{"type": "batch.updated", "batch": <Batch object>}`:
+Two feeds, both answering `{"type": "batch.updated", "batch": <Batch object>, "fields": {...}}`,
+`fields` the page's values as batches.dashboard.display writes them (the browser formats nothing):
 - `/ws/batches`: every batch of the user's organization (group `org.<id>`);
 - `/ws/batches/<batch_id>`: one batch (group `batch.<id>`), joined only after
   checking that the batch belongs to the user's organization.
@@ -31,7 +32,7 @@ from channels.layers import InMemoryChannelLayer
 from django.db.models import Q
 
 from batches import live, selectors
-from batches.dashboard.views import failures_fragment, operator_fragment
+from batches.dashboard.display import failures_fragment, live_fields, operator_fragment
 from batches.models import TERMINAL_BATCH_STATUSES, Batch, BatchStatus
 from batches.presenters import live_batch_object, live_batches
 from batches.progress import not_run
@@ -172,7 +173,8 @@ class BatchFeedConsumer(AsyncJsonWebsocketConsumer):
 
     async def _push(self, batch):
         extras = await database_sync_to_async(self.extras)(batch)
-        await self.send_json({"type": live.EVENT_TYPE, "batch": batch, **extras})
+        fields = live_fields(batch, extras.get("not_run", 0))
+        await self.send_json({"type": live.EVENT_TYPE, "batch": batch, **extras, "fields": fields})
 
     def extras(self, batch):
         """What the page shows beside the snapshot (sync: runs in the database thread): how many
@@ -253,6 +255,7 @@ class BatchConsumer(BatchFeedConsumer):
 
     terminal = False
     failures_for = None  # the failed count of the snapshot the last card was read with
+    unrun = 0  # and the card's not-run count: the pushes between cards show it
     failures_at = -math.inf
     failures_every = MIN_INTERVAL_S
     failures_later = None
@@ -284,7 +287,7 @@ class BatchConsumer(BatchFeedConsumer):
         """The push for `batch` (sync: runs in the database thread), or None to hold it until the
         failures card is due."""
         if batch["request_counts"]["failed"] == self.failures_for:
-            return {"type": live.EVENT_TYPE, "batch": batch}
+            return {"type": live.EVENT_TYPE, "batch": batch, "fields": live_fields(batch, self.unrun)}
         wait = self.failures_at + self.failures_every - time.monotonic()
         if wait > 0 and batch["status"] not in TERMINAL_BATCH_STATUSES:
             self._failures_later(wait)
@@ -296,12 +299,13 @@ class BatchConsumer(BatchFeedConsumer):
         fresh = {**live_batch_object(row), "errors": None}
         took = time.monotonic() - started
         self.failures_at, self.failures_every = time.monotonic(), max(MIN_INTERVAL_S, took / FAILURES_SHARE)
-        self.failures_for = fresh["request_counts"]["failed"]
+        self.failures_for, self.unrun = fresh["request_counts"]["failed"], failures.unrun
         return {
             "type": live.EVENT_TYPE,
             "batch": fresh,
             "not_run": failures.unrun,
             "failures": failures_fragment(fresh["id"], failures),
+            "fields": live_fields(fresh, failures.unrun),
         }
 
     def _failures_later(self, wait):

@@ -13,7 +13,7 @@ register = template.Library()
 
 @register.inclusion_tag("dashboard/_model_prices.html")
 def model_prices():
-    from batches.dashboard.views import money
+    from batches.dashboard.display import money
 
     rows = []
     for model in enabled_models():

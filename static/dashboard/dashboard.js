@@ -1,8 +1,8 @@
 // OpenRelay Batch dashboard: live batch updates over a websocket, the
 // records-over-time chart, drag-and-drop upload and confirmations.
 // Plain browser JavaScript, no build step. The server renders every page
-// complete; this script only keeps it current. Values are formatted the way
-// batches/dashboard/views.py `display` formats them.
+// complete; this script only keeps it current, writing the values the server
+// formatted (batches/dashboard/display.py), except the chart's own.
 "use strict";
 
 (function () {
@@ -14,36 +14,11 @@
 
   // ---------------------------------------------------------------- format
 
-  // The share of input tokens the model server served from its prefix cache (batches/dashboard/views.py says the same).
-  function cachedShare(cached, input) {
-    return input ? (100 * (cached || 0) / input).toFixed(1) + "%" : "\u2014";
-  }
-
+  // The server writes every value a push shows (message.fields, batches/dashboard/display.py
+  // `live_fields`); only the chart formats here, because its rate, time left and axis move
+  // every second between pushes.
   function int(n) {
     return (n || 0).toLocaleString("en-US");
-  }
-
-  function money(amount, currency) {
-    if (amount === undefined || amount === null) return "\u2014";
-    const n = Number(amount);
-    if (!Number.isFinite(n)) return "\u2014";
-    const text = n.toFixed(6).replace(/0{1,4}$/, "");
-    const cur = (currency || "usd").toLowerCase();
-    return cur === "usd" ? "$" + text : text + " " + cur.toUpperCase();
-  }
-
-  function when(unix) {
-    if (unix === undefined || unix === null) return "";
-    return new Date(unix * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC";
-  }
-
-  function percent(done, total, status) {
-    if (total <= 0) return TERMINAL.has(status) ? 100 : 0;
-    return Math.min(100, Math.floor((done * 100) / total));
-  }
-
-  function share(part, total) {
-    return total > 0 ? parseFloat(((part * 100) / total).toFixed(2)) + "%" : "0%";
   }
 
   function duration(seconds) {
@@ -57,55 +32,6 @@
 
   function rateText(rate) {
     return rate === null || rate === undefined ? "\u2014" : rate.toLocaleString("en-US", { minimumFractionDigits: 1, maximumFractionDigits: 1 }) + "/s";
-  }
-
-  // What the retry button reruns (batches/dashboard/views.py `retry_label` says the same).
-  function retryLabel(failed, notRun) {
-    if (!notRun) return "Retry " + int(failed) + " failed record" + (failed !== 1 ? "s" : "");
-    if (!failed) return "Retry " + int(notRun) + " record" + (notRun !== 1 ? "s" : "") + " not run";
-    return "Retry " + int(failed + notRun) + " records (" + int(failed) + " failed, " + int(notRun) + " not run)";
-  }
-
-  // notRun: of the failed records, those a cancel or an expiry closed before they ran.
-  function display(batch, notRun) {
-    notRun = notRun || 0;
-    const counts = batch.request_counts;
-    const failed = counts.failed - notRun;
-    const done = counts.completed + failed;
-    const usage = batch.usage || {};
-    const cost = (batch.openrelay || {}).cost || {};
-    const cur = cost.currency;
-    const contracts = (batch.openrelay || {}).output_contracts || {};
-    return {
-      id: batch.id,
-      endpoint: batch.endpoint,
-      model: batch.model || "",
-      status: batch.status,
-      percent: percent(done, counts.total, batch.status) + "%",
-      bar: share(counts.completed, counts.total),
-      bar_failed: share(failed, counts.total),
-      bar_not_run: share(notRun, counts.total),
-      counts: int(done) + " / " + int(counts.total),
-      completed: int(counts.completed),
-      failed: int(failed),
-      not_run: int(notRun),
-      failed_n: failed,
-      retry_label: retryLabel(failed, notRun),
-      tokens: int(usage.total_tokens),
-      input_tokens: int(usage.input_tokens),
-      cached_tokens: int((usage.input_tokens_details || {}).cached_tokens),
-      cached_share: cachedShare((usage.input_tokens_details || {}).cached_tokens, usage.input_tokens),
-      output_tokens: int(usage.output_tokens),
-      reasoning_tokens: int((usage.output_tokens_details || {}).reasoning_tokens),
-      cost: money(cost.total, cur),
-      cost_input: money(cost.input, cur),
-      cost_cached_input: money(cost.cached_input, cur),
-      cost_output: money(cost.output, cur),
-      reasked: int(contracts.reasked),
-      reasks: int(contracts.reasks),
-      invalid_output: int(contracts.invalid_output),
-      created: when(batch.created_at),
-    };
   }
 
   function progress(batch) {
@@ -128,7 +54,7 @@
 
   const last = new Map();
 
-  // message: the socket's {batch, not_run?, failures?}.
+  // message: the socket's {batch, fields, not_run?, failures?}.
   function apply(batch, message) {
     message = message || {};
     const seen = last.get(batch.id);
@@ -140,7 +66,8 @@
     if (!el) return;
     if (typeof message.not_run === "number") el.dataset.notRunCount = message.not_run;
     const notRun = Number(el.dataset.notRunCount || 0);
-    const shown = display(batch, notRun);
+    const shown = Object.assign({}, message.fields);
+    const failed = batch.request_counts.failed - notRun;
     if (chart && el.contains(chart.svg)) {
       chart.add(batch, notRun);
       Object.assign(shown, chart.pace(batch));
@@ -153,8 +80,6 @@
         node.parentElement.setAttribute("aria-valuenow", parseInt(shown.percent, 10));
       } else if (name === "link") {
         node.href = url(body.dataset.batchUrl, "BATCH_ID", batch.id);
-      } else if (name.endsWith("_at")) {
-        node.textContent = when(batch[name]);
       } else if (name in shown) {
         node.textContent = shown[name];
       }
@@ -184,7 +109,6 @@
     el.querySelectorAll('[data-role="resume"]').forEach(function (node) { node.hidden = !paused; });
     if (paused) {
       el.querySelectorAll('[data-field="paused_reason"]').forEach(function (node) { node.textContent = paused.reason; });
-      el.querySelectorAll('[data-field="paused_since"]').forEach(function (node) { node.textContent = when(paused.since); });
       el.querySelectorAll('[data-field="paused_message"]').forEach(function (node) {
         node.textContent = paused.message || "";
       });
@@ -198,7 +122,7 @@
     // The failures card's badges show the tiles' own figures; the socket sends a snapshot that
     // moves them only with the card read as of the same moment (consumers.BatchConsumer).
     el.querySelectorAll("[data-badge]").forEach(function (node) {
-      node.hidden = (node.dataset.badge === "failed" ? shown.failed_n : notRun) <= 0;
+      node.hidden = (node.dataset.badge === "failed" ? failed : notRun) <= 0;
     });
     if (typeof message.failures === "string") {
       el.querySelectorAll("[data-failures]").forEach(function (node) { node.innerHTML = message.failures; });

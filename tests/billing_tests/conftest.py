@@ -5,6 +5,7 @@ make_batch) so every test runs on the prices create snapshots.
 """
 
 import threading
+from datetime import UTC, datetime
 from decimal import Decimal
 from fractions import Fraction
 
@@ -13,6 +14,7 @@ from django.db import connection
 
 from batches.engine.runner import run_batch
 from batches.models import Batch
+from billing.models import LedgerEntry
 from openrelay.core.models import Price
 from tests.helpers import CHAT, MODEL, deploy
 
@@ -100,3 +102,54 @@ def oracle_cost(
 
 def as_usd(amount_nanos):
     return f"{amount_nanos // 10**9}.{amount_nanos % 10**9:09d}"
+
+
+# ---------------------------------------------------------------------------
+# Shared by the test modules (test_what_is_billed.py and test_every_call_counts.py; test_usage_endpoint.py and test_admin.py)
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
+}
+
+
+def first_message(body):
+    return body["messages"][0]["content"]
+
+
+def assert_billed(batch, prompt, cached, completion):
+    """The ledger entry, and the batch's usage object, bill exactly this usage."""
+    entry = LedgerEntry.objects.get(batch_id=batch.public_id)
+    assert (entry.input_tokens, entry.cached_tokens, entry.output_tokens) == (prompt, cached, completion)
+    expected = oracle_cost(prompt, cached, completion)
+    assert (
+        entry.input_cost_nanos,
+        entry.cached_input_cost_nanos,
+        entry.output_cost_nanos,
+        entry.total_cost_nanos,
+    ) == expected
+    return entry
+
+
+OTHER_MODEL = "openrelay/other-model"
+
+
+def entry(org, day, model=MODEL, tokens=(1000, 256, 300), batch_id=None, hour=12):
+    """A ledger entry billed at noon (UTC) of `day`, priced like the engine would (standard rate)."""
+    prompt, cached, completion = tokens
+    parts = oracle_cost(prompt, cached, completion)
+    return LedgerEntry.objects.create(
+        organization=org,
+        batch_id=batch_id or f"batch_{org.pk}_{day}_{model}_{hour}",
+        batch_status="completed",
+        model_name=model,
+        priority="standard",
+        input_tokens=prompt,
+        cached_tokens=cached,
+        output_tokens=completion,
+        input_cost_nanos=parts[0],
+        cached_input_cost_nanos=parts[1],
+        output_cost_nanos=parts[2],
+        total_cost_nanos=parts[3],
+        created_at=datetime.combine(day, datetime.min.time(), tzinfo=UTC).replace(hour=hour),
+    )

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from openrelay.core.models import Model, Price
-from tests.billing_tests.test_usage_endpoint import OTHER_MODEL, entry
+from tests.billing_tests.conftest import OTHER_MODEL, entry
 from tests.helpers import MODEL
 
 pytestmark = pytest.mark.django_db

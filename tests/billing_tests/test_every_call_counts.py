@@ -20,12 +20,14 @@ from tests.billing_tests.conftest import (
     PRICE_CACHED_INPUT,
     PRICE_INPUT,
     PRICE_OUTPUT,
+    WEATHER_TOOL,
     as_usd,
+    assert_billed,
     create,
+    first_message,
     oracle_cost,
     usage_of_lines,
 )
-from tests.billing_tests.test_what_is_billed import WEATHER_TOOL, assert_billed, first_message
 from tests.fixtures.tool_executor import status
 from tests.helpers import CHAT, chat, read_lines
 

@@ -1,16 +1,15 @@
 """GET /v1/organization/usage: the caller's billed totals by day and model, on the control host."""
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import date, timedelta
 
 import pytest
 from django.utils import timezone
 
 from batches.engine.runner import run_batch
 from billing.models import LedgerEntry
-from tests.billing_tests.conftest import LONG, as_usd, create, oracle_cost
+from tests.billing_tests.conftest import LONG, OTHER_MODEL, as_usd, create, entry, oracle_cost
 from tests.helpers import MODEL, chat
 
-OTHER_MODEL = "openrelay/other-model"
 URL = "/v1/organization/usage"
 # Entries of batches whose every answer was billed (test_every_call_counts.py has unbilled ones).
 NO_UNBILLED = {
@@ -20,27 +19,6 @@ NO_UNBILLED = {
     "total_tokens": 0,
     "cost": {"currency": "USD", "total": "0.000000000"},
 }
-
-
-def entry(org, day, model=MODEL, tokens=(1000, 256, 300), batch_id=None, hour=12):
-    """A ledger entry billed at noon (UTC) of `day`, priced like the engine would (standard rate)."""
-    prompt, cached, completion = tokens
-    parts = oracle_cost(prompt, cached, completion)
-    return LedgerEntry.objects.create(
-        organization=org,
-        batch_id=batch_id or f"batch_{org.pk}_{day}_{model}_{hour}",
-        batch_status="completed",
-        model_name=model,
-        priority="standard",
-        input_tokens=prompt,
-        cached_tokens=cached,
-        output_tokens=completion,
-        input_cost_nanos=parts[0],
-        cached_input_cost_nanos=parts[1],
-        output_cost_nanos=parts[2],
-        total_cost_nanos=parts[3],
-        created_at=datetime.combine(day, datetime.min.time(), tzinfo=UTC).replace(hour=hour),
-    )
 
 
 def cost_object(*tokens):

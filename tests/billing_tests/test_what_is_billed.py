@@ -6,45 +6,28 @@ function of the request body, so replaying the bodies it received gives each
 call's usage.
 """
 
-import time
-
 from batches.engine.calls.caller import Usage
 from batches.engine.runner import run_batch
 from batches.models import Record, RecordStatus
-from billing.models import LedgerEntry
 from openrelay.simulator.answers import answer_chat
-from tests.billing_tests.conftest import LONG, as_usd, create, oracle_cost, run_batch_in_thread, usage_of_lines
+from tests.billing_tests.conftest import (
+    LONG,
+    WEATHER_TOOL,
+    as_usd,
+    assert_billed,
+    create,
+    first_message,
+    run_batch_in_thread,
+    usage_of_lines,
+)
 from tests.fixtures.tool_executor import per_record, status
-from tests.helpers import CHAT, MODEL, chat, read_lines
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}},
-}
+from tests.helpers import CHAT, MODEL, chat, read_lines, wait_for
 
 
 def replayed_usage(sim, keep):
     """The usage the simulator charged for every call whose body `keep` accepts."""
     bodies = [body for body in sim.bodies(CHAT) if keep(body)]
     return sum((Usage.from_body(answer_chat(body)) for body in bodies), Usage())
-
-
-def first_message(body):
-    return body["messages"][0]["content"]
-
-
-def assert_billed(batch, prompt, cached, completion):
-    """The ledger entry, and the batch's usage object, bill exactly this usage."""
-    entry = LedgerEntry.objects.get(batch_id=batch.public_id)
-    assert (entry.input_tokens, entry.cached_tokens, entry.output_tokens) == (prompt, cached, completion)
-    expected = oracle_cost(prompt, cached, completion)
-    assert (
-        entry.input_cost_nanos,
-        entry.cached_input_cost_nanos,
-        entry.output_cost_nanos,
-        entry.total_cost_nanos,
-    ) == expected
-    return entry
 
 
 def test_it_bills_successful_plain_records_and_not_failed_or_timed_out_ones(alice, model, sim, settings):
@@ -137,13 +120,6 @@ def test_it_bills_every_successful_request_of_a_workflow_record(alice, model, si
     assert_billed(batch, billed.prompt_tokens, billed.cached_tokens, billed.completion_tokens)
 
 
-def wait_until(condition, deadline_s=10):
-    deadline = time.monotonic() + deadline_s
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.05)
-
-
 def succeeded(batch, count):
     return lambda: Record.objects.filter(batch=batch, status=RecordStatus.SUCCEEDED).count() >= count
 
@@ -166,7 +142,7 @@ def test_an_expired_batch_bills_its_completed_work(alice, model, sim, settings):
 def test_a_cancelled_batch_bills_what_finished(alice, model, sim):
     batch = create(alice, [chat("quick"), chat(LONG)] + [chat(f"slow {i} [[hang]]") for i in range(3)])
     worker = run_batch_in_thread(batch)
-    wait_until(succeeded(batch, 2))
+    wait_for(succeeded(batch, 2), 10, "two records to succeed")
     response = alice.client.post(f"/v1/batches/{batch.public_id}/cancel")
     assert response.status_code == 200
     worker.join(15)

@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -86,14 +85,6 @@ def write_jsonl(path, *records):
     """Dicts become JSON lines; strings are written as they are (broken lines)."""
     path.write_text("".join((json.dumps(r) if isinstance(r, dict) else r) + "\n" for r in records))
     return path
-
-
-def wait_for(predicate, what, timeout=30):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 # ---------------------------------------------------------------------------

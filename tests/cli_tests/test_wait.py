@@ -8,7 +8,8 @@ from pathlib import Path
 from batches.models import Batch
 from openrelay.core.models import Price
 from openrelay.lib import children
-from tests.cli_tests.conftest import CHAT, chat, wait_for, write_jsonl
+from tests.cli_tests.conftest import CHAT, chat, write_jsonl
+from tests.helpers import wait_for
 
 ORL = Path(sys.executable).parent / "orl"  # the console script `pip install -e .` made
 
@@ -75,7 +76,9 @@ def test_it_exits_3_when_the_batch_it_waits_for_is_cancelled(orl, alice, worker,
         text=True,
     )
     try:
-        wait_for(lambda: Batch.objects.filter(public_id=batch_id, status="in_progress").exists(), "the batch to start")
+        wait_for(
+            lambda: Batch.objects.filter(public_id=batch_id, status="in_progress").exists(), 30, "the batch to start"
+        )
         assert orl("batches", "cancel", batch_id).exit_code == 0
         stdout, stderr = waiting.communicate(timeout=30)
     finally:

@@ -13,8 +13,7 @@ import orjson
 import pytest
 
 from tests.clients_tests.conftest import _listening, start
-from tests.helpers import free_port
-from tests.processes import wait_for
+from tests.helpers import free_port, wait_for
 
 APP = "openrelay.asgi:application"
 UVICORN = ["-m", "uvicorn", "--host", "127.0.0.1", "--no-access-log", "--log-level", "warning"]
@@ -30,7 +29,7 @@ def _serve(argv, tmp_path_factory):
     data_dir, port = tmp_path_factory.mktemp("web"), free_port()
     process = start("web", [*argv, "--port", str(port)], data_dir)
     try:
-        wait_for(lambda: _listening(process, port), "the web server to listen")
+        wait_for(lambda: _listening(process, port), 30, "the web server to listen")
         yield port, process
     finally:
         process.stop()
@@ -111,7 +110,7 @@ def test_daphne_refuses_big_heads_itself(django_db_setup, tmp_path_factory):
     data_dir, port = tmp_path_factory.mktemp("daphne"), free_port()
     process = start("daphne", ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), APP], data_dir)
     try:
-        wait_for(lambda: _listening(process, port), "daphne to listen")
+        wait_for(lambda: _listening(process, port), 30, "daphne to listen")
         assert _ask(port, _head(8 * 1024))[0] == 200
         # Twisted's 16 KB limit on a head: a 400, or the connection dropped before the answer got out.
         assert _ask(port, _head(8 * 1024 * 1024))[0] in (400, None)

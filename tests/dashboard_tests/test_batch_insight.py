@@ -8,14 +8,8 @@ from django.utils import timezone
 
 from batches.engine.runner import run_batch
 from batches.models import Batch, Record, RecordStatus
-from tests.dashboard_tests.conftest import make_batch
-from tests.helpers import chat
-from tests.helpers import make_batch as make_engine_batch
-
-
-def _page(response):
-    assert response.status_code == 200, response.status_code
-    return response.content.decode()
+from tests.dashboard_tests.conftest import page_html
+from tests.helpers import chat, make_batch
 
 
 def _ids(page):
@@ -31,12 +25,12 @@ def test_the_list_finds_batches_by_id_and_by_metadata(alice_client, alice, bob):
     ocr = make_batch(alice.org, metadata={"team": "vision", "note": "café menus"})
     plain = make_batch(alice.org)
     make_batch(bob.org, metadata={"team": "billing"})
-    assert _ids(_page(alice_client.get("/?q=invoices"))) == [invoices.public_id]
-    assert _ids(_page(alice_client.get("/?q=team=VISION"))) == [ocr.public_id]  # key=value, any case
-    assert _ids(_page(alice_client.get("/?q=café"))) == [ocr.public_id]  # non-ASCII on SQLite's escaped JSON too
-    assert _ids(_page(alice_client.get(f"/?q={plain.public_id[-8:]}"))) == [plain.public_id]
-    assert _ids(_page(alice_client.get("/?q=billing"))) == [invoices.public_id]  # never another organization's
-    nothing = _page(alice_client.get("/?q=nowhere"))
+    assert _ids(page_html(alice_client.get("/?q=invoices"))) == [invoices.public_id]
+    assert _ids(page_html(alice_client.get("/?q=team=VISION"))) == [ocr.public_id]  # key=value, any case
+    assert _ids(page_html(alice_client.get("/?q=café"))) == [ocr.public_id]  # non-ASCII on SQLite's escaped JSON too
+    assert _ids(page_html(alice_client.get(f"/?q={plain.public_id[-8:]}"))) == [plain.public_id]
+    assert _ids(page_html(alice_client.get("/?q=billing"))) == [invoices.public_id]  # never another organization's
+    nothing = page_html(alice_client.get("/?q=nowhere"))
     assert _ids(nothing) == [] and "No batch matches these filters" in nothing
     assert 'value="nowhere"' in nothing and "data-insert-new" not in nothing  # the state stays in the form
 
@@ -45,13 +39,13 @@ def test_the_list_filters_by_status_endpoint_and_model(alice_client, alice):
     running = make_batch(alice.org)
     done = make_batch(alice.org, status="completed", completed=10)
     embed = make_batch(alice.org, endpoint="/v1/embeddings", model_name="openrelay/embed-small")
-    assert _ids(_page(alice_client.get("/?status=completed"))) == [done.public_id]
-    assert _ids(_page(alice_client.get("/?endpoint=/v1/embeddings"))) == [embed.public_id]
-    page = _page(alice_client.get("/?model=openrelay/gemma-4-31b&status=in_progress"))
+    assert _ids(page_html(alice_client.get("/?status=completed"))) == [done.public_id]
+    assert _ids(page_html(alice_client.get("/?endpoint=/v1/embeddings"))) == [embed.public_id]
+    page = page_html(alice_client.get("/?model=openrelay/gemma-4-31b&status=in_progress"))
     assert _ids(page) == [running.public_id]
     assert '<option value="openrelay/embed-small">' in page  # the models its batches used
     assert '<option value="in_progress" selected>' in page
-    assert _ids(_page(alice_client.get("/?status=bogus"))) == [embed.public_id, done.public_id, running.public_id]
+    assert _ids(page_html(alice_client.get("/?status=bogus"))) == [embed.public_id, done.public_id, running.public_id]
 
 
 def test_the_list_pages_both_ways_keeping_its_filters(alice_client, alice, monkeypatch):
@@ -62,18 +56,18 @@ def test_the_list_pages_both_ways_keeping_its_filters(alice_client, alice, monke
         Batch.objects.filter(pk=batch.pk).update(created_at=base + timedelta(seconds=i))
     make_batch(alice.org)  # newest, but not nightly
     newest_first = [b.public_id for b in reversed(batches)]
-    first = _page(alice_client.get("/?q=nightly"))
+    first = page_html(alice_client.get("/?q=nightly"))
     assert _ids(first) == newest_first[:2] and 'data-page="newer"' not in first
     older = re.search(r'href="\?([^"]+)" data-page="older"', first).group(1).replace("&amp;", "&")
     assert "q=nightly" in older
-    second = _page(alice_client.get(f"/?{older}"))
+    second = page_html(alice_client.get(f"/?{older}"))
     assert _ids(second) == newest_first[2:4]
-    third = _page(
+    third = page_html(
         alice_client.get("/?" + re.search(r'href="\?([^"]+)" data-page="older"', second).group(1).replace("&amp;", "&"))
     )
     assert _ids(third) == newest_first[4:] and 'data-page="older"' not in third
     back = re.search(r'href="\?([^"]+)" data-page="newer"', third).group(1).replace("&amp;", "&")
-    assert _ids(_page(alice_client.get(f"/?{back}"))) == newest_first[2:4]
+    assert _ids(page_html(alice_client.get(f"/?{back}"))) == newest_first[2:4]
     assert alice_client.get("/?after=batch_unknown").status_code == 404
 
 
@@ -86,7 +80,7 @@ def test_a_filtered_page_costs_the_same_queries_for_any_number_of_batches(
     for _ in range(12):
         make_batch(alice.org, metadata={"team": "ml"})
     with django_assert_max_num_queries(len(few.captured_queries)):
-        assert len(_ids(_page(alice_client.get("/?q=team=ml&status=in_progress")))) == 13
+        assert len(_ids(page_html(alice_client.get("/?q=team=ml&status=in_progress")))) == 13
 
 
 # ---------------------------------------------------------------------------
@@ -110,10 +104,10 @@ def test_failures_by_code_match_the_error_file_and_each_code_downloads_its_lines
         chat("gone [[status:404]]"),
         chat("fine"),
     ]
-    batch = make_engine_batch(alice.org, bodies)
+    batch = make_batch(alice.org, bodies)
     run_batch(batch.pk)
     batch.refresh_from_db()
-    page = _page(alice_client.get(f"/batches/{batch.public_id}"))
+    page = page_html(alice_client.get(f"/batches/{batch.public_id}"))
     shown = {
         code: int(count)
         for code, count in re.findall(r'<tr data-code="([^"]+)"[^>]*>.*?data-count>([\d,]+)</td>', page, re.S)
@@ -163,12 +157,12 @@ def test_a_cancelled_batch_tells_done_failed_and_not_run_apart(alice_client, ali
             for i in range(65)
         ]
     )
-    page = _page(alice_client.get(f"/batches/{batch.public_id}"))
+    page = page_html(alice_client.get(f"/batches/{batch.public_id}"))
     stat = dict(re.findall(r'data-field="(completed|failed|not_run|percent)">([^<]+)<', page))
     assert stat == {"percent": "35%", "completed": "30", "failed": "5", "not_run": "65"}
     assert 'style="width: 65.00%"' in page  # the not-run part of the bar
     assert "5 failed, 65 not run" in page
-    listed = _page(alice_client.get("/"))
+    listed = page_html(alice_client.get("/"))
     assert re.search(r'data-field="not_run">65</span> not run', listed)
 
 
@@ -183,7 +177,7 @@ def test_the_batch_page_shows_metadata_rate_and_time_left(alice_client, alice):
         progress=[[start.timestamp() + 40, 100, 0], [now.timestamp() - 1, 400, 0]],
     )
     Batch.objects.filter(pk=batch.pk).update(in_progress_at=start)
-    page = _page(alice_client.get(f"/batches/{batch.public_id}"))
+    page = page_html(alice_client.get(f"/batches/{batch.public_id}"))
     assert re.search(r"<th><code>job</code></th><td>nightly</td>", page)
     rate = float(re.search(r'data-field="rate">([\d.]+)/s<', page).group(1))
     assert 4.9 <= rate <= 5.1  # 300 records in the last ~60 s
@@ -197,7 +191,7 @@ def test_the_batch_page_shows_metadata_rate_and_time_left(alice_client, alice):
 def test_the_engine_samples_progress_as_it_runs_and_the_close_ends_it_at_the_finish(alice, model):
     # 16 calls at a time, 0.8 s each: ten waves, ~8 s, so a sample every 2 s gives at least three even when a
     # loaded machine stretches the first waves (five waves, ~4 s, gave two samples on a busy CI run).
-    batch = make_engine_batch(alice.org, [chat(f"q{i} [[latency:800]]") for i in range(160)])
+    batch = make_batch(alice.org, [chat(f"q{i} [[latency:800]]") for i in range(160)])
     run_batch(batch.pk)
     batch.refresh_from_db()
     assert batch.status == "completed"

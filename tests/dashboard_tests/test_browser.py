@@ -13,29 +13,18 @@ from pathlib import Path
 import orjson
 import pytest
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.db import connections
-from playwright.sync_api import sync_playwright
 
 from batches import live
 from batches.models import Batch
-from openrelay.core.models import Deployment, Membership, Model, Organization, Price
+from openrelay.core.models import Deployment, Model, Price
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests import processes as processes_module
-from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, make_batch
+from tests.dashboard_tests.conftest import MODEL, chat_line, jsonl, shot, sign_in, text
+from tests.helpers import make_batch
 
 SHOTS = Path(settings.DATA_DIR) / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--headless",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 PASSWORD = "browser-test-password"
 FAST_RECORDS, SLOW_RECORDS = 60, 40
 CREATED = re.compile(r"/batches/batch_[^/?]+(\?created=1)?$")  # dashboard.js drops ?created=1 once shown
@@ -43,78 +32,11 @@ CREATED = re.compile(r"/batches/batch_[^/?]+(\?created=1)?$")  # dashboard.js dr
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(autouse=True)
-def _fast_passwords():
-    """Overrides conftest's: the server process checks passwords with the default hashers."""
-
-
-def _wait_for(predicate, timeout, what):
-    processes_module.wait_for(predicate, what, timeout)
-
-
-@pytest.fixture
-def member(transactional_db):
-    org = Organization.objects.create(name="acme")
-    user = get_user_model().objects.create_user("ada", password=PASSWORD)
-    Membership.objects.create(user=user, organization=org)
-    return org
-
-
-@pytest.fixture
-def processes(transactional_db, tmp_path):
-    """Processes of the test's own (a web server with no cluster beside it, or daphne); tests that need
-    the running product take `live_stack` (tests/fixtures/live_stack.py)."""
-    procs = processes_module.Processes(tmp_path / "processes", OPENRELAY_LOG_LEVEL="WARNING")
-    yield procs
-    procs.stop()
-
-
-@pytest.fixture
-def browser(processes, monkeypatch):
-    # Playwright's sync API runs an event loop on this thread; the ORM calls
-    # the test makes between browser steps are still plain sync calls.
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get update && apt-get install -y chromium"
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        # Reduced motion: no bar transitions, so each screenshot shows what the DOM says.
-        context = chromium.new_context(
-            viewport={"width": 1280, "height": 900}, accept_downloads=True, reduced_motion="reduce"
-        )
-        context.set_default_timeout(20_000)
-        yield context.new_page()
-        # The ORM calls made while Playwright's loop ran had connections of
-        # their own (asgiref's Local is context-local there): close them, or
-        # they keep the test database from being dropped.
-        connections.close_all()
-        context.close()
-        chromium.close()
-
-
 def _announce(batch_pk):
     try:
         live.batch_changed_sync(batch_pk)
     finally:
         connections.close_all()  # this thread's own connection; a left-open one blocks dropping the test database
-
-
-def shot(page, name):
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
-def sign_in(page, url):
-    page.goto(url + "/")
-    shot(page, "01-sign-in")
-    page.fill("#id_username", "ada")
-    page.fill("#id_password", PASSWORD)
-    page.click("button:has-text('Sign in')")
-    page.wait_for_url(url + "/")
-    page.wait_for_selector("[data-live].open")  # the organization feed is connected
-
-
-def text(page, selector):
-    return page.locator(selector).first.inner_text()
 
 
 # Daphne's own server first: the next test shares `live_stack` with test_browser_insight's first three

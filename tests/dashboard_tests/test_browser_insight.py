@@ -19,20 +19,11 @@ from batches.models import Batch
 from batches.validation.params import CreateParams
 from billing.models import LedgerEntry
 from files import services as file_services
-from openrelay.core.models import Deployment, Membership, Model, Price
+from openrelay.core.models import Membership, Model
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.dashboard_tests.conftest import CHAT, MODEL, chat_line, jsonl, make_batch
-from tests.dashboard_tests.test_browser import (  # noqa: F401  (fixtures)
-    PASSWORD,
-    _fast_passwords,
-    _wait_for,
-    browser,
-    member,
-    processes,
-    sign_in,
-    text,
-)
+from tests.dashboard_tests.conftest import CHAT, MODEL, PASSWORD, catalog, chat_line, jsonl, sign_in, text
+from tests.helpers import make_batch, wait_for
 
 pytestmark = pytest.mark.slow
 CREATED = re.compile(r"/batches/batch_[^/?]+(\?created=1)?$")  # dashboard.js drops ?created=1 once shown
@@ -40,18 +31,7 @@ STAFF = "root"
 
 
 @pytest.fixture
-def shots(request):
-    folder = Path(settings.DATA_DIR) / "screenshots" / request.node.name
-    folder.mkdir(parents=True, exist_ok=True)
-
-    def shot(page, name):
-        page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
-
-    return shot
-
-
-@pytest.fixture
-def staff(member):  # noqa: F811
+def staff(member):
     user = get_user_model().objects.create_user(STAFF, password=PASSWORD, is_staff=True, is_superuser=True)
     Membership.objects.create(user=user, organization=member)
     return user
@@ -63,13 +43,6 @@ def sign_in_as(page, url, username):
     page.fill("#id_password", PASSWORD)
     page.click("button:has-text('Sign in')")
     page.wait_for_url(url + "/")
-
-
-def catalog(sim, concurrency):
-    model = Model.objects.create(name=MODEL)
-    Deployment.objects.create(model=model, base_url=sim.base_url, max_concurrency=concurrency)
-    Price.objects.create(model=model, input_per_mtok="0.20", cached_input_per_mtok="0.05", output_per_mtok="0.80")
-    return model
 
 
 def error_codes(lines):
@@ -94,7 +67,7 @@ def download(page, selector):
     return Path(info.value.path()).read_bytes().splitlines()
 
 
-def test_batch_page_live_rate_eta_failures_retry_and_the_chart_after_reload(member, live_stack, browser, shots):  # noqa: F811
+def test_batch_page_live_rate_eta_failures_retry_and_the_chart_after_reload(member, live_stack, browser, shots):
     page = browser
     records = 160
     with run_in_thread(SimulatorConfig()) as sim:
@@ -188,7 +161,7 @@ def test_batch_page_live_rate_eta_failures_retry_and_the_chart_after_reload(memb
         shots(page, "04-retry")
 
 
-def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, live_stack, browser, shots):  # noqa: F811
+def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, live_stack, browser, shots):
     page = browser
     with run_in_thread(SimulatorConfig()) as sim:
         catalog(sim, concurrency=2)
@@ -223,7 +196,7 @@ def test_a_cancelled_batch_shows_done_failed_and_not_run_apart(member, live_stac
         shots(page, "02-list")
 
 
-def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staff, live_stack, browser, shots):  # noqa: F811
+def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staff, live_stack, browser, shots):
     page = browser
     with run_in_thread(SimulatorConfig()) as sim:
         model = catalog(sim, concurrency=3)
@@ -267,7 +240,7 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
         )
         assert int(text(page, f"{row} [data-field=calls_a_minute]")) <= 30
         shots(page, "02-running")
-        _wait_for(lambda: Batch.objects.get(pk=batch.pk).status == "completed", 60, "the batch to complete")
+        wait_for(lambda: Batch.objects.get(pk=batch.pk).status == "completed", 60, "the batch to complete")
         page.wait_for_selector("[data-no-running]", timeout=20_000)
         page.wait_for_function(f"() => document.querySelector(\"{row} [data-field=in_flight]\").textContent === '0'")
         assert page.evaluate("window.__notReloaded") is True
@@ -283,7 +256,7 @@ def test_the_operator_page_is_live_for_staff_and_refused_to_members(member, staf
 
 
 # Last: the tests without a cluster, after those sharing `live_stack` (with test_browser's first).
-def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member, processes, browser, shots):  # noqa: F811
+def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member, processes, browser, shots):
     page = browser
     Model.objects.create(name=MODEL)
     wanted = make_batch(member, status="completed", completed=10, metadata={"team": "vision", "job": "menus"})
@@ -350,7 +323,7 @@ def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member
     settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
     reason="layout only, the same on every database: the SQLite pass measures it",
 )
-def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes, browser, shots):  # noqa: F811
+def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes, browser, shots):
     page = browser
     Model.objects.create(name=MODEL)
     for i in range(3):

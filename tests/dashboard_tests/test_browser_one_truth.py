@@ -15,17 +15,7 @@ from batches.models import Batch
 from openrelay.core.models import ApiKey
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.dashboard_tests.conftest import chat_line, jsonl
-from tests.dashboard_tests.test_browser import (  # noqa: F401  (fixtures)
-    _fast_passwords,
-    _wait_for,
-    browser,
-    member,
-    processes,
-    sign_in,
-    text,
-)
-from tests.dashboard_tests.test_browser_insight import catalog, shots  # noqa: F401
+from tests.dashboard_tests.conftest import catalog, chat_line, jsonl, sign_in, text
 
 pytestmark = pytest.mark.slow
 RECORDS = 48
@@ -73,7 +63,7 @@ def watch_until(page, status):
     )
 
 
-def test_running_cancelled_and_retried_batches_show_one_truth(member, live_stack, browser, shots, tmp_path):  # noqa: F811
+def test_running_cancelled_and_retried_batches_show_one_truth(member, live_stack, browser, shots, tmp_path):
     page = browser
     _, key = ApiKey.issue(member, name="browser")
     with run_in_thread(SimulatorConfig()) as sim:

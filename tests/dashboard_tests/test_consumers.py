@@ -1,53 +1,28 @@
 """The dashboard's websockets through the real ASGI stack: session auth, isolation, coalescing, polling."""
 
-import copy
-import os
 import time
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
-from channels.testing import WebsocketCommunicator
-from django.test import Client
 
 from batches import live
 from batches.dashboard import consumers
-from batches.models import Batch, Record, RecordStatus
+from batches.dashboard.display import live_fields
+from batches.models import Batch, RecordStatus
 from batches.presenters import batch_object
-from openrelay.asgi import application
-from tests.dashboard_tests.conftest import make_batch
+from tests.dashboard_tests.conftest import add_records, session_of, socket
+from tests.helpers import make_batch
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("fresh_layer")]
+IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 # How long a message that must come may take (a deadline, not a measure): 2 s was tight on a
 # loaded 2-core machine; a passing test never waits it out.
 ARRIVES_S = 10
-IN_MEMORY = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
-
-
-@pytest.fixture(autouse=True)
-def _fresh_layer(settings):
-    # A new layer object for each test: a layer's queues belong to the event
-    # loop that made them, and each test runs its own loop. On Redis, a prefix
-    # of this process's own: other test runs sharing the Redis have organizations
-    # with the same ids (each test database counts from 1).
-    layers = copy.deepcopy(settings.CHANNEL_LAYERS)
-    if "redis" in layers["default"]["BACKEND"].lower():
-        layers["default"].setdefault("CONFIG", {})["prefix"] = f"dashboard-tests-{os.getpid()}"
-    settings.CHANNEL_LAYERS = layers
 
 
 def run(test):
     async_to_sync(test)()
-
-
-def session_of(user):
-    client = Client()
-    client.force_login(user)
-    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
-
-
-def socket(path, session=()):
-    return WebsocketCommunicator(application, path, headers=list(session))
 
 
 def snapshot(batch, **counts):
@@ -58,12 +33,10 @@ def snapshot(batch, **counts):
     return {"type": live.EVENT_TYPE, "batch": obj}
 
 
-def add_records(batch, status, code, n):
-    start = batch.records.count()
-    Record.objects.bulk_create(
-        Record(batch=batch, line=start + i, custom_id=f"{code}-{i}", offset=0, length=1, status=status, error_code=code)
-        for i in range(n)
-    )
+def sent(event):
+    """The push of a worker's event: its snapshot without the rejections, and the page's values formatted."""
+    batch = {**event["batch"], "errors": None}
+    return {**event, "batch": batch, "fields": live_fields(batch)}
 
 
 async def nothing(ws, timeout):
@@ -129,13 +102,20 @@ def test_a_member_gets_the_organizations_events_and_never_anothers(alice, alice_
         ws = socket("/ws/batches", cookie)
         assert (await ws.connect())[0]
         # On connect: the unfinished batches as they stand (only alice's).
-        assert await ws.receive_json_from(timeout=ARRIVES_S) == first
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(first)
         await group_send(live.org_group(bob.org.pk), foreign)
         await group_send(live.batch_group(theirs.public_id), foreign)
         # Long enough for a poll of the in-memory fallback too: bob's batch is unfinished in the database.
         await nothing(ws, consumers.POLL_INTERVAL_S + 0.3)
         await group_send(live.org_group(alice.org.pk), pushed)
-        assert await ws.receive_json_from(timeout=ARRIVES_S) == pushed
+        message = await ws.receive_json_from(timeout=ARRIVES_S)
+        assert message == sent(pushed)
+        # Formatted by the server, as the page renders them: the browser writes them as given.
+        assert (message["fields"]["counts"], message["fields"]["percent"], message["fields"]["bar"]) == (
+            "4 / 10",
+            "40%",
+            "40.00%",
+        )
         await ws.disconnect()
 
     run(test)
@@ -160,7 +140,7 @@ def test_a_batch_feed_gets_its_batch_and_nothing_else(alice, alice_user):
         await nothing(ws, 0.3)
         await group_send(live.batch_group(batch.public_id), pushed)
         # The rejections stay on the page; the pushes leave them out.
-        assert await ws.receive_json_from(timeout=ARRIVES_S) == {**pushed, "batch": {**pushed["batch"], "errors": None}}
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(pushed)
         await ws.disconnect()
 
     run(test)
@@ -183,7 +163,7 @@ def test_a_burst_of_events_goes_out_as_the_newest_one(alice, alice_user):
         for event in burst:
             await group_send(live.batch_group(batch.public_id), event)
         # Ten events inside one interval: one message, the newest.
-        assert await ws.receive_json_from(timeout=ARRIVES_S) == burst[-1]
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(burst[-1])
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
         await ws.disconnect()
 
@@ -203,7 +183,7 @@ def test_an_older_snapshot_arriving_late_is_dropped(alice, alice_user):
         assert (await ws.connect())[0]
         await ws.receive_json_from(timeout=ARRIVES_S)
         await group_send(live.batch_group(batch.public_id), finished)
-        assert await ws.receive_json_from(timeout=ARRIVES_S) == finished
+        assert await ws.receive_json_from(timeout=ARRIVES_S) == sent(finished)
         await group_send(live.batch_group(batch.public_id), late)
         await nothing(ws, consumers.MIN_INTERVAL_S + 0.2)
         await ws.disconnect()
@@ -293,11 +273,15 @@ def test_a_cancelled_batchs_not_run_records_go_out_with_its_snapshot_on_both_fee
         await group_send(live.org_group(alice.org.pk), pushed)  # as the close announces it
         message = await ws.receive_json_from(timeout=ARRIVES_S)
         assert message["batch"]["status"] == "cancelled" and message["not_run"] == 65
+        # The tiles as the page renders them: 70 failed of which 65 never ran.
+        assert (message["fields"]["failed"], message["fields"]["not_run"]) == ("5", "65")
+        assert message["fields"]["retry_label"] == "Retry 70 records (5 failed, 65 not run)"
         await ws.disconnect()
         ws = socket(f"/ws/batches/{batch.public_id}", cookie)
         assert (await ws.connect())[0]
         message = await ws.receive_json_from(timeout=ARRIVES_S)  # read when it connects
         assert message["not_run"] == 65 and "failures" in message
+        assert (message["fields"]["failed"], message["fields"]["not_run"]) == ("5", "65")
         await ws.disconnect()
 
     run(test)

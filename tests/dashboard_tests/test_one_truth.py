@@ -12,14 +12,25 @@ from django.db.models import F
 from django.test import Client
 
 from batches import live, operator, selectors, tallies
-from batches.dashboard.views import retry_label
+from batches.dashboard.display import retry_label
 from batches.engine.calls.caller import CallResult
 from batches.models import Batch, Engine, RecordStatus
 from batches.presenters import batch_object
 from openrelay.core.models import Deployment, Model
-from tests.dashboard_tests.conftest import chat_line, jsonl, make_batch, make_member
-from tests.dashboard_tests.test_consumers import _fresh_layer, add_records, session_of, socket  # noqa: F401
-from tests.dashboard_tests.test_views import _page, _upload
+from tests.dashboard_tests.conftest import (
+    add_records,
+    chat_line,
+    jsonl,
+    make_member,
+    page_html,
+    post_upload,
+    session_of,
+    socket,
+)
+from tests.helpers import make_batch
+
+# The sockets of these tests, each on a channel layer of its own (conftest.fresh_layer).
+pytestmark = pytest.mark.usefixtures("fresh_layer")
 
 
 def _fail(batch, n, code="http_500"):
@@ -129,7 +140,7 @@ def _badges(page):
 def test_a_cancelled_batchs_badges_and_retry_button_count_what_they_say(alice_client, alice):
     batch = make_batch(alice.org, status="cancelled", total=120, failed=120, progress=[[1000.0, 0, 0]])
     add_records(batch, RecordStatus.CANCELLED, "batch_cancelled", 120)
-    page = _page(alice_client.get(f"/batches/{batch.public_id}"))
+    page = page_html(alice_client.get(f"/batches/{batch.public_id}"))
     stat = dict(re.findall(r'<span class="value" data-field="(failed|not_run)">([^<]+)<', page))
     assert stat == {"failed": "0", "not_run": "120"}
     assert _badges(page) == {"failed": None, "not_run": "120"}  # no "120 failures"
@@ -139,7 +150,7 @@ def test_a_cancelled_batchs_badges_and_retry_button_count_what_they_say(alice_cl
 def test_a_finished_batchs_failed_badge_is_its_failed_tile(alice_client, alice):
     batch = make_batch(alice.org, status="completed", total=40, completed=24, progress=[[1000.0, 24, 0]])
     _fail(batch, 16)
-    page = _page(alice_client.get(f"/batches/{batch.public_id}"))
+    page = page_html(alice_client.get(f"/batches/{batch.public_id}"))
     assert re.search(r'<span class="value" data-field="failed">16<', page)
     assert _badges(page) == {"failed": "16", "not_run": None}
     assert "Retry 16 failed records" in page
@@ -171,7 +182,7 @@ def test_a_deployment_whose_calls_only_got_400s_is_not_failing(alice, django_use
         staff.save(update_fields=["is_staff"])
         client = Client()
         client.force_login(staff)
-        page = _page(client.get("/operator"))
+        page = page_html(client.get("/operator"))
         row = page.split(f'data-deployment="{deployment.pk}"')[1].split("</tr>")[0]
         assert 'data-field="state"' not in row and 'data-field="error_rate">0.0%<' in row
         # The two "last minute" figures say what they count, so 300 calls beside 0 records can't contradict.
@@ -198,15 +209,15 @@ def _metadata_form(pairs):
 
 
 def test_the_new_batch_form_sets_metadata_checked_as_the_api_checks_it(alice_client, alice, gemma):
-    form = _page(alice_client.get("/batches/new"))
+    form = page_html(alice_client.get("/batches/new"))
     assert form.count('name="metadata_key"') == 2 and 'data-max="16"' in form
     content = jsonl(chat_line("a"))
     pairs = [("team", "vision"), ("", ""), ("run", "nightly 7")]
-    response = _upload(alice_client, content, **_metadata_form(pairs))
+    response = post_upload(alice_client, content, **_metadata_form(pairs))
     assert response.status_code == 302
     batch = Batch.objects.get()
     assert batch_object(batch)["metadata"] == {"team": "vision", "run": "nightly 7"}
-    page = _page(alice_client.get(f"/batches/{batch.public_id}"))
+    page = page_html(alice_client.get(f"/batches/{batch.public_id}"))
     assert "<tr><th><code>team</code></th><td>vision</td></tr>" in page
 
     refusals = {
@@ -217,7 +228,7 @@ def test_the_new_batch_form_sets_metadata_checked_as_the_api_checks_it(alice_cli
         "is given twice": [("team", "a"), ("team", "b")],
     }
     for message, pairs in refusals.items():
-        response = _upload(alice_client, content, **_metadata_form(pairs))
+        response = post_upload(alice_client, content, **_metadata_form(pairs))
         text = response.content.decode().replace("&#x27;", "'")
         assert response.status_code == 400 and message in text, message
         assert f'value="{pairs[0][1]}"' in text  # what was typed comes back

@@ -10,8 +10,11 @@ from django.utils import timezone
 from batches.dashboard import consumers
 from batches.models import Engine, Record, RecordStatus
 from openrelay.core.models import Deployment, Model
-from tests.dashboard_tests.conftest import make_batch, make_member
-from tests.dashboard_tests.test_consumers import _fresh_layer, session_of, socket  # noqa: F401
+from tests.dashboard_tests.conftest import make_member, session_of, socket
+from tests.helpers import make_batch
+
+# The sockets of these tests, each on a channel layer of its own (conftest.fresh_layer).
+pytestmark = pytest.mark.usefixtures("fresh_layer")
 
 
 @pytest.fixture

@@ -2,14 +2,13 @@
 
 from batches.models import Batch
 from files.models import File
-from tests.dashboard_tests.conftest import chat_line, jsonl, stored_file
-from tests.dashboard_tests.test_views import _page, _upload
-from tests.helpers import CHAT
+from tests.dashboard_tests.conftest import chat_line, jsonl, page_html, post_upload
+from tests.helpers import CHAT, stored_file
 
 
 def test_a_dropped_file_is_quoted_kept_and_chosen_for_create(alice_client, alice, gemma):
-    response = _upload(alice_client, jsonl(chat_line("a"), chat_line("b"), b"{broken"), action="quote")
-    page = _page(response)
+    response = post_upload(alice_client, jsonl(chat_line("a"), chat_line("b"), b"{broken"), action="quote")
+    page = page_html(response)
 
     assert not Batch.objects.exists()
     file = File.objects.get()
@@ -20,19 +19,19 @@ def test_a_dropped_file_is_quoted_kept_and_chosen_for_create(alice_client, alice
     assert "data-quote-note" in page  # no tokenizer, no history: said, not hidden
     assert page.index("data-quote ") < page.index("data-submit")  # the quote comes before Create
 
-    created = _upload(alice_client, None, input_file_id=file.public_id)
+    created = post_upload(alice_client, None, input_file_id=file.public_id)
     assert created.status_code == 302 and Batch.objects.get().total_count == 2
 
 
 def test_a_file_uploaded_before_is_quoted(alice_client, alice, gemma):
     file = stored_file(alice.org, jsonl(chat_line("a")))
-    page = _page(_upload(alice_client, None, input_file_id=file.public_id, action="quote"))
+    page = page_html(post_upload(alice_client, None, input_file_id=file.public_id, action="quote"))
     assert "1 accepted, 0 rejected" in page and not Batch.objects.exists()
 
 
 def test_a_bad_input_is_refused_as_create_refuses_it(alice_client, alice, bob, gemma):
     theirs = stored_file(bob.org, jsonl(chat_line("a")))
-    response = _upload(alice_client, None, input_file_id=theirs.public_id, action="quote")
+    response = post_upload(alice_client, None, input_file_id=theirs.public_id, action="quote")
     assert response.status_code == 400 and "Cannot find file" in response.content.decode()
     assert "data-quote " not in response.content.decode()
 
@@ -43,14 +42,14 @@ def test_quotes_share_the_organizations_rate_with_the_api(alice_client, alice, b
     settings.OPENRELAY_BATCH_ESTIMATE_RATE = "3/minute"
     file = stored_file(alice.org, jsonl(chat_line("a")))
     for _ in range(2):
-        _page(_upload(alice_client, None, input_file_id=file.public_id, action="quote"))
+        page_html(post_upload(alice_client, None, input_file_id=file.public_id, action="quote"))
     api = alice.client.post(
         "/v1/batches/estimate",
         {"endpoint": CHAT, "completion_window": "24h", "input_file_id": file.public_id},
         format="json",
     )
     assert api.status_code == 200
-    response = _upload(alice_client, None, input_file_id=file.public_id, action="quote")
+    response = post_upload(alice_client, None, input_file_id=file.public_id, action="quote")
 
     assert response.status_code == 429 and 1 <= int(response["Retry-After"]) <= 60
     page = response.content.decode()
@@ -58,4 +57,4 @@ def test_quotes_share_the_organizations_rate_with_the_api(alice_client, alice, b
     bob_client = Client()
     bob_client.force_login(bob_user)
     theirs = stored_file(bob.org, jsonl(chat_line("a")))
-    assert "data-quote " in _page(_upload(bob_client, None, input_file_id=theirs.public_id, action="quote"))
+    assert "data-quote " in page_html(post_upload(bob_client, None, input_file_id=theirs.public_id, action="quote"))

@@ -24,13 +24,13 @@ def test_after_the_warm_up_the_first_live_event_imports_nothing(tmp_path):
         import django
         django.setup()
         from batches.engine import runner, warmup
-        from batches.dashboard import events
+        from batches import live
 
         async def main():
             await warmup.warm()
             before = set(sys.modules)
-            from batches.presenters import live_batch_object  # noqa: F401 - events.snapshots' import
-            await events.send({"organization_id": 0, "batch": {"id": "batch_warmup_test"}})
+            from batches.presenters import live_batch_object  # noqa: F401 - live.snapshots' import
+            await live.send({"organization_id": 0, "batch": {"id": "batch_warmup_test"}})
             return sorted(set(sys.modules) - before)
 
         print(asyncio.run(main()))

@@ -10,30 +10,10 @@ from batches.models import Batch
 from files.models import File
 from openrelay.core.models import Price
 from tests.batches_api_tests.helpers import upload
+from tests.estimate_tests.conftest import line, ok, quote
 from tests.helpers import CHAT, MODEL, chat, deploy, make_batch
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def line(i, content=None, model=MODEL, **body):
-    return {
-        "custom_id": f"req-{i}",
-        "method": "POST",
-        "url": CHAT,
-        "body": {**chat(content or f"question {i}", **body), "model": model},
-    }
-
-
-def quote(persona, **params):
-    body = {"endpoint": CHAT, "completion_window": "24h", **params}
-    return persona.client.post("/v1/batches/estimate", body, format="json")
-
-
-def ok(response):
-    assert response.status_code == 200, response.content
-    answer = response.json()
-    assert answer["object"] == "openrelay.batch_estimate"
-    return answer
 
 
 def test_it_quotes_inline_requests_without_creating_anything(alice, fresh_sim):
@@ -262,11 +242,11 @@ def test_the_sample_is_uniform_over_the_records():
     from batches.estimate.records import SAMPLE_SIZE, RecordTally
 
     tally = RecordTally("/v1/embeddings")
-    for line in range(1, 20_001):
-        tally.observe({"body": {"input": "x"}}, line)
+    for number in range(1, 20_001):
+        tally.observe({"body": {"input": "x"}}, number)
     lines = sorted(s.line for s in tally.sample)
     assert len(set(lines)) == SAMPLE_SIZE
-    halves = sum(line <= 10_000 for line in lines)
+    halves = sum(number <= 10_000 for number in lines)
     assert 70 <= halves <= 130  # about half from each half of the file (binomial, sd 7)
 
 

@@ -11,8 +11,8 @@ from batches.estimate import tokens
 from files import services as file_services
 from openrelay.core.models import Deployment
 from tests.batches_api_tests.helpers import upload
+from tests.estimate_tests.conftest import line, ok, quote
 from tests.estimate_tests.counting import CountingTokenizer
-from tests.estimate_tests.test_estimate_api import line, ok, quote
 from tests.helpers import CHAT, MODEL, deploy
 from tests.processes import Processes
 

@@ -9,7 +9,8 @@ import pytest
 from django.conf import settings
 
 from openrelay.lib import semaphores
-from tests.processes import start, wait_for
+from tests.helpers import wait_for
+from tests.processes import start
 
 # Long enough that the child's slots are still leased when this process first looks, on a loaded
 # machine (1 s failed once under CI-like load: the child's lease ran out before the first look).
@@ -49,12 +50,14 @@ def test_a_process_that_dies_holding_slots_gives_them_back(db):
         DJANGO_SETTINGS_MODULE="openrelay.settings",
     )
     try:
-        wait_for(lambda: "held" in holder.log_tail(), "the child to hold its slots")
+        wait_for(lambda: "held" in holder.log_tail(), 30, "the child to hold its slots")
         assert "held True" in holder.log_tail()
         assert gate.acquire(0.2) is None  # the other process's slots count here
         holder.kill()
         killed = time.monotonic()
-        slot = wait_for(lambda: gate.acquire(0.05), "a dead process's slot to come back", timeout=10)
+        freed = []  # the slot the dead process held, once this process gets it
+        wait_for(lambda: freed.append(gate.acquire(0.05)) or freed[-1], 10, "a dead process's slot to come back")
+        slot = freed[-1]
         back_after = time.monotonic() - killed
     finally:
         holder.stop()

@@ -1,70 +1,19 @@
 """Files on object storage (OPENRELAY_STORAGE_URL=s3://...), against moto's standalone S3 server (from PyPI):
 two worker clusters with separate data folders, sharing only the database and the bucket, run one batch."""
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import boto3
 import orjson
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from files import storage
-from openrelay.lib import children
-from tests.helpers import MODEL, free_port, make_persona, status_of, wait_for
+from tests.helpers import MODEL, make_persona, status_of, wait_for
+from tests.ops_tests.conftest import BUCKET, CREDENTIALS
 from tests.processes import cluster
 
 # 20 ms calls, so the batch lasts long enough for both machines' engines to join whichever
 # sees it first (40 instant calls could all go to one engine on a loaded machine).
 RECORDS = 200
-BUCKET = "openrelay-files"
-CREDENTIALS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing-secret",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
-@pytest.fixture
-def s3(tmp_path, monkeypatch):
-    """moto_server on a free port with an empty bucket; yields the storage URL."""
-    port = free_port()
-    log = open(tmp_path / "moto.log", "wb")
-    process = children.popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                break
-            assert time.monotonic() < deadline and process.poll() is None, "moto_server did not start"
-            time.sleep(0.05)
-        for name, value in CREDENTIALS.items():
-            monkeypatch.setenv(name, value)
-        endpoint = f"http://127.0.0.1:{port}"
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
-        yield f"s3://{BUCKET}/files?endpoint_url={endpoint}&region=us-east-1&addressing_style=path"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
-        log.close()
-
-
-@pytest.fixture
-def on_s3(s3, settings):
-    settings.STORAGES = {**settings.STORAGES, "default": storage.storage_from_url(s3, "")}
-    return s3
 
 
 def keys(url):

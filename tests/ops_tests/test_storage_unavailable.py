@@ -1,6 +1,6 @@
 """A down or hung S3 store: uploads, downloads and creates answer a coded 503 within the storage
 timeouts (files.storage), and /readyz names storage (openrelay.web.probes). The store is moto's
-standalone server (tests.ops_tests.test_object_storage), a closed port, or a socket that never answers."""
+standalone server (tests.ops_tests.conftest), a closed port, or a socket that never answers."""
 
 import socket
 import threading
@@ -13,7 +13,7 @@ from files import storage
 from files.models import File
 from openrelay.web import probes
 from tests.helpers import free_port, make_persona
-from tests.ops_tests.test_object_storage import CREDENTIALS, on_s3, s3  # noqa: F401 - fixtures
+from tests.ops_tests.conftest import CREDENTIALS
 
 TIMEOUT_S = 1.0
 

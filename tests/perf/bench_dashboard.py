@@ -125,7 +125,7 @@ def bench_samples(batches, full):
 
 def bench_operator():
     from batches import operator
-    from batches.dashboard.views import operator_fragment
+    from batches.dashboard.display import operator_fragment
 
     print(
         f"operator figures (overview): {timed(operator.overview):.1f} ms; rendered page: "
@@ -136,7 +136,7 @@ def bench_operator():
 def bench_failures(org):
     from batches import selectors
     from batches.models import Batch, Record, RecordStatus
-    from tests.dashboard_tests.conftest import make_batch
+    from tests.helpers import make_batch
 
     for n in (2808, 50_000):
         batch = make_batch(org, status="completed", total=n, failed=n)

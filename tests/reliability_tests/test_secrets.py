@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import orjson
@@ -37,7 +36,7 @@ from openrelay.simulator.server import run_in_thread
 from tests.fixtures.mcp_servers import SECRET as MCP_TOKEN
 from tests.fixtures.tool_executor import ok
 from tests.fixtures.workflow_callback import Reply
-from tests.helpers import MODEL, database_url
+from tests.helpers import MODEL, database_url, wait_for
 from tests.reliability_tests.conftest import jsonl, upload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,13 +130,6 @@ def _create(alice, lines):
     )
     assert response.status_code == 200, response.content
     return Batch.objects.get(public_id=response.json()["id"])
-
-
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what() if callable(what) else what}"
-        time.sleep(0.1)
 
 
 def _worker(tmp_path, log_path):
@@ -240,7 +232,7 @@ def test_no_secret_reaches_a_file_a_log_a_page_or_an_answer(
     process, log = _worker(tmp_path, log_path)
     try:
         there = _create(alice, lines)
-        _wait_for(
+        wait_for(
             lambda: Batch.objects.get(pk=there.pk).status == "completed",
             60,
             lambda: f"the worker to finish; its log:\n{log_path.read_text(errors='replace')[-3000:]}",
