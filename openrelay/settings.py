@@ -267,7 +267,11 @@ SPECTACULAR_SETTINGS = {
     "VERSION": "0.1.0",
     "SERVE_INCLUDE_SCHEMA": False,
     "DESCRIPTION": "OpenAI-compatible Files and Batches API. Authenticate with `Authorization: Bearer or_...`.",
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "openrelay.api.openapi.add_components"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "openrelay.api.openapi.add_components",
+        "batches.views.endpoint_enum",
+    ],
 }
 
 LANGUAGE_CODE = "en-us"

@@ -326,17 +326,8 @@ COMPONENTS = {
                 "maxItems": 50000,
                 "items": {"type": "object", "description": "One JSONL request object: custom_id, method, url, body."},
             },
-            "endpoint": {
-                "type": "string",
-                "enum": [
-                    "/v1/chat/completions",
-                    "/v1/completions",
-                    "/v1/embeddings",
-                    "/v1/responses",
-                    "/v1/moderations",
-                    "/v1/messages",
-                ],
-            },
+            # Its enum is the endpoint registry's (batches.views.endpoint_enum, a hook after this module's).
+            "endpoint": {"type": "string"},
             "completion_window": {"type": "string", "enum": ["24h"]},
             "metadata": {
                 "type": "object",
@@ -734,7 +725,7 @@ COMPONENTS.update(
 
 
 def anthropic_errors(*statuses):
-    """Error responses in Anthropic's envelope (the /v1/messages routes), one per status."""
+    """Error responses in Anthropic's envelope (the Messages dialect's routes), one per status."""
     return {
         status: OpenApiResponse(
             response=ref("AnthropicError"), description=f"Anthropic error envelope ({anthropic_error_type(status)})"
