@@ -61,11 +61,13 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
     claimed = {}
     flushed = {pk: done for pk, done in outcomes.items() if done}
     with transaction.atomic():
-        # The claims first: SKIP LOCKED, they wait for no one. The batch rows last (lock_batches
-        # says why in id order), held for the flush's statement and the commit only: a host that
-        # vanished mid-trip held them across every round trip of its trip (issue 54: a batch
-        # frozen for every host for 163 s), now across its last two, and its session ends after
-        # OPENRELAY_DB_IDLE_IN_TRANSACTION_S (dbretry.deadlines).
+        # The batch rows first (lock_batches says why), before the claims lock any record: a cancel
+        # or an expiry (cut.close_unfinished) takes the batch row and then its records, so a trip that
+        # claimed records before it took the batch row deadlocks with it (test_big_answers). A host
+        # that vanishes mid-trip holds these rows until its session ends, after
+        # OPENRELAY_DB_IDLE_IN_TRANSACTION_S (dbretry.deadlines; issue 54 measured a batch frozen
+        # 163 s for every host without it); the others' trips wait OPENRELAY_DB_LOCK_TIMEOUT_S a try.
+        lock_batches(flushed)
         for batch_pk, (limit, after_line, expired) in claims.items():
             records = _leased_until(batch_pk, owner, lease_until) if recover else []
             if limit > len(records):
@@ -73,7 +75,6 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
             if records:
                 records.sort(key=lambda record: record.line)
                 claimed[batch_pk] = records
-        lock_batches(flushed)
         written, finished = flushes.write(owner, flushed)
     return written, claimed, finished
 
