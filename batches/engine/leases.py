@@ -65,7 +65,9 @@ class Leases:
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            # Bounded: a renewal stuck on a database that went away (up to the connection's deadlines)
+            # must not hold up the engine's stop; the thread is a daemon and its leases run out anyway.
+            self._thread.join(timeout=self.lease_s)
             self._thread = None
 
     def _run(self) -> None:
