@@ -3,8 +3,9 @@
 from django.conf import settings
 
 from openrelay.api.errors import ApiError
-from openrelay.api.params import invalid_type, missing_parameter, request_object, shown
+from openrelay.api.params import invalid_type, missing_parameter, request_object
 from openrelay.lib.outbound import OutboundError, check_url
+from openrelay.lib.wording import shown
 from webhooks.models import EVENT_TYPES
 
 ENDPOINT_FIELDS = ("name", "url", "event_types")

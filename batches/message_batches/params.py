@@ -12,7 +12,8 @@ comes back as an `errored` result.
 from batches.endpoints import anthropic
 from batches.validation import messages
 from openrelay.api.errors import ApiError
-from openrelay.api.params import invalid_type, missing_parameter, shown
+from openrelay.api.params import invalid_type, missing_parameter
+from openrelay.lib.wording import shown
 
 MESSAGES = anthropic.MESSAGES.path
 # Anthropic's limits: 100,000 requests (or 256 MB) a batch, custom_ids of 1-64 characters.

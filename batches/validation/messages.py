@@ -12,8 +12,8 @@ turns the first one into ParamInvalid("messages.0.role", ...), which each caller
 
 from dataclasses import dataclass
 
-from openrelay.api.params import shown, type_name
 from openrelay.lib import request_schemas
+from openrelay.lib.wording import shown, type_name
 
 ROLES = ("user", "assistant")
 TOOL_CHOICES = ("auto", "any", "tool", "none")

@@ -17,7 +17,8 @@ from batches.validation.extensions import (
     normalize_workflow,
     wrong_type,
 )
-from openrelay.api.params import missing_parameter, shown
+from openrelay.api.params import missing_parameter
+from openrelay.lib.wording import shown
 
 # Workflows read and extend a chat conversation: no other endpoint has one. Tool loops run on
 # Anthropic Messages too (tool_use blocks answered with tool_result blocks).

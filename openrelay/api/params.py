@@ -5,23 +5,7 @@ these, so a wrong type or a missing parameter reads the same on every route, as 
 """
 
 from openrelay.api.errors import ApiError
-
-
-def type_name(value):
-    """OpenAI's wording for a JSON value's type: 'a string', 'an array', ..."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+from openrelay.lib.wording import shown, type_name
 
 
 def invalid_type(param, expected, value):
@@ -52,18 +36,6 @@ def unknown_parameter(param):
 
 def missing_parameter(param):
     return ApiError(f"Missing required parameter: '{param}'.", param=param, code="missing_required_parameter")
-
-
-def shown(value, limit=100):
-    """A user value for a message: repr of a scalar, cut short; the type of anything else.
-
-    Never repr() a parsed container: one nested 1,000 levels deep would
-    exhaust Python's recursion limit (a 500 instead of a 400).
-    """
-    if isinstance(value, (list, dict)):
-        return type_name(value)
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def request_object(data, known):

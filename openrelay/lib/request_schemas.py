@@ -34,6 +34,8 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 from pydantic_core import SchemaValidator
 
+from openrelay.lib.wording import shown, type_name
+
 # The fields tagged unions are keyed by, in the order they are tried on a union's members.
 DISCRIMINATORS = ("type", "role")
 
@@ -322,14 +324,14 @@ def _worded(error: _Error, prefix: str) -> Problem:
         param = f"{param}.{field}"
         return Problem(
             param,
-            f"Invalid value for '{param}': {_shown(context.get('tag'))}. Supported values are: "
+            f"Invalid value for '{param}': {shown(context.get('tag'))}. Supported values are: "
             f"{_quoted(_TAG.findall(str(context.get('expected_tags', ''))))}.",
             "invalid_value",
         )
     if kind == "literal_error":
         return Problem(
             param,
-            f"Invalid value for '{param}': {_shown(error.value)}. Supported values are: "
+            f"Invalid value for '{param}': {shown(error.value)}. Supported values are: "
             f"{_quoted(context.get('values') or _values(error))}.",
             "invalid_value",
         )
@@ -341,30 +343,9 @@ def _worded(error: _Error, prefix: str) -> Problem:
         return Problem(param, f"Invalid value for '{param}': {error.message}.", "invalid_value")
     return Problem(
         param,
-        f"Invalid type for '{param}': expected {expected}, but got {_type_name(error.value)} instead.",
+        f"Invalid type for '{param}': expected {expected}, but got {type_name(error.value)} instead.",
         "invalid_type",
     )
-
-
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    return "an array" if isinstance(value, list) else "an object"
-
-
-def _shown(value: Any, limit: int = 100) -> str:
-    if isinstance(value, (list, dict)):
-        return _type_name(value)
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 # The endpoints' published request types: the non-streaming ones (a batch request never streams).
