@@ -18,6 +18,8 @@ from django.db import InterfaceError, OperationalError, connection, connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from batches.engine.calls.usage import Usage
+from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, Record
 from files import services as file_services
 from openrelay.core.models import ApiKey, Deployment, Model, Organization
@@ -273,3 +275,8 @@ class EngineThread:
         # The engine's threads (its closer) end without closing their database connections; collected
         # here, or PostgreSQL refuses to drop the test database while they are open.
         gc.collect()
+
+
+def answered(tokens):
+    """A successful call's outcome billing `tokens` input tokens and one output token."""
+    return RecordOutcome(True, 200, "req", {"usage": {}}, usage=Usage(prompt_tokens=tokens, completion_tokens=1))

@@ -6,6 +6,8 @@ are shared: tests/fixtures/ and tests/helpers.py.
 
 import pytest
 
+from batches.engine.liveness import Liveness
+
 
 @pytest.fixture(autouse=True)
 def _storage(tmp_storage):
@@ -33,3 +35,18 @@ def no_proxies(monkeypatch):
     ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
+
+
+@pytest.fixture
+def engines(transactional_db):
+    """make(name): a live engine's Liveness with its first beat written; all closed after the test."""
+    made = []
+
+    def make(name):
+        made.append(Liveness(name))
+        made[-1].beat({}, True)
+        return made[-1]
+
+    yield make
+    for liveness in made:
+        liveness.close()

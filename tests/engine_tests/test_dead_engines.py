@@ -11,13 +11,10 @@ from django.db import connection
 from django.utils import timezone
 
 from batches.engine import store
-from batches.engine.calls.usage import Usage
-from batches.engine.liveness import Liveness
-from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, Engine, Record
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
-from tests.helpers import assert_exactly_once, chat, make_batch, status_of, wait_for
+from tests.helpers import answered, assert_exactly_once, chat, make_batch, status_of, wait_for
 
 
 def a_dead_pid():
@@ -34,24 +31,6 @@ def kill(engine):
     else:
         Engine.objects.filter(owner=engine.owner).update(pid=a_dead_pid())
     Engine.objects.filter(owner=engine.owner).update(seen_at=timezone.now() - timedelta(seconds=2))
-
-
-def outcome(tokens):
-    return RecordOutcome(True, 200, "req", {"usage": {}}, usage=Usage(prompt_tokens=tokens, completion_tokens=1))
-
-
-@pytest.fixture
-def engines(transactional_db):
-    made = []
-
-    def make(name):
-        made.append(Liveness(name))
-        made[-1].beat({}, True)
-        return made[-1]
-
-    yield make
-    for liveness in made:
-        liveness.close()
 
 
 def test_it_never_takes_a_slow_live_engine_for_dead(alice, model, engines):
@@ -78,11 +57,11 @@ def test_it_fences_an_engine_taken_for_dead(alice, model, engines):
     assert [r.pk for r in taken] == [r.pk for r in stale] and all(r.resumed for r in taken)
 
     # The "dead" engine was only slow: nothing it writes lands, and its next beat finds it fenced.
-    assert store.flush(batch.pk, dead.owner, [(r, outcome(100)) for r in stale]) == 0
+    assert store.flush(batch.pk, dead.owner, [(r, answered(100)) for r in stale]) == 0
     assert store.save_checkpoints(dead.owner, {stale[0].pk: b"x"}) == set()
     with pytest.raises(store.Fenced):
         store.heartbeat(dead.owner, {}, first=False)
-    assert store.flush(batch.pk, survivor.owner, [(r, outcome(7)) for r in taken]) == 3
+    assert store.flush(batch.pk, survivor.owner, [(r, answered(7)) for r in taken]) == 3
     batch = Batch.objects.get(pk=batch.pk)
     assert (batch.completed_count, batch.input_tokens) == (3, 21)  # the survivor's run, once
     assert set(Record.objects.filter(batch=batch).values_list("attempts", flat=True)) == {2}

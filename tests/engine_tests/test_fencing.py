@@ -16,35 +16,14 @@ from django.utils import timezone
 
 from batches.engine import dbretry, store
 from batches.engine.calls.caller import ModelCaller, Upstream
-from batches.engine.calls.usage import Usage
 from batches.engine.fairness import Held
 from batches.engine.leases import Leases
-from batches.engine.liveness import Liveness
-from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, Engine, Record
-from tests.helpers import chat, make_batch
+from tests.helpers import answered, chat, make_batch
 
 postgresql_only = pytest.mark.skipif(
     connection.vendor != "postgresql", reason="row locks and server sessions: PostgreSQL's (SQLite has one writer)"
 )
-
-
-def outcome(tokens):
-    return RecordOutcome(True, 200, "req", {"usage": {}}, usage=Usage(prompt_tokens=tokens, completion_tokens=1))
-
-
-@pytest.fixture
-def engines(transactional_db):
-    made = []
-
-    def make(name):
-        made.append(Liveness(name))
-        made[-1].beat({}, True)
-        return made[-1]
-
-    yield make
-    for liveness in made:
-        liveness.close()
 
 
 def beat_ago(owner, seconds):
@@ -71,7 +50,7 @@ def test_a_taken_over_engines_writes_are_refused_before_anyone_claims_its_record
     assert survivor.reap() == ({batch.pk: 3}, {})
 
     # Thawed, before the survivor claimed anything: its name is on no record any more.
-    assert store.flush(batch.pk, paused.owner, [(r, outcome(100)) for r in stale]) == 0
+    assert store.flush(batch.pk, paused.owner, [(r, answered(100)) for r in stale]) == 0
     assert store.save_checkpoints(paused.owner, {stale[0].pk: b"x"}) == set()
     assert store.hold(paused.owner, [batch.pk]) is False  # its renewal finds it fenced, renews nothing
     assert set(Record.objects.filter(batch=batch).values_list("status", "lease_owner")) == {("running", "")}
@@ -79,7 +58,7 @@ def test_a_taken_over_engines_writes_are_refused_before_anyone_claims_its_record
 
     taken = store.claim(batch.pk, survivor.owner, 3)
     assert [r.pk for r in taken] == [r.pk for r in stale] and all(r.resumed for r in taken)
-    assert store.flush(batch.pk, survivor.owner, [(r, outcome(7)) for r in taken]) == 3
+    assert store.flush(batch.pk, survivor.owner, [(r, answered(7)) for r in taken]) == 3
     assert Batch.objects.get(pk=batch.pk).input_tokens == 21  # billed once, the survivor's
 
 
@@ -222,7 +201,7 @@ def test_a_host_lost_holding_a_trips_transaction_does_not_freeze_the_batch(alice
             dbretry.engine_session()
             try:
                 started = time.monotonic()
-                done = outcome(5)
+                done = answered(5)
                 result["written"] = dbretry.call(
                     store.trip,
                     other.owner,
