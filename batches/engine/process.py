@@ -44,6 +44,7 @@ from django.conf import settings
 logger = logging.getLogger("openrelay.engine")
 
 RESTART_AFTER_S = 1.0
+EXIT_WITHIN_S = 5.0
 _state = {"engine": None, "thread": None, "stopping": False}
 
 
@@ -101,4 +102,12 @@ def _on_sigterm(signum, frame):
     if _state["stopping"]:
         return  # a second SIGTERM, or one during q2's own stop: the stop under way goes on
     stop()
-    os._exit(0)
+    # Leave by SystemExit, not os._exit: an idle worker waits in the task queue's `get` holding the
+    # queue's read lock (shared by every worker), and only unwinding that `with` releases it. Left
+    # held, the workers q2 brings back never read a task or their STOP, and the cluster's next stop
+    # hangs (CI: a group SIGTERM as the engines started). The timer ends the process should the
+    # exception be swallowed or the exit's own clean-up block.
+    deadline = threading.Timer(EXIT_WITHIN_S, os._exit, (0,))
+    deadline.daemon = True
+    deadline.start()
+    raise SystemExit(0)

@@ -319,10 +319,6 @@ def test_search_finds_a_batch_by_metadata_and_the_filters_stay_in_the_url(member
     assert page.locator("tbody[data-rows] tr[data-batch]").count() == 50
 
 
-@pytest.mark.skipif(
-    settings.DATABASES["default"]["ENGINE"].endswith("postgresql"),
-    reason="layout only, the same on every database: the SQLite pass measures it",
-)
 def test_the_files_page_and_the_admin_lists_fit_1280_px(member, staff, processes, browser, shots):
     page = browser
     Model.objects.create(name=MODEL)

@@ -125,3 +125,31 @@ def test_a_stop_that_comes_while_the_engine_starts_is_not_lost(transactional_db,
     finally:
         signal.signal(signal.SIGTERM, previous)
         process._state.update(engine=None, thread=None, stopping=False)
+
+
+def worker_pids(cluster):
+    """The pids q2 logs as "Process-<name> ready for work at <pid>", in spawn order."""
+    return [
+        int(line.rsplit(b" ", 1)[1])
+        for line in Path(cluster.log.name).read_bytes().splitlines()
+        if b"ready for work at" in line
+    ]
+
+
+@pytest.mark.slow
+def test_sigterm_to_each_idle_worker_leaves_the_task_queue_readable(transactional_db, clusters):
+    """A worker killed by SIGTERM while idle holds the task queue's read lock (q2's workers wait in
+    `Queue.get`, lock held); leaving by os._exit kept it held for good, so the workers q2 brought
+    back never read a task or their STOP: a later stop hung (CI: a group SIGTERM as the engines
+    started, one worker brought back, the cluster still running 30 s on)."""
+    cluster = running(clusters(OPENRELAY_STOP_GRACE_S=GRACE_S))
+    first = worker_pids(cluster)
+    assert len(first) == 2
+    for pid in first:  # one of the two is waiting in the pipe's read, the lock held
+        os.kill(pid, signal.SIGTERM)
+        psutil.Process(pid).wait(timeout=GRACE_S + 20)
+    wait_for(lambda: len(worker_pids(cluster)) >= 4, 30, "q2 to bring both workers back")
+    started = time.monotonic()
+    cluster.terminate(timeout=GRACE_S + 20)
+    took = time.monotonic() - started
+    assert took < GRACE_S, f"the stop took {took:.1f} s; the log ends:\n{cluster.log_tail()}"
