@@ -51,6 +51,10 @@ TIMESTAMP_FIELD = {
 }
 
 
+# A cancel answers this long after it committed, and by then no engine sends a call of the batch: an
+# engine sends one only within half of it of a read that found the batch running (batches.engine.fence).
+CANCEL_FENCE_S = 1.5
+
 # The statuses in which a batch may be paused (and is resumed).
 PAUSABLE = (S.VALIDATING, S.IN_PROGRESS)
 

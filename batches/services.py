@@ -1,6 +1,7 @@
 """Batch writes that span several steps: create (file -> records -> batch) and cancel."""
 
 import re
+import time
 from array import array
 from bisect import bisect_left
 from contextlib import contextmanager
@@ -486,22 +487,42 @@ def _lines_at(stream, spans):
 # Cancel
 
 
+def _fenced(batch):
+    """A second cancel of a batch (or one that lost the race to another): what is left of the first's
+    wait (cancel_batch), by the time the first was written."""
+    if batch.cancelling_at is None:
+        return
+    left = lifecycle.CANCEL_FENCE_S - (timezone.now() - batch.cancelling_at).total_seconds()
+    if left > 0:
+        time.sleep(min(left, lifecycle.CANCEL_FENCE_S))
+
+
 def cancel_batch(batch):
     """Ask a running batch to stop; return it as it now stands.
 
     validating / in_progress -> cancelling (an engine stops its records and finishes the cancellation).
     Already cancelling or cancelled: unchanged. Anything else: 409.
+
+    It answers lifecycle.CANCEL_FENCE_S after the commit: every engine sends a call only within half
+    of that of reading the batch running (batches.engine.fence), so once a cancel answers, no model
+    call of its batch leaves any engine. A batch cancelled while validating never ran: no wait.
     """
     # Each lost race means the status moved forward; there are only so many
     # statuses, so this loop ends.
     for _ in range(len(BatchStatus.choices)):
         if batch.status in CANCELLED_OR_CANCELLING:
+            _fenced(batch)
             return batch
         if BatchStatus.CANCELLING not in lifecycle.ALLOWED[batch.status]:
             raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.", code="batch_not_cancellable")
+        ran = batch.status == BatchStatus.IN_PROGRESS
         with transaction.atomic():
-            if lifecycle.transition(batch, BatchStatus.CANCELLING):
+            cancelled = lifecycle.transition(batch, BatchStatus.CANCELLING)
+            if cancelled:
                 _announce_on_commit(batch)
-                return batch
+        if cancelled:
+            if ran:
+                time.sleep(lifecycle.CANCEL_FENCE_S)  # from the commit on
+            return batch
         batch.refresh_from_db()
     raise Conflict(f"Cannot cancel a batch with status '{batch.status}'.", code="batch_not_cancellable")

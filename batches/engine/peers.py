@@ -27,6 +27,7 @@ from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.calls.health import Health
 from batches.engine.config import EngineConfig
 from batches.engine.fairness import CallGate, OrgCaps, split
+from batches.engine.fence import StatusFence
 from batches.engine.lanes import Lane
 from batches.engine.liveness import Liveness
 from openrelay.core.models import DeploymentHealth
@@ -54,8 +55,10 @@ class Peers:
         db: Callable[..., Coroutine[Any, Any, Any]],
         wake: Callable[[], None],
         leased: Callable[[], bool],
+        fence: StatusFence | None = None,
     ) -> None:
         self.config = config
+        self.fence = fence  # when the engine last read the running batches (fence.py): each caller checks it
         self.leased = leased  # whether the engine's leases hold (leases.Leases.live): each caller checks it
         self.owner = owner
         self.liveness = liveness
@@ -96,6 +99,7 @@ class Peers:
             gate=CallGate(self.caps),
             health=self.health,
             leased=self.leased,
+            fence=self.fence,
         )
         await caller.__aenter__()
         lane = self.lanes[model_id] = Lane(model_id, caller, self.config)

@@ -52,6 +52,7 @@ from batches.engine.batch_set import Roster
 from batches.engine.calls import budget
 from batches.engine.config import EngineConfig
 from batches.engine.fairness import OrgCaps
+from batches.engine.fence import StatusFence
 from batches.engine.lanes import BatchRun, Lanes
 from batches.engine.peers import DEPLOYMENTS_EVERY_S, HEARTBEAT_S, Peers
 from batches.engine.trips import FLUSH_EVERY_S, CheckpointWriter, Trips
@@ -105,7 +106,10 @@ class Engine:
         )
         self.guard = spend.Guard(self)
         caps = OrgCaps()
-        self.peers = Peers(self.config, self.owner, self.liveness, caps, self.db, self._wake, self.leases.live)
+        self.fence = StatusFence(self._poll_soon)
+        self.peers = Peers(
+            self.config, self.owner, self.liveness, caps, self.db, self._wake, self.leases.live, self.fence
+        )
         self.lanes = Lanes(
             caps, self.guard, budget.Budget(self.config.answer_budget_bytes), self._wake, self.leases.live
         )
@@ -254,10 +258,17 @@ class Engine:
         self.peers.reshare()  # and the take-over is done (peers.resuming)
 
     async def _poll(self):
-        rows = await self.db(store.active_batches, self.only)
+        sent, rows = await self.db(self._read_batches)
         await self.roster.poll(rows)
+        self.fence.read(sent)  # after the roster stopped the batches it found cancelling (fence.py)
         self.peers.set_caps(rows)
         self.roster.resume(self.peers.take_freed())  # a lane opened for a new batch beat: perhaps some
+
+    def _read_batches(self):
+        """The running batches, and when the read was sent: on the database thread, so the time is the
+        query's own and not its wait behind a trip (fence.StatusFence)."""
+        sent = time.monotonic()
+        return sent, store.active_batches(self.only)
 
     async def _heartbeat(self):
         await self.peers.heartbeat()

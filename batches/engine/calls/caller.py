@@ -310,6 +310,7 @@ class ModelCaller:
         health=None,
         idle_timeout_s=None,
         leased=None,
+        fence=None,
     ):
         if not upstreams and gate is None:
             raise ValueError("a model needs at least one deployment")
@@ -331,6 +332,9 @@ class ModelCaller:
         # Whether the engine still holds its records (batches.engine.leases.Leases.live): a call
         # is not sent without it. A clock check, no database.
         self.leased = leased
+        # When the engine last read the running batches (batches.engine.fence.StatusFence): a call goes
+        # out only while that read is fresh, so a cancel's answer means no call of its batch leaves.
+        self.fence = fence
 
     @property
     def upstreams(self):
@@ -383,6 +387,8 @@ class ModelCaller:
             upstream = await self.gate.acquire(ticket)
             sent, sent_with = time.monotonic(), upstream.in_use
             try:
+                if self.fence is not None and not self.fence.fresh():
+                    await self.fence.wait_fresh()  # a poll is due: its read stops a cancelled batch's calls
                 if ticket.held:
                     raise Held  # its batch paused while the call waited for a slot: not sent
                 if self.leased is not None and not self.leased():
