@@ -28,6 +28,12 @@ from batches.models import Batch, BatchStatus
 
 logger = logging.getLogger("openrelay.engine")
 
+# A close that raised (its bucket or database away) is tried again after this, doubled each time up to
+# CLOSE_RETRY_MAX_S: once it had moved the batch to finalizing, no poll would see it again, and the
+# sweeper redoes a close only after sweeper.STUCK_FINALIZING (5 min; S3 down 30 s in the hosts tier).
+CLOSE_RETRY_S = 1.0
+CLOSE_RETRY_MAX_S = 30.0
+
 
 class Roster:
     """The Engine's running batches (a part of runner.Engine): `batches` ({pk: BatchRun}) and their
@@ -61,11 +67,14 @@ class Roster:
             int, int
         ] = {}  # batch pk -> records freed of a batch not joined yet (a new engine's first beat)
         self.closes: dict[int, asyncio.Task[Any]] = {}  # batch pk -> the close running on the closer thread
+        self.close_retries: dict[int, tuple[int, float]] = {}  # batch pk -> (closes failed, when to try again)
         self.announcing: asyncio.Task[Any] | None = None  # the task sending live events, if one is
         self.handback: list[int] = []  # records of batches paused here, to give back (take_handback)
 
     async def poll(self, rows):
-        """The running batches as the database has them now (`rows`): start, join, close, drop."""
+        """The running batches as the database has them now (`rows`): start, join, close, drop; and the
+        closes that failed, again once due."""
+        self._retry_closes()
         for pk in self.guard.polled(rows):
             self.held(pk)
         if due := self.guard.budgets_due():
@@ -105,7 +114,7 @@ class Roster:
     def idle(self):
         """No close running and nothing this engine can still do for its batches (an in-process engine
         ends then): each is done, or can't run here at all (its model has no enabled deployment)."""
-        if self.closes:
+        if self.closes or self.close_retries:
             return False
         return all(not run.lane.upstreams and not run.queue for run in self.batches.values())
 
@@ -181,13 +190,23 @@ class Roster:
         async def closing():
             try:
                 await asyncio.get_running_loop().run_in_executor(self.closer, self._close_batch, pk, close)
+                self.close_retries.pop(pk, None)
             except Exception:
-                logger.exception("closing batch %s failed; the sweeper tries again", pk)
+                failed = self.close_retries.get(pk, (0, 0.0))[0] + 1
+                delay = min(CLOSE_RETRY_MAX_S, CLOSE_RETRY_S * 2 ** (failed - 1))
+                self.close_retries[pk] = (failed, time.monotonic() + delay)
+                logger.exception("closing batch %s failed (%d times); tried again in %g s", pk, failed, delay)
             finally:
                 del self.closes[pk]
                 self.poll_soon()  # see the batch closed (and let an in-process engine end) at once
 
         self.closes[pk] = asyncio.get_running_loop().create_task(closing())
+
+    def _retry_closes(self):
+        now = time.monotonic()
+        for pk, (_, due) in list(self.close_retries.items()):
+            if due <= now and pk not in self.closes:
+                self._close(pk, finish.close_again)
 
     @staticmethod
     def _close_batch(pk, close):

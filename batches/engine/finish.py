@@ -59,6 +59,23 @@ def complete_cancellation(batch):
     return close(batch, BatchStatus.CANCELLED)
 
 
+def close_finalizing(batch):
+    """Close a batch left finalizing (its close failed, or its engine died mid-way): expired if its
+    window had passed when it began to (its unfinished records cut again: idempotent), else completed."""
+    if batch.expires_at <= batch.finalizing_at:
+        cut.close_unfinished(batch.pk, RecordStatus.EXPIRED, "batch_expired", results.EXPIRED_MESSAGE)
+        return close(batch, BatchStatus.EXPIRED)
+    return close(batch, BatchStatus.COMPLETED)
+
+
+def close_again(batch):
+    """A close that raised (its storage or database away), tried again from wherever it stopped."""
+    batch.refresh_from_db()
+    if batch.status == BatchStatus.FINALIZING:
+        return close_finalizing(batch)
+    return finalize_if_done(batch)
+
+
 def close(batch, final_status):
     """Write the result files and make the terminal transition, atomically."""
     rendered = results.render(batch)

@@ -32,15 +32,10 @@ def sweep(now=None):
     ):
         report["expired"] += bool(finish.expire_if_due(batch))
     for batch in Batch.objects.filter(status=BatchStatus.FINALIZING, finalizing_at__lte=now - STUCK_FINALIZING):
-        report["finalized"] += bool(_reclose(batch))
+        report["finalized"] += bool(finish.close_finalizing(batch))
     done = Batch.objects.filter(
         status=BatchStatus.IN_PROGRESS, total_count__lte=F("completed_count") + F("failed_count")
     )
     for batch in done.select_related("organization"):
         report["finalized"] += bool(finish.finalize_if_done(batch))
     return report
-
-
-def _reclose(batch):
-    status = BatchStatus.EXPIRED if batch.expires_at <= batch.finalizing_at else BatchStatus.COMPLETED
-    return finish.close(batch, status)

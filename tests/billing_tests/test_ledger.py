@@ -152,30 +152,44 @@ def test_a_double_finalize_bills_once(alice, model):
     assert LedgerEntry.objects.filter(batch_id=batch.public_id).count() == 1
 
 
-def test_a_crash_mid_finalize_bills_nothing_and_the_sweepers_reclose_bills_once(alice, model, monkeypatch):
+def test_a_crash_mid_finalize_bills_nothing_and_the_retried_close_bills_once(alice, model, monkeypatch):
     batch = create(alice, [chat("one"), chat(LONG), chat("bad [[status:400]]")])
     real_bill = ledger.bill_batch
+    crashed = []
 
-    def bill_then_crash(batch):
-        real_bill(batch)  # the entry is written, the result files are stored...
-        raise RuntimeError("worker died before the commit")
+    def bill_then_crash_once(batch):
+        entry = real_bill(batch)  # the entry is written, the result files are stored...
+        if not crashed:
+            crashed.append(batch.pk)
+            raise RuntimeError("worker died before the commit")
+        return entry
 
-    monkeypatch.setattr(ledger, "bill_batch", bill_then_crash)
-    run_batch(batch.pk)  # the close fails; the engine lives on (it logs it; the sweeper closes again)
-    batch.refresh_from_db()
-    assert batch.status == "finalizing" and batch.output_file is None
-    assert not LedgerEntry.objects.exists()  # rolled back with the transition
-
-    monkeypatch.setattr(ledger, "bill_batch", real_bill)
-    Batch.objects.filter(pk=batch.pk).update(finalizing_at=timezone.now() - timedelta(minutes=10))
-    assert sweep()["finalized"] == 1
-    assert sweep()["finalized"] == 0
+    monkeypatch.setattr(ledger, "bill_batch", bill_then_crash_once)
+    # The close fails once (rolled back with the transition: no entry, no files); the engine tries it again
+    # itself (batch_set.Roster._retry_closes), from the batch left finalizing.
+    run_batch(batch.pk)
     batch.refresh_from_db()
     entry = LedgerEntry.objects.get()
-    assert batch.status == "completed" and entry.batch_id == batch.public_id
+    assert crashed and batch.status == "completed" and entry.batch_id == batch.public_id
+    assert sweep()["finalized"] == 0
     prompt, cached, completion = usage_of_lines(read_lines(batch.output_file))
     assert (entry.input_tokens, entry.cached_tokens, entry.output_tokens) == (prompt, cached, completion)
     assert entry.total_cost_nanos == oracle_cost(prompt, cached, completion)[3]
+
+
+def test_the_sweeper_recloses_a_batch_left_finalizing_and_bills_once(alice, model):
+    """A close whose engine died mid-way (nothing retries it but the sweeper, after STUCK_FINALIZING)."""
+    batch = create(alice, [chat("one"), chat(LONG)])
+    run_batch(batch.pk)
+    batch.refresh_from_db()
+    LedgerEntry.objects.all().delete()
+    Batch.objects.filter(pk=batch.pk).update(
+        status="finalizing", output_file=None, finalizing_at=timezone.now() - timedelta(minutes=10)
+    )
+    assert sweep()["finalized"] == 1
+    assert sweep()["finalized"] == 0
+    batch.refresh_from_db()
+    assert batch.status == "completed" and LedgerEntry.objects.get().batch_id == batch.public_id
 
 
 def test_a_price_change_after_create_does_not_reprice_the_batch(alice, model):

@@ -257,6 +257,30 @@ def test_a_crash_while_closing_leaves_no_rows_and_no_bytes(alice, model, tmp_pat
     assert [p.name for p in (tmp_path / "files").rglob("*.jsonl")] == [batch.input_file.storage_name.split("/")[-1]]
 
 
+def test_a_close_whose_storage_fails_is_tried_again_within_seconds(alice, model, monkeypatch):
+    """The hosts tier's S3 down 30 s: the close moved the batch to finalizing, then could not store its
+    files; no poll sees a finalizing batch, and the sweeper redoes one only after 5 minutes. The engine
+    tries its failed close again itself (1 s, then doubled)."""
+    from batches.engine import finish
+
+    batch = make_batch(alice.org, [chat("one"), chat("two")])
+    stored, failures = finish.file_services.create_file_from_stream, []
+
+    def bucket_away_twice(**kwargs):
+        if len(failures) < 2:
+            failures.append(time.monotonic())
+            raise ConnectionError("the bucket is away")
+        return stored(**kwargs)
+
+    monkeypatch.setattr(finish.file_services, "create_file_from_stream", bucket_away_twice)
+    started = time.monotonic()
+    run_batch(batch.pk)
+    batch = _finished(batch)
+    assert batch.status == "completed" and len(failures) == 2
+    assert [line["custom_id"] for line in read_lines(batch.output_file)] == ["req-1", "req-2"]
+    assert time.monotonic() - started < 30, "tried again within seconds (1 s, then 2 s), not the sweeper's 5 min"
+
+
 def test_a_worker_stops_when_the_window_passes_and_the_batch_expires(alice, model):
     from datetime import timedelta
 

@@ -192,6 +192,24 @@ def test_redis_down_30_s(hosts, client):
     assert_invariants(hosts, client, ended, 2 * RECORDS, at_fault["in_flight"], figures)
 
 
+def test_s3_down_30_s(hosts, client):
+    """The s3 host's link down for 30 s mid-batch (no FIN, no RST): the engines can read no input line and
+    write no result file until it is back. Once it is, the batch completes: every record once, none
+    failed for it, nothing stuck, and its files written (the invariants read them back from the bucket)."""
+    down_s = 30
+
+    def outage():
+        hosts.network.cut("s3")
+        time.sleep(down_s)  # the fault itself
+        hosts.network.heal("s3")
+        return {"s3_down_s": down_s}
+
+    ended, at_fault, figures = fault_mid_batch(hosts, client, f"s3 down {down_s} s", outage)
+    assert ended["status"] == "completed"
+    assert ended["request_counts"]["failed"] == 0, ended["request_counts"]
+    assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+
+
 def test_max_concurrency_held_across_both_worker_hosts(hosts, client):
     """A deployment's max_concurrency is one limit for every engine on every host: the most calls in flight
     at the model never pass it, and both hosts call."""
