@@ -177,8 +177,9 @@ def pid_alive(pid):
 
 def take_over(owner, seen_at, now):
     """Fence a dead engine: delete its row if its heartbeat is still `seen_at`, and make its
-    running records claimable now. Returns {batch pk: records freed}, or None if it beat
-    meanwhile or another engine took it over first."""
+    running records claimable now: the sent ones at once (their lease ended), the rest pending.
+    Returns {batch pk: sent records freed} (0 for a batch it had only claimed ahead in), or None
+    if it beat meanwhile or another engine took it over first."""
     with transaction.atomic():
         if not Engine.objects.filter(owner=owner, seen_at=seen_at).delete()[0]:
             return None
@@ -186,10 +187,15 @@ def take_over(owner, seen_at, now):
         active = Batch.objects.filter(status__in=ACTIVE).values("pk")
         records = Record.objects.filter(batch_id__in=active, status=RecordStatus.RUNNING, lease_owner=owner)
         freed = {}
-        for batch_pk in records.values_list("batch_id", flat=True):
-            freed[batch_pk] = freed.get(batch_pk, 0) + 1
-        # Its name off them too: the fencing token. Were the engine alive after all (a paused
-        # process thawed), its flushes and checkpoints find no record of its own, even before a
-        # live engine claims them again.
+        for batch_pk, sent in records.values_list("batch_id", "sent"):
+            freed[batch_pk] = freed.get(batch_pk, 0) + sent
+        # What it only claimed ahead (never marked sent: batches.engine.trips.SentMarks writes the
+        # mark before a record's first call) is ordinary work again: pending, for any engine, in
+        # line order. Left running with the rest, 65 such records of a kill -9 took the head of
+        # the line from the 16 really in flight (issue 55).
+        records.filter(sent=False).update(status=RecordStatus.PENDING, lease_owner="", lease_expires_at=None)
+        # Its name off the sent ones too: the fencing token. Were the engine alive after all (a
+        # paused process thawed), its flushes and checkpoints find no record of its own, even
+        # before a live engine claims them again.
         records.update(lease_owner="", lease_expires_at=now - timedelta(seconds=1))
     return freed
