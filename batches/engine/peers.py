@@ -29,6 +29,7 @@ from batches.engine.config import EngineConfig
 from batches.engine.fairness import CallGate, OrgCaps, split
 from batches.engine.lanes import Lane
 from batches.engine.liveness import Liveness
+from batches.figures import Figures
 from openrelay.core.models import DeploymentHealth
 
 logger = logging.getLogger("openrelay.engine")
@@ -69,7 +70,9 @@ class Peers:
         self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
         self.resuming = False  # engines left (dead, or stopped): claim what they left before taking their shares
         self.freed: dict[int, int] = {}  # batch pk -> sent records dead engines left, not yet handed on (take_freed)
-        self.holdings: dict[str, dict[str, int]] = {}  # the other live engines' holding, as the last beat read them
+        self.in_flight: dict[
+            str, dict[str, int]
+        ] = {}  # the other live engines' calls in flight, as they last published
         self.absorbing: defaultdict[int, int] = defaultdict(int)  # deployment pk -> calls of engines gone, ours to take
 
     def set_caps(self, rows):
@@ -212,8 +215,12 @@ class Peers:
         owners = [owner for owner, _, _ in live]
         self.rank = owners.index(self.owner) if self.owner in owners else 0
         self.engines = max(1, len(owners))
-        gone = [held for owner, held in self.holdings.items() if owner not in owners]
-        self.holdings = {owner: held for owner, held, _ in live if owner != self.owner}
+        gone = [calls for owner, calls in self.in_flight.items() if owner not in owners]
+        self.in_flight = {
+            owner: {deployment: Figures.stored(figures).in_flight for deployment, figures in (published or {}).items()}
+            for owner, _, published in live
+            if owner != self.owner
+        }
         self._gone(gone)
         self.resuming = self.resuming or bool(freed) or bool(gone)
         others: defaultdict[int, int] = defaultdict(int)
@@ -242,22 +249,30 @@ class Peers:
             lane.gate.dispatch()
 
     def _gone(self, gone):
-        """Engines that left since the last beat (their `holding`s): whichever engine reaped them, each
-        survivor takes its split of the calls they held. The reaper alone took them all, its ceiling
-        cut them to its own part, and the other survivors' limits grew back one call round at a time."""
-        for held in gone:
-            for deployment, calls in held.items():
+        """Engines that left since the last beat (their calls in flight, as they last published them):
+        whichever engine reaped them, each survivor takes its split of those calls. The reaper alone
+        took them all, its ceiling cut them to its own part, and the other survivors' limits grew
+        back one call round at a time."""
+        for in_flight in gone:
+            for deployment, calls in in_flight.items():
                 if calls:
                     self.absorbing[int(deployment)] += split(calls, self.rank, self.engines)
 
     def free_calls(self, lane):
         """The calls this engine will have free on `lane` once the shares are split again (a take-over
-        ends with it: runner.Engine._take_over): its new parts less its calls in flight."""
+        ends with it: runner.Engine._take_over): its new parts, or its adaptive limits with its split of
+        the calls the engines that left had in flight (`_gone`), less its calls in flight. So each
+        survivor claims as many of their records as it can send at once, and no more."""
         free = 0
         for index, row in enumerate(lane.rows):
             upstream = lane.upstreams.get(row["pk"])
-            if upstream is not None and upstream.healthy:
-                free += max(0, split(upstream.concurrency, self.rank + index, self.engines) - upstream.in_use)
+            if upstream is None or not upstream.healthy:
+                continue
+            share = split(upstream.concurrency, self.rank + index, self.engines)
+            if upstream.flow.adaptive:  # what reshare will make of its limit (flow.FlowControl.absorb)
+                absorbed = max(upstream.share, upstream.in_use) + self.absorbing.get(row["pk"], 0)
+                share = min(share, absorbed)
+            free += max(0, share - upstream.in_use)
         return free
 
     def _freed(self, freed):
