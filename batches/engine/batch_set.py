@@ -132,12 +132,11 @@ class Roster:
                 self.freed[pk] = self.freed.get(pk, 0) + n
 
     def take_over(self, free_calls):
-        """Engines left: claim what they left now, within the calls their shares free here
-        (`free_calls(lane)`: peers.Peers.free_calls). The sent records of a batch a dead engine
-        worked (`run.resume`, from this engine's own reaping) or, told by another engine's, of every
-        batch, up to the lane's free calls, shared out batch by batch; and every batch claims from
+        """Engines left: claim this engine's part of what they left now (the sent records a take-over
+        set aside for it: liveness.take_over), and as many others as the calls their shares free
+        here (`free_calls(lane)`: peers.Peers.free_calls), batch by batch. Every batch claims from
         its first pending line again: what the dead engines had only claimed ahead is pending below
-        the cursor (liveness.take_over)."""
+        the cursor."""
         left = {}
         for run in self.batches.values():
             if not run.workable:
@@ -145,7 +144,7 @@ class Roster:
             lane = run.lane
             if lane.model_id not in left:
                 left[lane.model_id] = max(0, free_calls(lane) - sum(r.resumed_queued for r in lane.batches.values()))
-            run.resume = min(run.resume or left[lane.model_id], left[lane.model_id])
+            run.resume = left[lane.model_id]
             left[lane.model_id] -= run.resume
             run.cursor = 0
             run.recheck_at = 0.0

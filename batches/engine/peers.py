@@ -29,7 +29,6 @@ from batches.engine.config import EngineConfig
 from batches.engine.fairness import CallGate, OrgCaps, split
 from batches.engine.lanes import Lane
 from batches.engine.liveness import Liveness
-from batches.figures import Figures
 from openrelay.core.models import DeploymentHealth
 
 logger = logging.getLogger("openrelay.engine")
@@ -70,10 +69,8 @@ class Peers:
         self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
         self.resuming = False  # engines left (dead, or stopped): claim what they left before taking their shares
         self.freed: dict[int, int] = {}  # batch pk -> sent records dead engines left, not yet handed on (take_freed)
-        self.in_flight: dict[
-            str, dict[str, int]
-        ] = {}  # the other live engines' calls in flight, as they last published
-        self.absorbing: defaultdict[int, int] = defaultdict(int)  # deployment pk -> calls of engines gone, ours to take
+        self.others: set[str] = set()  # the other live engines, as the last beat found them
+        self.absorbing: defaultdict[int, int] = defaultdict(int)  # deployment pk -> calls of engines gone, ours now
 
     def set_caps(self, rows):
         """The organizations' caps of the batches the poll read (`rows`), this engine's part of each."""
@@ -215,13 +212,9 @@ class Peers:
         owners = [owner for owner, _, _ in live]
         self.rank = owners.index(self.owner) if self.owner in owners else 0
         self.engines = max(1, len(owners))
-        gone = [calls for owner, calls in self.in_flight.items() if owner not in owners]
-        self.in_flight = {
-            owner: {deployment: Figures.stored(figures).in_flight for deployment, figures in (published or {}).items()}
-            for owner, _, published in live
-            if owner != self.owner
-        }
-        self._gone(gone)
+        # An engine gone since the last beat, reaped here or by another: claim this engine's part of what it left.
+        gone = self.others - set(owners)
+        self.others = set(owners) - {self.owner}
         self.resuming = self.resuming or bool(freed) or bool(gone)
         others: defaultdict[int, int] = defaultdict(int)
         for owner, held, _ in live:
@@ -238,7 +231,7 @@ class Peers:
 
     def reshare(self):
         """Split every lane's deployments again (after a heartbeat, or a take-over: runner.Engine._take_over,
-        which this ends); this engine's part of the calls engines that left held joins its adaptive limit."""
+        which this ends); the calls of engines gone that this engine took over join its adaptive limits."""
         self.resuming = False
         absorbing, self.absorbing = self.absorbing, defaultdict(int)
         for lane in self.lanes.values():
@@ -248,32 +241,24 @@ class Peers:
                     upstream.absorb(absorbing[upstream.deployment_id])  # within the new part, set just now
             lane.gate.dispatch()
 
-    def _gone(self, gone):
-        """Engines that left since the last beat (their calls in flight, as they last published them):
-        whichever engine reaped them, each survivor takes its split of those calls. The reaper alone
-        took them all, its ceiling cut them to its own part, and the other survivors' limits grew
-        back one call round at a time."""
-        for in_flight in gone:
-            for deployment, calls in in_flight.items():
-                if calls:
-                    self.absorbing[int(deployment)] += split(calls, self.rank, self.engines)
-
     def free_calls(self, lane):
         """The calls this engine will have free on `lane` once the shares are split again (a take-over
-        ends with it: runner.Engine._take_over): its new parts, or its adaptive limits with its split of
-        the calls the engines that left had in flight (`_gone`), less its calls in flight. So each
-        survivor claims as many of their records as it can send at once, and no more."""
+        ends with it: runner.Engine._take_over): its new parts less its calls in flight."""
         free = 0
         for index, row in enumerate(lane.rows):
             upstream = lane.upstreams.get(row["pk"])
-            if upstream is None or not upstream.healthy:
-                continue
-            share = split(upstream.concurrency, self.rank + index, self.engines)
-            if upstream.flow.adaptive:  # what reshare will make of its limit (flow.FlowControl.absorb)
-                absorbed = max(upstream.share, upstream.in_use) + self.absorbing.get(row["pk"], 0)
-                share = min(share, absorbed)
-            free += max(0, share - upstream.in_use)
+            if upstream is not None and upstream.healthy:
+                free += max(0, split(upstream.concurrency, self.rank + index, self.engines) - upstream.in_use)
         return free
+
+    def took_over(self, lane, calls):
+        """This engine claimed `calls` records of `lane` that engines gone had in flight: their calls are
+        this engine's now, on top of its own (flow.FlowControl.absorb, at `reshare`, within the new
+        parts). Left to grow back by answers, a survivor sent them one call round at a time; the
+        reaper absorbing all the dead engines held had its ceiling cut them to its own part."""
+        healthy = [u for u in lane.upstreams.values() if u.healthy and u.deployment_id is not None]
+        for index, upstream in enumerate(healthy):
+            self.absorbing[upstream.deployment_id] += split(calls, index, len(healthy))
 
     def _freed(self, freed):
         """Dead engines left records of our batches ({batch pk: records freed}): claim them at once."""

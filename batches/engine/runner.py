@@ -260,7 +260,12 @@ class Engine:
         engines' count fall (`_watch`), so the records in flight go out again over all of them."""
         self.roster.take_over(self.peers.free_calls)
         claims = self.trips.claims(time.monotonic(), self.roster.batches) if self.leases.live() else {}
-        await self._pass_on(*await self._trip(claims))
+        queued = {pk: run.resumed_queued for pk, run in self.roster.batches.items()}
+        passed = await self._trip(claims)
+        for pk, run in self.roster.batches.items():
+            if run.resumed_queued > queued.get(pk, 0):
+                self.peers.took_over(run.lane, run.resumed_queued - queued.get(pk, 0))
+        await self._pass_on(*passed)
         await asyncio.sleep(0)  # the new slots run up to the gate
         self.peers.reshare()  # and the take-over is done (peers.resuming)
 

@@ -34,6 +34,8 @@ class ClaimedRecord:
 
 
 _RUNNING = RecordStatus.RUNNING.value
+# How long the records a take-over set aside for one engine wait for it before any engine may claim them.
+DESIGNATED_S = 2.0
 _PENDING = RecordStatus.PENDING.value
 
 
@@ -129,14 +131,22 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=0):
     lease_until = ops.adapt_datetimefield_value(lease_until)
     records = []
     if expired:
+        # A take-over's part for this engine first, whatever the cap (liveness.take_over), then any
+        # other whose lease ran out, except the parts it set aside for other engines, for
+        # DESIGNATED_S (theirs to claim first; one that never does leaves them to anyone).
+        at = ops.adapt_datetimefield_value(now)
         rows = _claim_where(
-            batch_pk,
-            owner,
-            min(limit, expired),
-            lease_until,
-            "status = %s AND lease_expires_at < %s",
-            [_RUNNING, ops.adapt_datetimefield_value(now)],
+            batch_pk, owner, limit, lease_until, "status = %s AND lease_owner = %s", [_RUNNING, designated(owner)]
         )
+        if len(rows) < limit:
+            rows += _claim_where(
+                batch_pk,
+                owner,
+                min(limit - len(rows), expired),
+                lease_until,
+                "status = %s AND lease_expires_at < %s AND (lease_owner NOT LIKE %s OR lease_expires_at < %s)",
+                [_RUNNING, at, "~%", ops.adapt_datetimefield_value(now - timedelta(seconds=DESIGNATED_S))],
+            )
         records = [ClaimedRecord(*row, resumed=True) for row in rows]
     if len(records) < limit:
         rows = _claim_where(
@@ -149,6 +159,12 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=0):
         ]
     records.sort(key=lambda record: record.line)
     return records
+
+
+def designated(owner):
+    """The lease owner a take-over writes on the records it sets aside for `owner` to claim
+    (liveness.take_over): no engine's name, so nothing is written under it but by that claim."""
+    return f"~{owner}"[:64]
 
 
 def _claim_where(batch_pk, owner, limit, lease_until, condition, params):

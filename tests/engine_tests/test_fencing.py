@@ -54,7 +54,10 @@ def test_a_taken_over_engines_writes_are_refused_before_anyone_claims_its_record
     assert store.flush(batch.pk, paused.owner, [(r, answered(100)) for r in stale]) == 0
     assert store.save_checkpoints(paused.owner, {stale[0].pk: b"x"}) == set()
     assert store.hold(paused.owner, [batch.pk]) is False  # its renewal finds it fenced, renews nothing
-    assert set(Record.objects.filter(batch=batch).values_list("status", "lease_owner")) == {("running", "")}
+    # Set aside for the one live engine (store.designated): no engine's name, so nothing lands but its claim.
+    assert set(Record.objects.filter(batch=batch).values_list("status", "lease_owner")) == {
+        ("running", store.designated(survivor.owner))
+    }
     assert Batch.objects.get(pk=batch.pk).completed_count == 0
 
     taken = store.claim(batch.pk, survivor.owner, 3)
