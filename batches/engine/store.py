@@ -36,6 +36,7 @@ class ClaimedRecord:
 _RUNNING = RecordStatus.RUNNING.value
 # How long the records a take-over set aside for one engine wait for it before any engine may claim them.
 DESIGNATED_S = 2.0
+MAX_PART = 100_000  # the most records of its part a claim takes (a bound on the statement, not a limit)
 _PENDING = RecordStatus.PENDING.value
 
 
@@ -135,8 +136,10 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=0):
         # other whose lease ran out, except the parts it set aside for other engines, for
         # DESIGNATED_S (theirs to claim first; one that never does leaves them to anyone).
         at = ops.adapt_datetimefield_value(now)
+        # All of its part: they were in flight, and a part claimed a chunk at a time let the dead
+        # engine's pending lines, claimed beside it, start first.
         rows = _claim_where(
-            batch_pk, owner, limit, lease_until, "status = %s AND lease_owner = %s", [_RUNNING, designated(owner)]
+            batch_pk, owner, MAX_PART, lease_until, "status = %s AND lease_owner = %s", [_RUNNING, designated(owner)]
         )
         if len(rows) < limit:
             rows += _claim_where(

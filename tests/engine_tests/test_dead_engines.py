@@ -187,7 +187,12 @@ def test_kill_9_at_the_defaults_sends_what_was_in_flight_first_in_line_order_ove
             contents = {r["body"]["messages"][0]["content"] for r in slow.requests()}
             return {cid for cid in held_by(owners) if content_of(cid) in contents}
 
-        wait_for(lambda: len(slow.requests()) >= 40 and len(sent(dead)) >= 8, 90, "the first cluster's calls")
+        # Mid-batch: both clusters sending (the second starts at its part once the first gave it up).
+        wait_for(
+            lambda: len(slow.requests()) >= 40 and len(sent(dead)) >= 8 and len(sent(survivors)) >= 8,
+            90,
+            "both clusters' calls",
+        )
         claimed = held_by(dead)
         first.kill()
         killed_at = time.monotonic()
