@@ -237,9 +237,9 @@ def test_kill_9_at_the_defaults_sends_what_was_in_flight_first_in_line_order_ove
     # ... over both of them, each up to the calls the dead ones freed for it (their split of 16).
     parts = sorted(sum(resent_by.get(cid) == owner for cid in in_flight) for owner in survivors)
     print(f"re-sent by each survivor: {parts}")
-    # The take-over sets the sent records aside over both, a part each in line order (fairness.split):
-    # even, but for a call marked sent and cut by the kill before it reached the model.
-    assert parts[0] >= 1 and parts[1] - parts[0] <= 1, parts
+    # The take-over sets each dead engine's sent records aside over both, a part each in line order
+    # (fairness.split): even, but for one record of rounding per dead engine (two here).
+    assert parts[0] >= 1 and parts[1] - parts[0] <= 2, parts
     # Seconds, not the lease and a 3 s call round or more: a margin for a loaded 2-core machine.
     assert max(resent_after) < 6, resent_after
     assert all(len(calls[content_of(cid)]) == 1 for cid in finished), "a finished record ran again"
