@@ -179,6 +179,10 @@ class Record(models.Model):
     attempts = models.PositiveSmallIntegerField(default=0)
     lease_owner = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Its holder started it (a model call may be out), written before the record's first call
+    # (batches.engine.trips.SentMarks); a claim clears it. A dead engine's records that are not
+    # `sent` go back to pending at its take-over; the sent ones are re-sent first (issue 55).
+    sent = models.BooleanField(default=False)
 
     # The outcome, as the result line needs it.
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)

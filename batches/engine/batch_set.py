@@ -24,6 +24,7 @@ from batches import live as events
 from batches.engine import dbretry, finish, samples
 from batches.engine.lanes import BatchRun
 from batches.engine.spend import Guard
+from batches.engine.trips import RECHECK_S
 from batches.models import Batch, BatchStatus
 
 logger = logging.getLogger("openrelay.engine")
@@ -138,6 +139,26 @@ class Roster:
                 run.recheck_at = run.expired_check_at = 0.0
             else:
                 self.freed[pk] = self.freed.get(pk, 0) + n
+
+    def take_over(self, free_calls):
+        """Engines left: claim this engine's part of what they left now (the sent records a take-over
+        set aside for it: liveness.take_over), and as many others as the calls their shares free
+        here (`free_calls(lane)`: peers.Peers.free_calls), batch by batch. Every batch claims from
+        its first pending line again: what the dead engines had only claimed ahead is pending below
+        the cursor."""
+        left = {}
+        for run in self.batches.values():
+            if not run.workable:
+                continue
+            lane = run.lane
+            if lane.model_id not in left:
+                left[lane.model_id] = max(0, free_calls(lane) - sum(r.resumed_queued for r in lane.batches.values()))
+            run.resume = left[lane.model_id]
+            left[lane.model_id] -= run.resume
+            run.cursor = 0
+            run.recheck_at = 0.0
+            # Without calls free for them here, this engine leaves the records in flight to the others.
+            run.expired_check_at = 0.0 if run.resume else time.monotonic() + RECHECK_S
 
     @staticmethod
     def _start_batch(pk):

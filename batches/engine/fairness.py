@@ -18,12 +18,14 @@ Work-conserving: a slot nobody else waits for goes to whoever waits.
 
 A call stands at the gate as its record does (`place_record`, set by the
 slot that runs the record): a record a dead engine had in flight goes to the
-head of its batch's line, and a record's prompt prefix steers its calls to
-the deployment that has the prefix cached (batches.engine.prefixes).
+head of its batch's line, behind the others it left there (line order), and a
+record's prompt prefix steers its calls to the deployment that has the prefix
+cached (batches.engine.prefixes).
 """
 
 import asyncio
 from collections import defaultdict, deque
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -43,11 +45,20 @@ def turn(org_running, expedited, batch_running, batch_served=0):
     return (org_running, not expedited, batch_running, batch_served)
 
 
-def place_record(prefix, resumed):
+# Set by the engine for the record a slot starts: marks it sent (batches.engine.trips.SentMarks),
+# or raises checkpoints.LeaseLost if it is no longer this engine's. The record's first call awaits it once it has a
+# slot at the gate, before it goes out (calls.caller.ModelCaller.call), so a record whose call
+# went out is marked on its row; one merely started, waiting at the gate, is not.
+first_send: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("first_send", default=None)
+
+
+def place_record(prefix, resumed, mark=None):
     """The record the running slot works on now, as its calls stand at the gate: its prompt
-    prefix's key (the deployment it prefers) and whether a dead engine had it in flight."""
+    prefix's key (the deployment it prefers), whether a dead engine had it in flight, and what
+    its first call awaits before it goes out (`first_send`)."""
     prefixes.current_key.set(prefix)
     first_in_line.set(resumed)
+    first_send.set(mark)
 
 
 def split(total, rank, count):
@@ -130,8 +141,11 @@ class CallGate:
         caps.gates.append(self)
         self.upstreams = []
         self.waiting = 0
-        # expedited? -> organization id -> batch pk -> deque of (future, ticket, prefix key)
-        self._queues: dict[bool, dict[int, dict[int, deque[tuple[Any, Ticket, int | None]]]]] = {True: {}, False: {}}
+        # expedited? -> organization id -> batch pk -> deque of (future, ticket, prefix key, first in line)
+        self._queues: dict[bool, dict[int, dict[int, deque[tuple[Any, Ticket, int | None, bool]]]]] = {
+            True: {},
+            False: {},
+        }
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
 
     @property
@@ -188,7 +202,8 @@ class CallGate:
                 self._take(ticket, upstream)
                 return upstream
         future = asyncio.get_running_loop().create_future()
-        entry = (future, ticket, key)
+        first = first_in_line.get()
+        entry = (future, ticket, key, first)
         # get() first: setdefault would build a dict and a deque each call only to drop them.
         orgs = self._queues[ticket.expedited]
         by_org = orgs.get(ticket.organization_id)
@@ -197,8 +212,14 @@ class CallGate:
         queue = by_org.get(ticket.batch_pk)
         if queue is None:
             queue = by_org[ticket.batch_pk] = deque()
-        if first_in_line.get():
-            queue.appendleft(entry)
+        if first:
+            # Ahead of the batch's other calls, behind the dead engines' records already waiting:
+            # they go out in line order, the order they were claimed in. appendleft sent them in
+            # reverse, the lines really in flight last (issue 55: 12-15 s after a kill -9).
+            at = 0
+            while at < len(queue) and queue[at][3]:
+                at += 1
+            queue.insert(at, entry)
         else:
             queue.append(entry)
         self.waiting += 1
@@ -253,7 +274,7 @@ class CallGate:
             entry = self._next()
             if entry is None:
                 return  # every waiter's organization is at its cap
-            future, ticket, key = entry
+            future, ticket, key, _ = entry
             if future.done():
                 continue  # its task was cancelled; its own handler finds nothing left to forget
             upstream = self._free_upstream(key)

@@ -10,6 +10,7 @@ record; new slots start only when records arrive faster than slots free.
 """
 
 import asyncio
+import functools
 import logging
 import math
 import time
@@ -27,7 +28,7 @@ from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.spend import Guard
 from batches.engine.store import ClaimedRecord
-from batches.engine.trips import FLUSH_EVERY_S, FLUSH_SIZE
+from batches.engine.trips import FLUSH_EVERY_S, FLUSH_SIZE, SentMarks
 from batches.models import BatchStatus, Priority
 from batches.validation.contracts import batch_contract
 from openrelay.lib import logs
@@ -184,7 +185,9 @@ class Lanes:
         answers: budget.Budget,
         wake: Callable[[], None],
         leased: Callable[[], bool],
+        marks: SentMarks,
     ) -> None:
+        self.marks = marks  # a record is marked sent before its first call goes out (trips.SentMarks)
         self.caps = caps  # the organizations' caps (peers.Peers sets them)
         self.leased = leased  # whether the engine's leases hold (leases.Leases.live): no record starts without
         self.guard = guard
@@ -271,7 +274,7 @@ class Lanes:
         while work is not None:
             run, record, raw = work
             self.running[task] = (run, record)
-            place_record(record.prefix, record.resumed)
+            place_record(record.prefix, record.resumed, functools.partial(self.marks.mark, record.pk))
             bound = logs.working_on(run.public_id, run.pk, record.line)
             holding = budget.Holding(self.answers)
             budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it

@@ -48,6 +48,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from batches.engine import store
+from batches.engine.fairness import split
 from batches.models import Batch, BatchStatus, Engine, Record, RecordStatus
 
 # The advisory lock's first key: ours, so a row of pg_locks with another is someone else's.
@@ -87,8 +88,15 @@ class Liveness:
         else:
             dead = [row for row in rows if self._dead_by_heartbeat(*row[1:4], now)]
         freed, limits = {}, {}
+        # Who a take-over sets the sent records aside for: the engines left, less any whose process is
+        # gone though its heartbeat is not yet a second old (the dead engine's cluster-mate, found dead
+        # next beat): records set aside for it waited DESIGNATED_S (seen: 3.8-6.8 s re-sends).
+        heirs = sorted(
+            [self.owner]
+            + [row[0] for row in rows if row not in dead and (row[1] != self.host or not row[2] or pid_alive(row[2]))]
+        )
         for owner, _, _, seen, holding in dead:
-            taken = take_over(owner, seen, now)
+            taken = take_over(owner, seen, now, heirs)
             if taken is None:
                 continue  # it beat meanwhile, or another engine took it over
             for batch_pk, n in taken.items():
@@ -175,10 +183,11 @@ def pid_alive(pid):
         return True  # no /proc (macOS): kill's answer stands
 
 
-def take_over(owner, seen_at, now):
+def take_over(owner, seen_at, now, heirs=None):
     """Fence a dead engine: delete its row if its heartbeat is still `seen_at`, and make its
-    running records claimable now. Returns {batch pk: records freed}, or None if it beat
-    meanwhile or another engine took it over first."""
+    running records claimable now: the sent ones at once (their lease ended), the rest pending.
+    Returns {batch pk: sent records freed} (0 for a batch it had only claimed ahead in), or None
+    if it beat meanwhile or another engine took it over first."""
     with transaction.atomic():
         if not Engine.objects.filter(owner=owner, seen_at=seen_at).delete()[0]:
             return None
@@ -186,10 +195,36 @@ def take_over(owner, seen_at, now):
         active = Batch.objects.filter(status__in=ACTIVE).values("pk")
         records = Record.objects.filter(batch_id__in=active, status=RecordStatus.RUNNING, lease_owner=owner)
         freed = {}
-        for batch_pk in records.values_list("batch_id", flat=True):
-            freed[batch_pk] = freed.get(batch_pk, 0) + 1
-        # Its name off them too: the fencing token. Were the engine alive after all (a paused
-        # process thawed), its flushes and checkpoints find no record of its own, even before a
-        # live engine claims them again.
-        records.update(lease_owner="", lease_expires_at=now - timedelta(seconds=1))
+        for batch_pk, sent in records.values_list("batch_id", "sent"):
+            freed[batch_pk] = freed.get(batch_pk, 0) + sent
+        # What it only claimed ahead (never marked sent: batches.engine.trips.SentMarks writes the
+        # mark before a record's first call) is ordinary work again: pending, for any engine, in
+        # line order. Left running with the rest, 65 such records of a kill -9 took the head of
+        # the line from the 16 really in flight (issue 55).
+        records.filter(sent=False).update(status=RecordStatus.PENDING, lease_owner="", lease_expires_at=None)
+        # The sent ones are split over the live engines in line order, a contiguous part each by
+        # rank (fairness.split, as the shares they free are): each claims its part first when it
+        # hears of the take-over (store._claim), so they go out at once over every survivor, not
+        # all on whichever claims first. Its name comes off them too: the fencing token. Were the
+        # engine alive after all (a paused process thawed), its flushes and checkpoints find no
+        # record of its own, even before a live engine claims them again.
+        live = heirs
+        if live is None:
+            live = list(
+                Engine.objects.filter(seen_at__gte=now - timedelta(seconds=settings.OPENRELAY_LEASE_S))
+                .order_by("owner")
+                .values_list("owner", flat=True)
+            )
+        sent = list(records.order_by("batch_id", "line").values_list("batch_id", "pk"))
+        expired = now - timedelta(seconds=1)
+        for batch_pk in freed:
+            pks = [pk for batch, pk in sent if batch == batch_pk]
+            start = 0
+            for rank, engine in enumerate(live):
+                part = pks[start : start + split(len(pks), rank, len(live))]
+                start += len(part)
+                Record.objects.filter(pk__in=part).update(
+                    lease_owner=store.designated(engine), lease_expires_at=expired
+                )
+        records.update(lease_owner="", lease_expires_at=expired)  # none live: anyone's
     return freed

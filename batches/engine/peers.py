@@ -70,8 +70,10 @@ class Peers:
         self.rank, self.engines = 0, 1  # this engine's place among the live engines, and how many are live
         self.others_holding: dict[int, int] = {}  # deployment pk -> calls the other live engines hold there
         self.beaten = False  # its first heartbeat creates its row; later ones find it (or were fenced)
-        self.resuming = False  # dead engines' records were freed: claim them before taking their shares
-        self.freed: dict[int, int] = {}  # batch pk -> records dead engines left, not yet handed on (take_freed)
+        self.resuming = False  # engines left (dead, or stopped): claim what they left before taking their shares
+        self.freed: dict[int, int] = {}  # batch pk -> sent records dead engines left, not yet handed on (take_freed)
+        self.others: set[str] = set()  # the other live engines, as the last beat found them
+        self.absorbing: defaultdict[int, int] = defaultdict(int)  # deployment pk -> calls of engines gone, ours now
 
     def set_caps(self, rows):
         """The organizations' caps of the batches the poll read (`rows`), this engine's part of each."""
@@ -202,22 +204,22 @@ class Peers:
         upstreams = [u for lane in self.lanes.values() for u in lane.gate.upstreams if u.deployment_id is not None]
         holding = {str(u.deployment_id): max(u.part, u.share, u.in_use) for u in upstreams}
         try:
-            live, freed, limits = await self.db(self.liveness.beat, holding, not self.beaten)
+            live, freed, _ = await self.db(self.liveness.beat, holding, not self.beaten)
         except store.Fenced:
             logger.error("engine %s was taken for dead and its records taken over; starting again", self.owner)
             raise
         self.beaten = True
-        for upstream in upstreams:
-            if limits.get(upstream.deployment_id):
-                upstream.absorb(limits[upstream.deployment_id])
         self._freed(freed)
-        self.resuming = self.resuming or bool(freed)
         await self.db(tallies.publish, self.owner, tallies.take(upstreams))
         for upstream in upstreams:
             upstream.published = True
         owners = [owner for owner, _, _ in live]
         self.rank = owners.index(self.owner) if self.owner in owners else 0
         self.engines = max(1, len(owners))
+        # An engine gone since the last beat, reaped here or by another: claim this engine's part of what it left.
+        gone = self.others - set(owners)
+        self.others = set(owners) - {self.owner}
+        self.resuming = self.resuming or bool(freed) or bool(gone)
         others: defaultdict[int, int] = defaultdict(int)
         for owner, held, _ in live:
             if owner != self.owner:
@@ -233,10 +235,34 @@ class Peers:
 
     def reshare(self):
         """Split every lane's deployments again (after a heartbeat, or a take-over: runner.Engine._take_over,
-        which this ends)."""
+        which this ends); the calls of engines gone that this engine took over join its adaptive limits."""
         self.resuming = False
+        absorbing, self.absorbing = self.absorbing, defaultdict(int)
         for lane in self.lanes.values():
             self._reconcile(lane, lane.rows)
+            for upstream in lane.upstreams.values():
+                if absorbing.get(upstream.deployment_id):
+                    upstream.absorb(absorbing[upstream.deployment_id])  # within the new part, set just now
+            lane.gate.dispatch()
+
+    def free_calls(self, lane):
+        """The calls this engine will have free on `lane` once the shares are split again (a take-over
+        ends with it: runner.Engine._take_over): its new parts less its calls in flight."""
+        free = 0
+        for index, row in enumerate(lane.rows):
+            upstream = lane.upstreams.get(row["pk"])
+            if upstream is not None and upstream.healthy:
+                free += max(0, split(upstream.concurrency, self.rank + index, self.engines) - upstream.in_use)
+        return free
+
+    def took_over(self, lane, calls):
+        """This engine claimed `calls` records of `lane` that engines gone had in flight: their calls are
+        this engine's now, on top of its own (flow.FlowControl.absorb, at `reshare`, within the new
+        parts). Left to grow back by answers, a survivor sent them one call round at a time; the
+        reaper absorbing all the dead engines held had its ceiling cut them to its own part."""
+        healthy = [u for u in lane.upstreams.values() if u.healthy and u.deployment_id is not None]
+        for index, upstream in enumerate(healthy):
+            self.absorbing[upstream.deployment_id] += split(calls, index, len(healthy))
 
     def _freed(self, freed):
         """Dead engines left records of our batches ({batch pk: records freed}): claim them at once."""

@@ -55,7 +55,7 @@ from batches.engine.fairness import OrgCaps
 from batches.engine.fence import StatusFence
 from batches.engine.lanes import BatchRun, Lanes
 from batches.engine.peers import DEPLOYMENTS_EVERY_S, HEARTBEAT_S, Peers
-from batches.engine.trips import FLUSH_EVERY_S, CheckpointWriter, Trips
+from batches.engine.trips import FLUSH_EVERY_S, CheckpointWriter, SentMarks, Trips
 from openrelay.lib.outbound import OutboundClient
 
 logger = logging.getLogger("openrelay.engine")
@@ -83,6 +83,8 @@ class Engine:
         # An in-process engine watches a few batches: it may look often (tests wait on it).
         self.poll_s = POLL_S if only is None else POLL_S / 4
         self.poll_now = False
+        self.beat_now = False  # an engine left (the watch saw their count fall): beat now, not in 0.5 s
+        self.engine_count = None  # the engines' rows, as the watch last counted them
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
         self.liveness = liveness.Liveness(self.owner)
         self.leases = leases.Leases(self.owner, self.config.lease_s)
@@ -111,7 +113,12 @@ class Engine:
             self.config, self.owner, self.liveness, caps, self.db, self._wake, self.leases.live, self.fence
         )
         self.lanes = Lanes(
-            caps, self.guard, budget.Budget(self.config.answer_budget_bytes), self._wake, self.leases.live
+            caps,
+            self.guard,
+            budget.Budget(self.config.answer_budget_bytes),
+            self._wake,
+            self.leases.live,
+            SentMarks(self),
         )
         self.roster = Roster(
             self.only,
@@ -196,8 +203,8 @@ class Engine:
                 await self._poll()
                 if self.until_closed and self._nothing_to_do():
                     break
-            if now - last_beat >= HEARTBEAT_S:
-                last_beat = now
+            if self.beat_now or now - last_beat >= HEARTBEAT_S:
+                last_beat, self.beat_now = now, False
                 await self._heartbeat()
             if self.peers.resuming:
                 await self._take_over()
@@ -251,10 +258,19 @@ class Engine:
         await self.roster.announce(written)
 
     async def _take_over(self):
-        """Claim and start what dead engines left, then take their shares: the slots they free
-        go to their records first (those wait at the head of the gate's line), not to ours."""
+        """Claim and start what engines that left (dead or stopped) left, within this engine's part of
+        the calls their shares free, then take their shares: the slots they free go to their records
+        first (those wait at the head of the gate's line), not to ours. Every survivor does this,
+        the reaper at the beat that reaped them, the others at once when their watch sees the
+        engines' count fall (`_watch`), so the records in flight go out again over all of them."""
+        self.roster.take_over(self.peers.free_calls)
         claims = self.trips.claims(time.monotonic(), self.roster.batches) if self.leases.live() else {}
-        await self._pass_on(*await self._trip(claims))
+        queued = {pk: run.resumed_queued for pk, run in self.roster.batches.items()}
+        passed = await self._trip(claims)
+        for pk, run in self.roster.batches.items():
+            if run.resumed_queued > queued.get(pk, 0):
+                self.peers.took_over(run.lane, run.resumed_queued - queued.get(pk, 0))
+        await self._pass_on(*passed)
         await asyncio.sleep(0)  # the new slots run up to the gate
         self.peers.reshare()  # and the take-over is done (peers.resuming)
 
@@ -336,15 +352,21 @@ class Engine:
 
     async def _watch(self):
         """Poll at once when a batch is created: its first call goes out within ~WATCH_S,
-        not a poll and a loop's sleep later."""
+        not a poll and a loop's sleep later. Beat at once when an engine's row goes (another
+        engine reaped a dead one, or one stopped): this engine's part of what it left is claimed
+        now (`_take_over`), not at the next beat or a batch's 1 s look for expired leases."""
         while not self.stopping:
             await asyncio.sleep(WATCH_S)
-            newest = await self.db(store.newest_batch)
+            newest, engines = await self.db(store.watched)
             if newest != self.newest_batch:
                 if self.newest_batch is not None:
                     self.poll_now = True
                     self._wake()
                 self.newest_batch = newest
+            if self.engine_count is not None and engines < self.engine_count:
+                self.beat_now = True
+                self._wake()
+            self.engine_count = engines
 
     def _begin_stop(self):
         if self.stopping:

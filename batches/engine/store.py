@@ -34,6 +34,9 @@ class ClaimedRecord:
 
 
 _RUNNING = RecordStatus.RUNNING.value
+# How long the records a take-over set aside for one engine wait for it before any engine may claim them.
+DESIGNATED_S = 2.0
+MAX_PART = 100_000  # the most records of its part a claim takes (a bound on the statement, not a limit)
 _PENDING = RecordStatus.PENDING.value
 
 
@@ -46,9 +49,9 @@ def trip(owner, outcomes, claims, lease_until, recover=False):
     (one commit, one WAL flush), for any number of batches.
 
     `outcomes`: {batch pk: [(ClaimedRecord, RecordOutcome)]}; `claims`:
-    {batch pk: (limit, after_line, expired)}, `expired`: look for records whose
-    lease ran out too (the caller does so about once a second a batch: a lease
-    lasts 10 s, and the look is one more statement). Claims go first: they are what idle
+    {batch pk: (limit, after_line, expired)}, `expired`: how many of them may be
+    records whose lease ran out (0: don't look; the caller looks about once a
+    second a batch, and at once after a take-over: the look is one more statement). Claims go first: they are what idle
     slots wait for. `lease_until` is the caller's, fixed for the trip, so
     a retry after a lost connection (`recover`: the first attempt may have
     committed, its answer lost on the way back) takes back the records
@@ -102,7 +105,7 @@ def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
     if limit <= 0:
         return []
     lease_until = timezone.now() + timedelta(seconds=lease_s or settings.OPENRELAY_LEASE_S)
-    return trip(owner, {}, {batch_pk: (limit, after_line, True)}, lease_until)[1].get(batch_pk, [])
+    return trip(owner, {}, {batch_pk: (limit, after_line, limit)}, lease_until)[1].get(batch_pk, [])
 
 
 def _leased_until(batch_pk, owner, lease_until):
@@ -112,9 +115,10 @@ def _leased_until(batch_pk, owner, lease_until):
     return [ClaimedRecord(*row) for row in rows]
 
 
-def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=True):
-    """Records whose lease ran out (their engine died) come first: they are the
-    batch's oldest work, and left for last they would hold up its end. Then
+def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=0):
+    """Records whose lease ran out (their engine died with their calls in flight), at most
+    `expired` of them, come first, in line order: they are the batch's oldest work, and left for
+    last they would hold up its end. Then
     pending records from past `after_line` (the caller's cursor: the line of
     the last record it claimed, so a claim never walks the batch's finished
     lines again). When neither is left, the whole batch is searched once
@@ -128,14 +132,24 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=True):
     lease_until = ops.adapt_datetimefield_value(lease_until)
     records = []
     if expired:
+        # A take-over's part for this engine first, whatever the cap (liveness.take_over), then any
+        # other whose lease ran out, except the parts it set aside for other engines, for
+        # DESIGNATED_S (theirs to claim first; one that never does leaves them to anyone).
+        at = ops.adapt_datetimefield_value(now)
+        # All of its part: they were in flight, and a part claimed a chunk at a time let the dead
+        # engine's pending lines, claimed beside it, start first.
         rows = _claim_where(
-            batch_pk,
-            owner,
-            limit,
-            lease_until,
-            "status = %s AND lease_expires_at < %s",
-            [_RUNNING, ops.adapt_datetimefield_value(now)],
+            batch_pk, owner, MAX_PART, lease_until, "status = %s AND lease_owner = %s", [_RUNNING, designated(owner)]
         )
+        if len(rows) < limit:
+            rows += _claim_where(
+                batch_pk,
+                owner,
+                min(limit - len(rows), expired),
+                lease_until,
+                "status = %s AND lease_expires_at < %s AND (lease_owner NOT LIKE %s OR lease_expires_at < %s)",
+                [_RUNNING, at, "~%", ops.adapt_datetimefield_value(now - timedelta(seconds=DESIGNATED_S))],
+            )
         records = [ClaimedRecord(*row, resumed=True) for row in rows]
     if len(records) < limit:
         rows = _claim_where(
@@ -150,11 +164,18 @@ def _claim(batch_pk, owner, limit, lease_until, after_line, now, expired=True):
     return records
 
 
+def designated(owner):
+    """The lease owner a take-over writes on the records it sets aside for `owner` to claim
+    (liveness.take_over): no engine's name, so nothing is written under it but by that claim."""
+    return f"~{owner}"[:64]
+
+
 def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
     table = _q(Record._meta.db_table)
     returning = ", ".join(_q(c) for c in ("id", "line", "custom_id", "offset", "length", "checkpoint"))
     pick = f"SELECT id FROM {table} WHERE batch_id = %s AND {condition} ORDER BY line LIMIT %s"
-    sets = "status = %s, lease_owner = %s, lease_expires_at = %s, attempts = attempts + 1"
+    # `sent` cleared: the new holder marks it again before the record's first call (mark_sent).
+    sets = "status = %s, lease_owner = %s, lease_expires_at = %s, sent = %s, attempts = attempts + 1"
     if connection.vendor == "postgresql":
         # SKIP LOCKED lets several workers claim disjoint chunks of one batch
         # at once; the CTE runs the locking pick exactly once.
@@ -162,12 +183,12 @@ def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
             f"WITH picked AS ({pick} FOR UPDATE SKIP LOCKED) UPDATE {table} AS r SET {sets} FROM picked "
             f"WHERE r.id = picked.id RETURNING " + ", ".join(f"r.{c}" for c in returning.split(", "))
         )
-        args = [batch_pk, *params, limit, _RUNNING, owner, lease_until]
+        args = [batch_pk, *params, limit, _RUNNING, owner, lease_until, False]
     else:
         # SQLite serialises writers (IMMEDIATE transactions): the pick and
         # the update cannot interleave with another worker's.
         sql = f"UPDATE {table} SET {sets} WHERE id IN ({pick}) RETURNING {returning}"
-        args = [_RUNNING, owner, lease_until, batch_pk, *params, limit]
+        args = [_RUNNING, owner, lease_until, False, batch_pk, *params, limit]
     with connection.cursor() as cursor:
         cursor.execute(sql, args)
         return cursor.fetchall()
@@ -230,6 +251,28 @@ def release(owner, pks):
     return Record.objects.filter(pk__in=pks, lease_owner=owner, status=RecordStatus.RUNNING).update(
         status=RecordStatus.PENDING, lease_owner="", lease_expires_at=None
     )
+
+
+def mark_sent(owner, pks):
+    """Mark records `owner` is about to start as sent (their first model call may go out next);
+    return the pks it still holds. One statement for the group a turn of the loop started
+    (trips.SentMarks): what a take-over reads to tell records in flight from those claimed ahead."""
+    if not pks:
+        return set()
+    table = _q(Record._meta.db_table)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                f"UPDATE {table} SET sent = TRUE WHERE id = ANY(%s) AND lease_owner = %s AND status = %s RETURNING id",
+                [list(pks), owner, _RUNNING],
+            )
+        else:
+            cursor.execute(
+                f"UPDATE {table} SET sent = 1 WHERE id IN ({', '.join(['%s'] * len(pks))}) "
+                f"AND lease_owner = %s AND status = %s RETURNING id",
+                [*pks, owner, _RUNNING],
+            )
+        return {pk for (pk,) in cursor.fetchall()}
 
 
 def save_checkpoints(owner, states):
@@ -304,12 +347,15 @@ def active_batches(only=None):
     )
 
 
-def newest_batch():
-    """The newest batch's id: engines watch it to start a new batch at once (a primary-key
-    index lookup, ~30 us)."""
+def watched():
+    """(the newest batch's id, the engines' rows): engines watch these to start a new batch at
+    once and to claim their part of what an engine that left held (a primary-key index lookup and
+    a count of a few rows, one statement, ~30 us)."""
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT MAX(id) FROM {_q(Batch._meta.db_table)}")
-        return cursor.fetchone()[0]
+        cursor.execute(
+            f"SELECT (SELECT MAX(id) FROM {_q(Batch._meta.db_table)}), (SELECT COUNT(*) FROM {_q(Engine._meta.db_table)})"
+        )
+        return tuple(cursor.fetchone())
 
 
 def deployments(model_ids):

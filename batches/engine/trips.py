@@ -81,7 +81,14 @@ class Trips:
         return written, read_lines(runs, records, self.config.prefix_bytes), finished
 
     def claims(self, now, runs):
-        """{batch pk: (how many, after which line)} for the batches (`runs`: {pk: BatchRun}) whose claim-ahead ran low."""
+        """{batch pk: (how many, after which line, how many of them may be records whose lease ran
+        out)} for the batches (`runs`: {pk: BatchRun}) whose claim-ahead ran low.
+
+        Records whose lease ran out (a dead engine's, sent) are claimed no more than this
+        engine has calls free for them: after a take-over, its part of what the dead engines
+        freed (`run.resume`, set by batch_set.Roster.take_over); else the calls free now. The
+        other engines take the rest with theirs, so the records in flight go out again at once
+        over every survivor, not one after another on the engine that found them (issue 55)."""
         claims = {}
         for run in runs.values():
             if not run.workable or run.recheck_at > now:
@@ -92,10 +99,12 @@ class Trips:
                 continue  # nothing to call it with here: other engines may take it
             run.adapt(now, self.hop_s)
             if len(run.queue) <= run.target // 2 or run.resume:
-                expired = now >= run.expired_check_at
-                if expired:
+                limit = max(run.target - len(run.queue), run.resume)
+                expired = 0
+                if now >= run.expired_check_at:
                     run.expired_check_at = now + RECHECK_S
-                claims[run.pk] = (max(run.target - len(run.queue), run.resume), run.cursor, expired)
+                    expired = min(limit, run.resume or max(1, lane.gate.free))
+                claims[run.pk] = (limit, run.cursor, expired)
         return claims
 
     async def trip(self, runs, claims, outcomes, holdings):
@@ -128,13 +137,17 @@ class Trips:
             if not run.workable:
                 handback += [record.pk for record, _ in records]  # paused while the claim ran
                 continue
-            run.resume = 0
+            budgeted, run.resume = run.resume > 0, 0
             resumed = [item for item in records if item[0].resumed]
             run.resumed_queued += len(resumed)
             if resumed and run.queue:
-                # A dead engine's records were in flight: they go first, not behind our claim-ahead.
+                # A dead engine's records were in flight: they go first, not behind our claim-ahead,
+                # and in line order with those it left that wait here already.
+                waiting = list(run.queue)
+                first = sorted([item for item in waiting if item[0].resumed] + resumed, key=lambda item: item[0].line)
+                rest = [item for item in waiting if not item[0].resumed]
                 fresh = [item for item in records if not item[0].resumed]
-                run.queue = prefixes.RecordQueue([*resumed, *run.queue, *fresh])
+                run.queue = prefixes.RecordQueue([*first, *rest, *fresh])
             else:
                 run.queue.extend(records)
             if not run.shared_prefixes and run.queue.shared():
@@ -145,9 +158,10 @@ class Trips:
             pending_lines = [record.line for record, _ in records if not record.resumed]
             if pending_lines:
                 run.cursor = max(run.cursor, pending_lines[-1])
-            if len(pending_lines) < len(records):
-                # A dead engine may have left more: take them at the claim rate, not one
-                # look a second (the 500 a kill -9 left took 30 s that way).
+            if len(pending_lines) < len(records) and not budgeted:
+                # Leases that ran out without a take-over: more may be left; take them at the claim rate,
+                # not one look a second (the 500 a kill -9 left took 30 s that way). After a
+                # take-over the rest are the other survivors' part, and the others were told.
                 run.expired_check_at = 0.0
             if len(records) < limit:
                 run.recheck_at = now + RECHECK_S
@@ -273,6 +287,46 @@ class CheckpointWriter:
                 self.written += len(batch)
                 self.bytes += sum(len(data) for data, _ in batch.values())
                 _settle(batch, held=held)
+        finally:
+            self.task = None
+
+
+class SentMarks:
+    """Records marked sent on their rows before their first model call (store.mark_sent),
+    group-committed through the engine's database thread: the slots a turn of the loop starts
+    share one statement.
+
+    What a take-over needs to know of a dead engine's records, and deterministic: a record whose
+    call went out is marked, because the mark landed before the call was made. Told by a
+    heartbeat instead (what the engine named waiting or running 0.5 s before it died), a record
+    started after the last one read as never sent, and went out again 16.9 s late (issue 55).
+    A start waits one statement on the database thread for it (~1 ms on PostgreSQL, behind the
+    trip in flight at worst)."""
+
+    def __init__(self, engine: CheckpointOwner) -> None:
+        self.engine = engine
+        self.waiting: dict[int, list[Any]] = {}  # record pk -> futures of the slots waiting for its mark
+        self.task: asyncio.Task[None] | None = None
+
+    async def mark(self, pk: int) -> None:
+        """Mark the record sent; LeaseLost if it is no longer this engine's (fenced meanwhile)."""
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.setdefault(pk, []).append(future)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+        if not await future:
+            raise LeaseLost
+
+    async def _drain(self):
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting, {}
+                try:
+                    held = await self.engine.db(store.mark_sent, self.engine.owner, list(batch))
+                except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error
+                    _settle({pk: (None, futures) for pk, futures in batch.items()}, exc=exc)
+                    continue
+                _settle({pk: (None, futures) for pk, futures in batch.items()}, held=held)
         finally:
             self.task = None
 

@@ -57,6 +57,9 @@ The measurements of issue 12 and the engine's (targets in TARGETS):
     finish, the largest cluster process's peak RSS, B's create -> completed.
 19. first batch (issue 55): a fresh default 2-worker cluster's first batch of the
     plain records against its next ones: the cluster's CPU a record (from the OS).
+20. takeover (issue 55, `--only takeover`): kill -9 of one of two 2-worker clusters mid-batch
+    (3 s calls, max_concurrency 32, 400 records): the kill -> the last of its calls in flight at
+    the model again, the worst of a run, median of five (tests/perf/bench_takeover.py).
 
 Clusters are stopped cleanly (SIGTERM, as systemd sends it), so their engines
 retire and the next cluster's engines split the deployments among
@@ -139,6 +142,7 @@ TARGETS = {
     "flow_high": ">= 95% of max, <= 1% 503s",
     "flow_low": ">= 90% of max within 30 s",
     "flow_refusals": ">= 95% of max, <= 0.3% 503s, none failed",
+    "takeover": "<= 1 s",
     "prefix": ">= 1.5x faster, >= 3x cached share",
     "big_answers": "all finish, worker < 3 GB, B < 30 s",
     "contracts_reask": "100% valid after 1 re-ask, error file exact",
@@ -160,14 +164,16 @@ PARTS = {
     "many": ("many_batches",),
     "flow": ("flow_too_high", "flow_too_low"),
     "refusals": ("flow_refusals",),
+    "takeover": ("takeover",),
     "prefix": ("prefix_aware",),
     "big_answers": ("big_answers",),
     "contracts": ("contracts_reask", "contracts_throughput"),
     "estimate": ("estimates",),
 }
 # Parts a run without --only leaves out: big_answers takes ~20 minutes and ~7 GB at full size;
-# contracts (issue 38) runs 120,000 records at full size; refusals (issue 55) 24 runs, ~20 minutes.
-OPT_IN = ("big_answers", "contracts", "refusals")
+# contracts (issue 38) runs 120,000 records at full size; refusals (issue 55) 24 runs, ~20 minutes;
+# takeover (issue 55) five kills of a cluster, ~5 minutes.
+OPT_IN = ("big_answers", "contracts", "refusals", "takeover")
 
 
 @dataclass
@@ -596,12 +602,13 @@ class Stack:
 
     # -- the pieces
 
-    def start_simulator(self, latency_ms, probe=False, extra=(), name=None):
+    def start_simulator(self, latency_ms, probe=False, extra=(), name=None, record=False):
+        """A simulator on a free port (`record`: it keeps the requests, GET /_sim/requests); its URL."""
         port = _free_port()
         module = "tests.perf.bench_probe" if probe else "openrelay.simulator"
         argv = [PYTHON, "-m", module, "--port", str(port), "--latency-ms", str(latency_ms)]
         if not probe:
-            argv += ["--host", "127.0.0.1", "--no-record", *extra]
+            argv += ["--host", "127.0.0.1", *([] if record else ["--no-record"]), *extra]
         process = self.spawn(name or ("probe" if probe else f"sim{latency_ms}"), argv)
         url = f"http://127.0.0.1:{port}"
         wait_http(process, f"{url}/v1/models")
@@ -1405,6 +1412,12 @@ class Bench:
         from tests.perf.bench_flow import FlowRuns
 
         FlowRuns(self).prefix_aware()
+
+    # 20: takeover after kill -9 at the defaults (issue 55)
+    def takeover(self):
+        from tests.perf.bench_takeover import TakeoverRuns
+
+        TakeoverRuns(self).takeover()
 
     # 15: big answers (issue 42: two workers reached 7.8 and 6.8 GB, 0 of 16 finished in 10 minutes)
     def big_answers(self):

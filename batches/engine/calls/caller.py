@@ -33,7 +33,7 @@ from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
 from batches.engine.calls.usage import Usage  # the engine's modules import it from here too
 from batches.engine.config import EngineConfig
-from batches.engine.fairness import CallGate, Held, OrgCaps, Ticket
+from batches.engine.fairness import CallGate, Held, OrgCaps, Ticket, first_send
 from openrelay.lib.redaction import redact, redact_json, secrets_of
 
 logger = logging.getLogger("openrelay.engine")
@@ -393,6 +393,12 @@ class ModelCaller:
                     raise Held  # its batch paused while the call waited for a slot: not sent
                 if self.leased is not None and not self.leased():
                     raise Held  # the engine's leases are in doubt: another engine may run this record
+                mark = first_send.get()
+                if mark is not None:
+                    # The record's first call: marked sent on its row before it goes out, so a
+                    # take-over knows it was in flight (fairness.first_send).
+                    first_send.set(None)
+                    await mark()  # checkpoints.LeaseLost when fenced meanwhile: the record is another engine's
                 result = await self._attempt(upstream, endpoint, body)
             except BaseException:
                 self.gate.release(ticket, upstream)
