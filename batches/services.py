@@ -4,22 +4,19 @@ import re
 from array import array
 from bisect import bisect_left
 from contextlib import contextmanager
-from datetime import timedelta
 from decimal import Decimal
 from itertools import islice
 
 import orjson
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import guardrails, lifecycle, live
+from batches import guardrails, lifecycle, live, windows
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
 from batches.validation.params import CreateParams
 from batches.validation.records import RecordChecker
-from billing.pricing import PRICE_MULTIPLIER
 from files import services as files
 from files.models import File, Purpose
 from openrelay.api.errors import ApiError, Conflict
@@ -52,7 +49,7 @@ def create_batch(*, organization, params, max_records=None):
         file=file,
         now=now,
         endpoint=params.endpoint,
-        completion_window=params.completion_window,
+        window=windows.parse(params.completion_window) if params.completion_window else windows.default(),
         metadata=params.metadata,
         output_expires_after_s=params.output_expires_after_s,
         priority=params.priority,
@@ -268,7 +265,7 @@ def _lock_input_file(file, organization):
         raise _file_not_found(file.public_id, organization)
 
 
-def _create_batch_row(*, organization, file, checker, result, now, priority, pk=None, **fields):
+def _create_batch_row(*, organization, file, checker, result, now, priority, window, pk=None, **fields):
     price = Price.objects.filter(model_id=checker.model_pk).first() if checker.model_pk else None
     return Batch.objects.create(
         pk=pk,
@@ -281,11 +278,12 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, pk=
         errors=_storable(result.errors) or None,
         total_count=result.accepted,
         created_at=now,
-        expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
+        completion_window=window.name,
+        expires_at=now + window.duration,
         price_input=price.input_per_mtok if price else Decimal("0"),
         price_cached_input=price.effective_cached_input_per_mtok if price else Decimal("0"),
         price_output=price.output_per_mtok if price else Decimal("0"),
-        price_multiplier=PRICE_MULTIPLIER[priority],
+        price_multiplier=window.multiplier(priority),
         **fields,
     )
 
@@ -466,6 +464,8 @@ def retry_failed(batch):
             input_file_id=retry_file.public_id,
             metadata=batch.metadata,
             priority=batch.priority,
+            # Its window while offered (a retry is the same job); else the default one.
+            completion_window=batch.completion_window if windows.get(batch.completion_window) else None,
             output_contract=batch.output_contract,
         )
         return create_batch(organization=batch.organization, params=params)

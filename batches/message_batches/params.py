@@ -9,6 +9,7 @@ create, they would only fail one by one. What needs the batch as a whole (a seco
 comes back as an `errored` result.
 """
 
+from batches import windows
 from batches.endpoints import anthropic
 from batches.validation import messages
 from openrelay.api.errors import ApiError
@@ -20,6 +21,8 @@ MESSAGES = anthropic.MESSAGES.path
 MAX_REQUESTS = 100_000
 MAX_CUSTOM_ID = 64
 REQUEST_KEYS = ("custom_id", "params")
+BODY_KEYS = ("requests", "openrelay")  # openrelay: OpenRelay's extension (OPENRELAY_KEYS), not Anthropic's
+OPENRELAY_KEYS = ("completion_window",)
 
 
 def parse_requests(data):
@@ -27,7 +30,7 @@ def parse_requests(data):
     if not isinstance(data, dict):
         raise invalid_type("body", "an object", data)
     for key in data:
-        if key != "requests":
+        if key not in BODY_KEYS:
             raise ApiError(f"{key}: Extra inputs are not permitted", param=key, code="unknown_parameter")
     requests = data.get("requests")
     if requests is None:
@@ -45,6 +48,23 @@ def parse_requests(data):
         )
     seen = {}
     return [_line(index, item, seen) for index, item in enumerate(requests)]
+
+
+def parse_window(data):
+    """The window asked for in OpenRelay's extension (`{"openrelay": {"completion_window": "1h"}}`), or
+    None: Anthropic's fixed 24 h (batches.windows.default)."""
+    extension = data.get("openrelay")
+    if extension is None:
+        return None
+    if not isinstance(extension, dict):
+        raise invalid_type("openrelay", "an object", extension)
+    for key in extension:
+        if key not in OPENRELAY_KEYS:
+            raise ApiError(
+                f"openrelay.{key}: Extra inputs are not permitted", param=f"openrelay.{key}", code="unknown_parameter"
+            )
+    value = extension.get("completion_window")
+    return None if value is None else windows.parse(value, "openrelay.completion_window").name
 
 
 def _line(index, item, seen):

@@ -13,11 +13,11 @@ from openrelay.api.errors import ApiError
 from openrelay.core.models import Model
 
 
-def create_message_batch(*, organization, lines):
+def create_message_batch(*, organization, lines, completion_window=None):
     """A batch of Messages requests (lines from params.parse_requests). Its rejected lines keep their custom_id,
     so the results can name them. A request whose params Anthropic would refuse is a 400 before anything is stored."""
     check_params(lines, Catalog(dict(Model.objects.filter(enabled=True).values_list("name", "max_output_tokens"))))
-    params = CreateParams(endpoint=MESSAGES, requests=lines)
+    params = CreateParams(endpoint=MESSAGES, requests=lines, completion_window=completion_window)
     batch = services.create_batch(organization=organization, params=params, max_records=MAX_REQUESTS)
     if batch.errors:
         for error in batch.errors:

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from batches import endpoints
+from batches import endpoints, windows
 from batches.guardrails import Breaker
 from batches.validation import contracts
 from batches.validation.extensions import RecordRejected
@@ -17,7 +17,6 @@ from openrelay.api.params import invalid_choice, invalid_type, missing_parameter
 
 # Anthropic Messages requests among them (also served as Message Batches: batches.message_batches).
 ENDPOINTS = endpoints.PATHS
-COMPLETION_WINDOWS = ("24h",)
 PRIORITIES = ("standard", "expedited")
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
@@ -44,7 +43,7 @@ OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract")
 @dataclass(frozen=True)
 class CreateParams:
     endpoint: str
-    completion_window: str = "24h"  # the one window there is (COMPLETION_WINDOWS)
+    completion_window: str | None = None  # an offered window's name (batches.windows); None: the default one
     input_file_id: str | None = None
     requests: list | None = None
     metadata: dict | None = None
@@ -63,7 +62,7 @@ def parse_create_params(data):
     max_cost_nanos, breaker, output_contract = _parse_openrelay(data.get("openrelay"), endpoint)
     return CreateParams(
         endpoint=endpoint,
-        completion_window=_parse_choice(data, "completion_window", COMPLETION_WINDOWS),
+        completion_window=_parse_window(data),
         input_file_id=input_file_id,
         requests=requests,
         metadata=parse_metadata(data.get("metadata")),
@@ -157,6 +156,13 @@ def _parse_output_contract(contract, endpoint):
             code=contracts.CODE,
         )
     return contract
+
+
+def _parse_window(data):
+    value = data.get("completion_window")
+    if value is None:
+        raise missing_parameter("completion_window")
+    return windows.parse(value).name
 
 
 def _parse_choice(data, param, allowed, default=None):

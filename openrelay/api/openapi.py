@@ -326,7 +326,8 @@ COMPONENTS = {
                 "maxItems": 50000,
                 "items": {"type": "object", "description": "One JSONL request object: custom_id, method, url, body."},
             },
-            # Its enum is the endpoint registry's (batches.views.endpoint_enum, a hook after this module's).
+            # Their enums are the endpoint registry's and the offered windows (batches.views.endpoint_enum,
+            # a hook after this module's).
             "endpoint": {"type": "string"},
             "completion_window": {"type": "string", "enum": ["24h"]},
             "metadata": {
@@ -668,7 +669,13 @@ COMPONENTS.update(
                             },
                         },
                     },
-                }
+                },
+                "openrelay": {
+                    "type": "object",
+                    "description": "OpenRelay's extension, not Anthropic's: `completion_window` (one of the "
+                    "offered windows, GET /v1/limits) instead of the fixed 24 h.",
+                    "properties": {"completion_window": {"type": "string"}},
+                },
             },
         },
         "MessageBatch": {
