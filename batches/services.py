@@ -11,7 +11,7 @@ import orjson
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import guardrails, lifecycle, live, windows
+from batches import guardrails, lifecycle, live, risk, windows
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
@@ -28,7 +28,7 @@ INLINE_FILENAME = "batch_requests.jsonl"
 CANCELLED_OR_CANCELLING = (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
 
 
-def create_batch(*, organization, params, max_records=None):
+def create_batch(*, organization, params, max_records=None, admit=None):
     """Validate every record of the input and create the batch (the engines pick it up).
 
     `params` is the create request as one `CreateParams` (batches.validation.params: the API and
@@ -37,6 +37,10 @@ def create_batch(*, organization, params, max_records=None):
     every batch has one. Raises ApiError (400) for a request that can't make a batch at all, or one
     of more than `max_records` requests (default: the scan's MAX_RECORDS; Message Batches take
     more); BudgetExceeded (402) when the organization has spent its monthly budget.
+
+    `admit(model pk, ScanResult)`, when given, judges the scanned batch against its window
+    (batches.estimate.admission, a layer above): its answer is stored on the batch, and a batch it
+    finds late is warned of (`batch.at_risk`); it raises ApiError to refuse the batch.
     """
     guardrails.check_budget(organization)
     now = timezone.now()
@@ -56,6 +60,7 @@ def create_batch(*, organization, params, max_records=None):
         max_cost_nanos=params.max_cost_nanos,
         **(params.breaker or guardrails.Breaker.default()).as_fields(),
         output_contract=params.output_contract,
+        admit=admit,
     )
     committed = False
     try:
@@ -265,9 +270,10 @@ def _lock_input_file(file, organization):
         raise _file_not_found(file.public_id, organization)
 
 
-def _create_batch_row(*, organization, file, checker, result, now, priority, window, pk=None, **fields):
+def _create_batch_row(*, organization, file, checker, result, now, priority, window, admit, pk=None, **fields):
     price = Price.objects.filter(model_id=checker.model_pk).first() if checker.model_pk else None
-    return Batch.objects.create(
+    admission = admit(checker.model_pk, result) if admit is not None and result.accepted and checker.model_pk else None
+    batch = Batch.objects.create(
         pk=pk,
         organization=organization,
         input_file=file,
@@ -284,8 +290,12 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, win
         price_cached_input=price.effective_cached_input_per_mtok if price else Decimal("0"),
         price_output=price.output_per_mtok if price else Decimal("0"),
         price_multiplier=window.multiplier(priority),
+        admission=admission,
         **fields,
     )
+    if admission is not None and admission["fits_window"] is False:
+        risk.warn_at_admission(batch, now)
+    return batch
 
 
 def _storable(errors):

@@ -7,6 +7,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from batches import catalog, endpoints, guardrails, results, services, windows
+from batches.estimate import admission
 from batches.estimate import quote as quotes
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
@@ -77,7 +78,11 @@ class BatchListView(APIView):
             "batches",
             key,
             _body_print(request, body) if key is not None else None,
-            lambda: services.create_batch(organization=request.user.organization, params=params),
+            lambda: services.create_batch(
+                organization=request.user.organization,
+                params=params,
+                admit=admission.judge(organization=request.user.organization, params=params),
+            ),
             lambda public_id: _batches(request).filter(public_id=public_id).first(),
         )
         return Response(batch_object(batch))

@@ -6,6 +6,7 @@ Quote both read it here, so the quote describes exactly what Create then runs.
 """
 
 from batches import services, windows
+from batches.estimate import admission
 from batches.estimate import quote as quotes
 from batches.validation.params import parse_create_params
 from files import services as file_services
@@ -23,7 +24,8 @@ def create_batch(organization, upload):
     input_file_id, stored = _input_file(organization, upload)
     try:
         params = parse_create_params(_form_body(upload.fields, input_file_id))
-        return services.create_batch(organization=organization, params=params)
+        admit = admission.judge(organization=organization, params=params)
+        return services.create_batch(organization=organization, params=params, admit=admit)
     except ApiError:
         if stored is not None:  # uploaded for this batch only; nothing else refers to it
             file_services.delete_file(stored)

@@ -20,8 +20,7 @@ from batches.estimate.records import RecordTally
 from billing.pricing import Prices, cost, usd
 from openrelay.core.models import Deployment, Price
 
-# A record's output tokens when the organization has no history on the model: a guess, said to be one.
-DEFAULT_OUTPUT_TOKENS = 256
+DEFAULT_OUTPUT_TOKENS = histories.DEFAULT_OUTPUT_TOKENS
 
 
 @dataclass
@@ -38,6 +37,7 @@ class Quote:
     cost: dict | None = None
     time: dict | None = None
     fits_window: object = None  # True, False, "at_risk", or None when the time can't be told
+    windows: list = field(default_factory=list)  # every offered window: its price and whether the batch fits
     confidence: str = "low"
     notes: list = field(default_factory=list)
 
@@ -68,9 +68,9 @@ def estimate(
     input_total = _with_rounds(quote.input.total, tally, rounds)
     quote.tool_rounds, quote.output = rounds, output
     quote.cost = _cost(checker.model_pk, window.multiplier(priority), input_total, output)
-    quote.time, quote.fits_window = _time(
-        organization, checker.model_pk, priority, now, input_total, output, tally, window
-    )
+    quote.time, durations = _time(organization, checker.model_pk, priority, now, input_total, output, tally, window)
+    quote.fits_window = paces.fits(durations, window.seconds)
+    quote.windows = _windows(checker.model_pk, priority, input_total, output, durations, now)
     quote.confidence, quote.notes = _confidence(quote, history)
     return quote
 
@@ -183,20 +183,29 @@ def _time(organization, model_pk, priority, now, input_total, output, tally, win
             "organizations": len({q.organization_id for q in pace.queued}),
         },
     }
-    return time, _fits(durations, window.seconds)
+    return time, durations
+
+
+def _windows(model_pk, priority, input_total, output, durations, now):
+    """Each offered window as this batch would run on it: its rate, what it would cost, whether it fits."""
+    return [
+        {
+            **window.as_object(),
+            "multiplier": str(window.multiplier(priority)),
+            "cost": {
+                name: figure
+                for name, figure in _cost(model_pk, window.multiplier(priority), input_total, output).items()
+                if name in ("currency", "low", "expected", "high")
+            },
+            "fits_window": paces.fits(durations, window.seconds),
+            "window_ends_at": int((now + window.duration).timestamp()),
+        }
+        for window in windows.offered()
+    ]
 
 
 def _seconds(value):
     return None if value is None else round(value, 1)
-
-
-def _fits(durations, window_s):
-    """True when even the high figure finishes in the window, False when the expected one doesn't, else at risk."""
-    if durations["expected"] is None:
-        return None
-    if durations["expected"] > window_s:
-        return False
-    return True if durations["high"] <= window_s else "at_risk"
 
 
 def _confidence(quote, history):
@@ -238,6 +247,7 @@ def quote_object(quote):
         "cost": quote.cost,
         "time": quote.time,
         "fits_window": quote.fits_window,
+        "windows": quote.windows,
         "confidence": quote.confidence,
         "notes": quote.notes,
     }

@@ -12,8 +12,9 @@ comes back as an `errored` result.
 from batches import windows
 from batches.endpoints import anthropic
 from batches.validation import messages
+from batches.validation.params import ADMISSIONS
 from openrelay.api.errors import ApiError
-from openrelay.api.params import invalid_type, missing_parameter
+from openrelay.api.params import invalid_choice, invalid_type, missing_parameter
 from openrelay.lib.wording import shown
 
 MESSAGES = anthropic.MESSAGES.path
@@ -22,7 +23,7 @@ MAX_REQUESTS = 100_000
 MAX_CUSTOM_ID = 64
 REQUEST_KEYS = ("custom_id", "params")
 BODY_KEYS = ("requests", "openrelay")  # openrelay: OpenRelay's extension (OPENRELAY_KEYS), not Anthropic's
-OPENRELAY_KEYS = ("completion_window",)
+OPENRELAY_KEYS = ("completion_window", "admission")
 
 
 def parse_requests(data):
@@ -50,12 +51,12 @@ def parse_requests(data):
     return [_line(index, item, seen) for index, item in enumerate(requests)]
 
 
-def parse_window(data):
-    """The window asked for in OpenRelay's extension (`{"openrelay": {"completion_window": "1h"}}`), or
-    None: Anthropic's fixed 24 h (batches.windows.default)."""
+def parse_extension(data):
+    """OpenRelay's extension, `{"openrelay": {"completion_window": "1h", "admission": "strict"}}` ->
+    (the window's name or None: Anthropic's fixed 24 h, batches.windows.default; the admission)."""
     extension = data.get("openrelay")
     if extension is None:
-        return None
+        return None, "warn"
     if not isinstance(extension, dict):
         raise invalid_type("openrelay", "an object", extension)
     for key in extension:
@@ -63,8 +64,10 @@ def parse_window(data):
             raise ApiError(
                 f"openrelay.{key}: Extra inputs are not permitted", param=f"openrelay.{key}", code="unknown_parameter"
             )
-    value = extension.get("completion_window")
-    return None if value is None else windows.parse(value, "openrelay.completion_window").name
+    value, admission = extension.get("completion_window"), extension.get("admission", "warn")
+    if admission not in ADMISSIONS:
+        raise invalid_choice("openrelay.admission", admission, ADMISSIONS)
+    return None if value is None else windows.parse(value, "openrelay.completion_window").name, admission
 
 
 def _line(index, item, seen):

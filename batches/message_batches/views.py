@@ -75,15 +75,16 @@ class MessageBatchListView(AnthropicView):
     def post(self, request):
         key = idempotency.key_of(request)
         body = _body(request)
-        lines, window = params.parse_requests(body), params.parse_window(body)
-        print_of = [lines, window] if window is not None else lines  # no window: the print as before
+        lines, (window, admission) = params.parse_requests(body), params.parse_extension(body)
+        # Without the extension: the print as before.
+        print_of = [lines, window, admission] if "openrelay" in body else lines
         batch = idempotency.once(
             request.user.organization,
             "message_batches",
             key,
             idempotency.fingerprint(orjson.dumps(print_of, option=orjson.OPT_SORT_KEYS)) if key is not None else None,
             lambda: services.create_message_batch(
-                organization=request.user.organization, lines=lines, completion_window=window
+                organization=request.user.organization, lines=lines, completion_window=window, admission=admission
             ),
             lambda public_id: _message_batches(request).filter(public_id=public_id).first(),
         )

@@ -37,7 +37,8 @@ CREATE_PARAMS = (
     "priority",
     "openrelay",
 )
-OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract")
+OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract", "admission")
+ADMISSIONS = ("warn", "strict")  # batches.estimate.admission
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,7 @@ class CreateParams:
     max_cost_nanos: int | None = None
     breaker: Breaker | None = None  # its rules, those not given at their defaults; None: the defaults
     output_contract: object = None  # the batch's output contract as given (checked), False, or None
+    admission: str = "warn"  # strict: refuse a batch its quote says cannot finish in its window
 
 
 def parse_create_params(data):
@@ -59,7 +61,7 @@ def parse_create_params(data):
     request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
     endpoint = _parse_choice(data, "endpoint", ENDPOINTS)
-    max_cost_nanos, breaker, output_contract = _parse_openrelay(data.get("openrelay"), endpoint)
+    max_cost_nanos, breaker, output_contract, admission = _parse_openrelay(data.get("openrelay"), endpoint)
     return CreateParams(
         endpoint=endpoint,
         completion_window=_parse_window(data),
@@ -71,16 +73,17 @@ def parse_create_params(data):
         max_cost_nanos=max_cost_nanos,
         breaker=breaker,
         output_contract=output_contract,
+        admission=admission,
     )
 
 
 def _parse_openrelay(value, endpoint):
     """OpenRelay's create extension, `{"max_cost": USD, "breaker": false | {window, failures,
-    consecutive}, "output_contract": {...} | false}` -> (the cap in nano-dollars or None, the
-    breaker's rules or None for the defaults, the batch's output contract as given once checked,
-    False, or None)."""
+    consecutive}, "output_contract": {...} | false, "admission": "warn" | "strict"}` -> (the cap in
+    nano-dollars or None, the breaker's rules or None for the defaults, the batch's output contract
+    as given once checked, False, or None, the admission)."""
     if value is None:
-        return None, None, None
+        return None, None, None, "warn"
     if not isinstance(value, dict):
         raise invalid_type("openrelay", "an object", value)
     for key in value:
@@ -90,6 +93,7 @@ def _parse_openrelay(value, endpoint):
         parse_max_cost(value.get("max_cost"), "openrelay.max_cost"),
         _parse_breaker(value.get("breaker")),
         _parse_output_contract(value.get("output_contract"), endpoint),
+        _parse_choice(value, "admission", ADMISSIONS, default="warn", param="openrelay.admission"),
     )
 
 
@@ -165,8 +169,9 @@ def _parse_window(data):
     return windows.parse(value).name
 
 
-def _parse_choice(data, param, allowed, default=None):
-    value = data.get(param)
+def _parse_choice(data, key, allowed, default=None, param=None):
+    value = data.get(key)
+    param = param or key
     if value is None:
         if default is None:
             raise missing_parameter(param)

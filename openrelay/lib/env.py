@@ -115,8 +115,11 @@ def parse_windows(spec):
             share = float(rate)
         except ValueError:
             share = -1.0
-        if not 0 < share <= 1:
-            raise ValueError(f"window {name!r}: expected a rate above 0 and at most 1, got {rate.strip()!r}")
+        # Two places at most: a batch keeps its multiplier in a column of two (Batch.price_multiplier).
+        if not 0 < share <= 1 or len(rate.strip().partition(".")[2]) > 2:
+            raise ValueError(
+                f"window {name!r}: expected a rate above 0 and at most 1, in hundredths, got {rate.strip()!r}"
+            )
         if name in windows:
             raise ValueError(f"window {name!r} is given twice")
         windows[name] = (name, int(count) * unit, rate.strip())

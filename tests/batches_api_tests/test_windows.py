@@ -48,7 +48,18 @@ def test_the_setting_parses_units_and_rates_shortest_first():
         ("1h", 3600, "0.8"),
         ("2d", 172800, "0.4"),
     )
-    for bad in ("24h", "24x:0.5", "h:0.5", "0h:0.5", "1h:0", "1h:1.5", "1h:half", "1h:0.5,1h:0.6", "1.5h:0.5"):
+    for bad in (
+        "24h",
+        "24x:0.5",
+        "h:0.5",
+        "0h:0.5",
+        "1h:0",
+        "1h:1.5",
+        "1h:half",
+        "1h:0.5,1h:0.6",
+        "1.5h:0.5",
+        "1h:0.125",
+    ):
         with pytest.raises(ValueError):
             parse_windows(bad)
 
