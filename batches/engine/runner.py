@@ -45,13 +45,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.db import connections
+from django.utils import timezone
 
 from batches import tallies
-from batches.engine import checks, dbretry, leases, liveness, spend, store, warmup
+from batches.engine import checks, dbretry, fairness, leases, liveness, spend, store, warmup
 from batches.engine.batch_set import Roster
 from batches.engine.calls import budget
 from batches.engine.config import EngineConfig
-from batches.engine.fairness import OrgCaps
 from batches.engine.lanes import BatchRun, Lanes
 from batches.engine.peers import DEPLOYMENTS_EVERY_S, HEARTBEAT_S, Peers
 from batches.engine.trips import FLUSH_EVERY_S, CheckpointWriter, Trips
@@ -104,7 +104,7 @@ class Engine:
             self.config.contract_check_memory_bytes,
         )
         self.guard = spend.Guard(self)
-        caps = OrgCaps()
+        caps = fairness.OrgCaps()
         self.peers = Peers(self.config, self.owner, self.liveness, caps, self.db, self._wake, self.leases.live)
         self.lanes = Lanes(
             caps, self.guard, budget.Budget(self.config.answer_budget_bytes), self._wake, self.leases.live
@@ -256,6 +256,7 @@ class Engine:
     async def _poll(self):
         rows = await self.db(store.active_batches, self.only)
         await self.roster.poll(rows)
+        fairness.set_needs(self.roster.batches.values(), {row["pk"]: row for row in rows}, self.engines, timezone.now())
         self.peers.set_caps(rows)
         self.roster.resume(self.peers.take_freed())  # a lane opened for a new batch beat: perhaps some
 
