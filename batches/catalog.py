@@ -7,9 +7,8 @@ validation and the engine enforce, so what they say is what happens.
 from django.conf import settings
 from django.db.models import Q, Sum
 
-from batches import guardrails, operator
+from batches import guardrails, operator, windows
 from batches.validation import extensions, jsonl, params, records
-from billing.pricing import PRICE_MULTIPLIER
 from openrelay.core.models import Deployment, Model
 
 
@@ -57,9 +56,12 @@ def model_object(model, concurrency=None):
                 "cached_input": str(price.effective_cached_input_per_mtok),
                 "output": str(price.output_per_mtok),
             },
+            # The default window's: standard pays its rate, expedited the sync price.
             "priority_multiplier": {
-                str(priority): str(multiplier) for priority, multiplier in PRICE_MULTIPLIER.items()
+                priority: str(windows.default().multiplier(priority)) for priority in params.PRIORITIES
             },
+            # Each offered window and the share of the sync price a standard batch pays on it.
+            "completion_windows": [window.as_object() for window in windows.offered()],
         },
     }
 
@@ -76,9 +78,11 @@ def limits_object(organization):
             "max_line_bytes": jsonl.MAX_LINE_BYTES,
             "max_json_body_bytes": settings.DATA_UPLOAD_MAX_MEMORY_SIZE,
             "endpoints": list(params.ENDPOINTS),
-            "completion_windows": list(params.COMPLETION_WINDOWS),
+            "completion_windows": windows.names(),
+            # Each with its seconds and its rate (the share of the sync price a standard batch pays).
+            "windows": [window.as_object() for window in windows.offered()],
             "priorities": list(params.PRIORITIES),
-            "window_seconds": settings.OPENRELAY_BATCH_WINDOW_S,
+            "window_seconds": windows.default().seconds,  # the default window's (24h when offered)
             "call_time_limit_seconds": settings.OPENRELAY_CALL_TIME_LIMIT_S,
             "max_custom_id_length": records.MAX_CUSTOM_ID,
             "max_metadata_pairs": params.MAX_METADATA_PAIRS,

@@ -126,15 +126,19 @@ class Batch(models.Model):
     reasks_count = models.PositiveIntegerField(default=0)
     invalid_output_count = models.PositiveIntegerField(default=0)
 
-    # Prices snapshotted at create (USD per 1M tokens, sync rate) and the
-    # priority's multiplier, so a later price change never reprices a batch.
+    # Prices snapshotted at create (USD per 1M tokens, sync rate) and the multiplier of its window and
+    # priority (batches.windows), so a later price or window change never reprices a batch.
     price_input = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     price_cached_input = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     price_output = models.DecimalField(max_digits=12, decimal_places=6, default=Decimal("0"))
     price_multiplier = models.DecimalField(max_digits=4, decimal_places=2, default=Decimal("0.5"))
     billed_at = models.DateTimeField(null=True, blank=True)
-    # When batch.at_risk was sent (its expected completion passed expires_at): once a batch.
+    # When batch.at_risk was sent (its expected completion passed expires_at, or admission found it
+    # would): once a batch.
     at_risk_at = models.DateTimeField(null=True, blank=True, editable=False)
+    # The quote's verdict at create (batches.estimate.admission): {fits_window, expected_duration_s,
+    # expected_completion_at, basis, queued_records, warning}; null when none was asked.
+    admission = models.JSONField(null=True, blank=True, editable=False)
     # [[t, completed, failed], ...] over the run, bounded (batches.progress): the chart and the rate.
     progress = models.JSONField(default=list, blank=True, editable=False)
 

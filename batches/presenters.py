@@ -58,6 +58,9 @@ def _batch_object(batch, errors):
             # What its billed tokens cost so far, at the prices snapshotted at create: null until any token
             # was counted. Beside `usage`, not in it: OpenAI's usage has five fields, and clients parse it so.
             "cost": cost_object(batch),
+            # Its quote's verdict at create (batches.estimate.admission): whether it fits its window given
+            # what was queued on its model, and a warning when it does not; null when none was judged.
+            "admission": batch.admission,
             # While it runs: when it is expected to finish, at its last minute's pace (the dashboard's ETA).
             "expected_completion_at": _unix(expected_completion(batch)),
             # Guardrails (batches.guardrails): why and since when it is paused, its cap, its breaker.

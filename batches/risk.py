@@ -58,6 +58,15 @@ def warn_at_risk(now=None):
     return warned
 
 
+def warn_at_admission(batch, now):
+    """`batch.at_risk` for a batch its admission (batches.estimate.admission) found late, sent with its
+    create's transaction: the quote's expected completion, nothing run yet."""
+    expected = datetime.fromtimestamp(batch.admission["expected_completion_at"], tz=UTC)
+    Batch.objects.filter(pk=batch.pk).update(at_risk_at=now)
+    batch.at_risk_at = now
+    webhooks.batch_at_risk(batch, {**figures(batch, expected, now), "source": "admission"}, now)
+
+
 def _warn_once(batch, expected, now):
     with transaction.atomic():
         if not Batch.objects.filter(pk=batch.pk, at_risk_at__isnull=True).update(at_risk_at=now):

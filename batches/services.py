@@ -5,22 +5,19 @@ import time
 from array import array
 from bisect import bisect_left
 from contextlib import contextmanager
-from datetime import timedelta
 from decimal import Decimal
 from itertools import islice
 
 import orjson
-from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import guardrails, lifecycle, live
+from batches import guardrails, lifecycle, live, risk, windows
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
 from batches.validation.params import CreateParams
 from batches.validation.records import RecordChecker
-from billing.pricing import PRICE_MULTIPLIER
 from files import services as files
 from files.models import File, Purpose
 from openrelay.api.errors import ApiError, Conflict
@@ -32,7 +29,7 @@ INLINE_FILENAME = "batch_requests.jsonl"
 CANCELLED_OR_CANCELLING = (BatchStatus.CANCELLING, BatchStatus.CANCELLED)
 
 
-def create_batch(*, organization, params, max_records=None):
+def create_batch(*, organization, params, max_records=None, admit=None):
     """Validate every record of the input and create the batch (the engines pick it up).
 
     `params` is the create request as one `CreateParams` (batches.validation.params: the API and
@@ -41,6 +38,10 @@ def create_batch(*, organization, params, max_records=None):
     every batch has one. Raises ApiError (400) for a request that can't make a batch at all, or one
     of more than `max_records` requests (default: the scan's MAX_RECORDS; Message Batches take
     more); BudgetExceeded (402) when the organization has spent its monthly budget.
+
+    `admit(model pk, ScanResult)`, when given, judges the scanned batch against its window
+    (batches.estimate.admission, a layer above): its answer is stored on the batch, and a batch it
+    finds late is warned of (`batch.at_risk`); it raises ApiError to refuse the batch.
     """
     guardrails.check_budget(organization)
     now = timezone.now()
@@ -53,13 +54,14 @@ def create_batch(*, organization, params, max_records=None):
         file=file,
         now=now,
         endpoint=params.endpoint,
-        completion_window=params.completion_window,
+        window=windows.parse(params.completion_window) if params.completion_window else windows.default(),
         metadata=params.metadata,
         output_expires_after_s=params.output_expires_after_s,
         priority=params.priority,
         max_cost_nanos=params.max_cost_nanos,
         **(params.breaker or guardrails.Breaker.default()).as_fields(),
         output_contract=params.output_contract,
+        admit=admit,
     )
     committed = False
     try:
@@ -269,9 +271,10 @@ def _lock_input_file(file, organization):
         raise _file_not_found(file.public_id, organization)
 
 
-def _create_batch_row(*, organization, file, checker, result, now, priority, pk=None, **fields):
+def _create_batch_row(*, organization, file, checker, result, now, priority, window, admit, pk=None, **fields):
     price = Price.objects.filter(model_id=checker.model_pk).first() if checker.model_pk else None
-    return Batch.objects.create(
+    admission = admit(checker.model_pk, result) if admit is not None and result.accepted and checker.model_pk else None
+    batch = Batch.objects.create(
         pk=pk,
         organization=organization,
         input_file=file,
@@ -282,13 +285,18 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, pk=
         errors=_storable(result.errors) or None,
         total_count=result.accepted,
         created_at=now,
-        expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
+        completion_window=window.name,
+        expires_at=now + window.duration,
         price_input=price.input_per_mtok if price else Decimal("0"),
         price_cached_input=price.effective_cached_input_per_mtok if price else Decimal("0"),
         price_output=price.output_per_mtok if price else Decimal("0"),
-        price_multiplier=PRICE_MULTIPLIER[priority],
+        price_multiplier=window.multiplier(priority),
+        admission=admission,
         **fields,
     )
+    if admission is not None and admission["fits_window"] is False:
+        risk.warn_at_admission(batch, now)
+    return batch
 
 
 def _storable(errors):
@@ -467,6 +475,8 @@ def retry_failed(batch):
             input_file_id=retry_file.public_id,
             metadata=batch.metadata,
             priority=batch.priority,
+            # Its window while offered (a retry is the same job); else the default one.
+            completion_window=batch.completion_window if windows.get(batch.completion_window) else None,
             output_contract=batch.output_contract,
         )
         return create_batch(organization=batch.organization, params=params)

@@ -6,7 +6,8 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from batches import catalog, endpoints, guardrails, results, services
+from batches import catalog, endpoints, guardrails, results, services, windows
+from batches.estimate import admission
 from batches.estimate import quote as quotes
 from batches.models import Batch
 from batches.presenters import PRESENTER_RELATED, batch_object
@@ -24,10 +25,11 @@ from openrelay.core import idempotency
 
 def endpoint_enum(result, generator, request, public):
     """drf-spectacular postprocessing hook: the endpoints a batch may name are the registry's, so a new
-    endpoint shows in the OpenAPI document without an edit there."""
+    endpoint shows in the OpenAPI document without an edit there; the windows are the operator's."""
     create = result.get("components", {}).get("schemas", {}).get("BatchCreate")
     if create:
         create["properties"]["endpoint"]["enum"] = list(endpoints.PATHS)
+        create["properties"]["completion_window"]["enum"] = windows.names()
     return result
 
 
@@ -76,7 +78,11 @@ class BatchListView(APIView):
             "batches",
             key,
             _body_print(request, body) if key is not None else None,
-            lambda: services.create_batch(organization=request.user.organization, params=params),
+            lambda: services.create_batch(
+                organization=request.user.organization,
+                params=params,
+                admit=admission.judge(organization=request.user.organization, params=params),
+            ),
             lambda public_id: _batches(request).filter(public_id=public_id).first(),
         )
         return Response(batch_object(batch))

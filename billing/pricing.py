@@ -22,9 +22,6 @@ from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Context, Decimal, Inexact
 
 CURRENCY = "USD"
-# What a batch pays of the sync-rate prices, by its priority: standard batches half (the Batch API's
-# discount), expedited ones the full price. Batches snapshot it at create (price_multiplier).
-PRICE_MULTIPLIER = {"standard": Decimal("0.5"), "expedited": Decimal("1.0")}
 NANOS_PER_USD = 10**9
 TOKENS_PER_PRICE = 10**6  # prices are per 1M tokens
 AMOUNT_PLACES = 9

@@ -22,6 +22,7 @@ from openrelay.lib.env import (
     envlist,
     envrate,
     envstr,
+    envwindows,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -333,7 +334,10 @@ OPENRELAY_CONTRACT_CHECK_TIME_LIMIT_S = envfloat("OPENRELAY_CONTRACT_CHECK_TIME_
 OPENRELAY_CONTRACT_CHECK_MEMORY_BYTES = envint(
     "OPENRELAY_CONTRACT_CHECK_MEMORY_BYTES", 1024 * 1024 * 1024, minimum=256 * 1024 * 1024
 )
-OPENRELAY_BATCH_WINDOW_S = envint("OPENRELAY_BATCH_WINDOW_S", 24 * 3600, minimum=1)
+# The completion windows a batch may ask for, each with the share of the sync price it bills (a standard
+# batch; expedited pays the sync price on any window): "1h:0.8,4h:0.65,24h:0.5,72h:0.4", units s, m, h, d.
+# 24h at half price is OpenAI's one window (batches.windows).
+OPENRELAY_COMPLETION_WINDOWS = envwindows("OPENRELAY_COMPLETION_WINDOWS", "24h:0.5")
 # A quote (POST /v1/batches/estimate) waits this long for one answer of a model server's tokenizer
 # before it counts by the approximation instead (batches.estimate.tokens).
 OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S = envfloat("OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S", 5.0, minimum=0.01)

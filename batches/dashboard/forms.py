@@ -5,7 +5,8 @@ id of one uploaded before, the endpoint, priority, spend cap and metadata rows. 
 Quote both read it here, so the quote describes exactly what Create then runs.
 """
 
-from batches import services
+from batches import services, windows
+from batches.estimate import admission
 from batches.estimate import quote as quotes
 from batches.validation.params import parse_create_params
 from files import services as file_services
@@ -23,7 +24,8 @@ def create_batch(organization, upload):
     input_file_id, stored = _input_file(organization, upload)
     try:
         params = parse_create_params(_form_body(upload.fields, input_file_id))
-        return services.create_batch(organization=organization, params=params)
+        admit = admission.judge(organization=organization, params=params)
+        return services.create_batch(organization=organization, params=params, admit=admit)
     except ApiError:
         if stored is not None:  # uploaded for this batch only; nothing else refers to it
             file_services.delete_file(stored)
@@ -52,7 +54,7 @@ def _form_body(fields, input_file_id):
     return {
         "input_file_id": input_file_id,
         "endpoint": fields.get("endpoint") or None,
-        "completion_window": "24h",
+        "completion_window": fields.get("completion_window") or windows.default().name,
         "priority": fields.get("priority") or None,
         "metadata": _form_metadata(fields),
         "openrelay": {"max_cost": (fields.get("max_cost") or "").strip() or None},

@@ -16,6 +16,13 @@
 
 Work-conserving: a slot nobody else waits for goes to whoever waits.
 
+Deadlines first (`deadline_need`, docs/concepts/how-batches-run.md#deadlines): a
+batch whose records left would not finish by its expires_at gets, ahead of
+everything above and across organizations, the records running and the calls
+it needs to finish in time with headroom: no more (past its need it takes its
+turn like any other), and together at most DEADLINE_MAX_SHARE of the model,
+so the batches with slack keep progressing.
+
 A call stands at the gate as its record does (`place_record`, set by the
 slot that runs the record): a record a dead engine had in flight goes to the
 head of its batch's line, behind the others it left there (line order), and a
@@ -24,6 +31,8 @@ cached (batches.engine.prefixes).
 """
 
 import asyncio
+import math
+import time
 from collections import defaultdict, deque
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -35,14 +44,57 @@ from batches.engine import prefixes
 # calls wait at the head of their batch's line, not behind the records claimed since.
 first_in_line = ContextVar("first_in_line", default=False)
 
+# Deadlines: a batch is given the calls that would finish its records left by the time DEADLINE_MARGIN
+# of its window is left (the pace is measured, not promised: the model slows, records fail and retry),
+# and the batches behind their deadline together take at most DEADLINE_MAX_SHARE of a model's slots.
+DEADLINE_MARGIN = 0.5
+DEADLINE_MAX_SHARE = 0.75
+# Calls a gate times before it trusts its measured seconds a call (`CallGate.call_s`), then each sample's.
+CALL_SAMPLE = 32
 
-def turn(org_running, expedited, batch_running, batch_served=0):
-    """The order of who goes next, smallest first: the organization with the fewest running, then
-    its expedited batches, then its batch with the fewest running, then its least served.
+
+def turn(org_running, expedited, batch_running, batch_served=0, behind=False):
+    """The order of who goes next, smallest first: a batch behind its deadline (below its need,
+    `deadline_need`) first, whatever its organization; then the organization with the fewest running,
+    then its expedited batches, then its batch with the fewest running, then its least served.
 
     Expedited goes first within an organization's fair share, never across organizations (issue
-    42: one tenant's expedited batches held another's standard batch to 29 s)."""
-    return (org_running, not expedited, batch_running, batch_served)
+    42: one tenant's expedited batches held another's standard batch to 29 s); a deadline goes
+    across them, but only up to what it needs."""
+    return (not behind, org_running, not expedited, batch_running, batch_served)
+
+
+def deadline_need(left, seconds_left, window_s, call_s, engines):
+    """Calls in flight this engine should give a batch for its `left` records to finish in time: its
+    part of them (the live `engines` share them evenly) at the model's measured `call_s` seconds a
+    call, over the time until DEADLINE_MARGIN of its `window_s` is left (at least a second: past it,
+    all it can get). By Little's law: calls in flight = the rate needed x seconds a call; the quote's
+    pace (batches.estimate.pace) is the same figure, a model's records a second = its slots / seconds
+    a call. 0 when less than one call would do (the fair share gives every waiting batch that), or
+    the model's pace is not measured yet."""
+    if left <= 0 or not call_s:
+        return 0
+    need = left / max(1, engines) * call_s / max(seconds_left - DEADLINE_MARGIN * window_s, 1.0)
+    return math.ceil(need) if need >= 1 else 0
+
+
+def deadline_cap(capacity):
+    """The most slots of a model the batches behind their deadlines may take before the others."""
+    return max(1, int(DEADLINE_MAX_SHARE * capacity)) if capacity > 0 else 0
+
+
+def set_needs(runs, rows, engines, now):
+    """Each running batch's need (`deadline_need`) from the poll's rows ({pk: row}): the records it
+    has left and its expires_at, at its model's measured seconds a call. Its Ticket carries it to
+    the gate and to Lane.pick."""
+    for run in runs:
+        row = rows.get(run.pk)
+        if row is None:
+            continue
+        left = row["total_count"] - row["completed_count"] - row["failed_count"]
+        seconds_left = (row["expires_at"] - now).total_seconds()
+        window_s = (row["expires_at"] - row["created_at"]).total_seconds()
+        run.ticket.need = deadline_need(left, seconds_left, window_s, run.lane.gate.call_s, engines)
 
 
 # Set by the engine for the record a slot starts: marks it sent (batches.engine.trips.SentMarks),
@@ -81,7 +133,7 @@ class Ticket:
     """One batch's standing at a gate: who it belongs to and how many calls it has in flight;
     `held` while the batch is paused, so calls still waiting for a slot are not sent."""
 
-    __slots__ = ("batch_pk", "organization_id", "expedited", "calls", "held")
+    __slots__ = ("batch_pk", "organization_id", "expedited", "calls", "held", "need")
 
     def __init__(self, batch_pk, organization_id, expedited=False):
         self.batch_pk = batch_pk
@@ -89,6 +141,11 @@ class Ticket:
         self.expedited = expedited
         self.calls = 0
         self.held = False
+        self.need = 0  # calls in flight its deadline needs (deadline_need); 0: none
+
+    @property
+    def behind(self):
+        return self.calls < self.need
 
 
 class OrgCaps:
@@ -147,6 +204,10 @@ class CallGate:
             False: {},
         }
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
+        self.deadlines = {}  # batch pk -> Ticket of the batches with a need (deadline_need)
+        # The seconds a call holds a slot, measured (Little's law: slot-seconds / calls finished); None: not yet.
+        self.call_s = None
+        self._flying, self._slot_s, self._finished, self._mark = 0, 0.0, 0, time.monotonic()
 
     @property
     def capacity(self):
@@ -159,6 +220,19 @@ class CallGate:
     @property
     def free(self):
         return sum(max(0, u.share - u.in_use) for u in self.upstreams if u.healthy)
+
+    def _clock(self, started, finished):
+        """Count slot-seconds as calls start and finish: every CALL_SAMPLE calls finished, a sample of
+        the seconds a call holds its slot, averaged into call_s."""
+        now = time.monotonic()
+        self._slot_s += self._flying * (now - self._mark)
+        self._mark = now
+        self._flying += started - finished
+        self._finished += finished
+        if self._finished >= CALL_SAMPLE:
+            sample = self._slot_s / self._finished
+            self.call_s = sample if self.call_s is None else (self.call_s + sample) / 2
+            self._slot_s, self._finished = 0.0, 0
 
     def close(self):
         if self in self.caps.gates:
@@ -196,6 +270,10 @@ class CallGate:
 
     async def acquire(self, ticket):
         key = prefixes.current_key.get()
+        if ticket.need:
+            self.deadlines[ticket.batch_pk] = ticket
+        elif self.deadlines:
+            self.deadlines.pop(ticket.batch_pk, None)
         if not self.waiting and self.caps.allows(ticket.organization_id):
             upstream = self._free_upstream(key)
             if upstream is not None:
@@ -248,6 +326,9 @@ class CallGate:
                     del self._queues[ticket.expedited][ticket.organization_id]
 
     def release(self, ticket, upstream):
+        self._clock(0, 1)
+        if not ticket.need and self.deadlines:
+            self.deadlines.pop(ticket.batch_pk, None)  # its deadline no longer needs it first
         upstream.in_use -= 1
         ticket.calls -= 1
         calls = self.org_calls[ticket.organization_id] - 1
@@ -260,6 +341,7 @@ class CallGate:
             self.dispatch()
 
     def _take(self, ticket, upstream):
+        self._clock(1, 0)
         upstream.in_use += 1
         ticket.calls += 1
         self.org_calls[ticket.organization_id] += 1
@@ -282,19 +364,12 @@ class CallGate:
             future.set_result(upstream)
 
     def _next(self):
-        """The next waiter by `turn`: its organization first (`_fewest_calls`), then its batch."""
-        org = self._fewest_calls(self._queues[True], self._queues[False])
-        if org is None:
-            return None
-        best, best_turn = None, None
-        for expedited in (True, False):
-            for batch_pk, queue in self._queues[expedited].get(org, {}).items():
-                key = turn(0, expedited, queue[0][1].calls)
-                if best_turn is None or key < best_turn:
-                    best, best_turn = (expedited, batch_pk), key
+        """The next waiter by `turn`: a batch behind its deadline (`_most_behind`), else the organization
+        first (`_fewest_calls`), then its batch."""
+        best = (self._most_behind() if self.deadlines else None) or self._fairest()
         if best is None:
             return None
-        expedited, batch_pk = best
+        expedited, org, batch_pk = best
         orgs = self._queues[expedited]
         by_batch = orgs[org]
         queue = by_batch[batch_pk]
@@ -305,6 +380,36 @@ class CallGate:
             if not by_batch:
                 del orgs[org]
         return entry
+
+    def _fairest(self):
+        """(expedited, organization, batch pk) of the next waiter by `turn` without deadlines."""
+        org = self._fewest_calls(self._queues[True], self._queues[False])
+        if org is None:
+            return None
+        best, best_turn = None, None
+        for expedited in (True, False):
+            for batch_pk, queue in self._queues[expedited].get(org, {}).items():
+                key = turn(0, expedited, queue[0][1].calls)
+                if best_turn is None or key < best_turn:
+                    best, best_turn = (expedited, org, batch_pk), key
+        return best
+
+    def _most_behind(self):
+        """(expedited, organization, batch pk) of the waiting batch furthest below its deadline's need
+        (by the share of it missing), or None: none is, or those that are hold DEADLINE_MAX_SHARE of
+        the model already (the others keep progressing)."""
+        held = sum(min(t.calls, t.need) for t in self.deadlines.values())
+        if held >= deadline_cap(self.capacity):
+            return None
+        best, most = None, 0.0
+        for ticket in self.deadlines.values():
+            if not ticket.behind or not self.caps.allows(ticket.organization_id):
+                continue
+            queue = self._queues[ticket.expedited].get(ticket.organization_id, {}).get(ticket.batch_pk)
+            missing = 1 - ticket.calls / ticket.need
+            if queue and missing > most:
+                best, most = (ticket.expedited, ticket.organization_id, ticket.batch_pk), missing
+        return best
 
     def _fewest_calls(self, *waiting):
         """The waiting organization (not at its cap) with the fewest calls in flight on this model, or

@@ -23,7 +23,7 @@ import orjson
 from batches.engine import checkpoints, prefixes
 from batches.engine.calls import budget
 from batches.engine.context import BatchCaller, RecordContext
-from batches.engine.fairness import Held, OrgCaps, Ticket, place_record, turn
+from batches.engine.fairness import Held, OrgCaps, Ticket, deadline_cap, place_record, turn
 from batches.engine.loops import dispatch
 from batches.engine.outcomes import RecordOutcome
 from batches.engine.spend import Guard
@@ -153,12 +153,16 @@ class Lane:
 
     def pick(self, caps):
         """The batch whose queued record starts next, or None: the first by fairness.turn, counting
-        records running here (the gate counts calls in flight), if it has room to start one."""
+        records running here (the gate counts calls in flight), if it has room to start one. A batch
+        behind its deadline is, up to its need, while those together hold less than deadline_cap."""
         best, best_key = None, None
+        held = sum(min(run.active, run.ticket.need) for run in self.batches.values())
+        deadlines_room = held < deadline_cap(self.gate.capacity)
         for run in self.batches.values():
             if not run.queue or not run.workable:
                 continue
-            key = turn(self.org_active[run.organization_id], run.expedited, run.active, run.served)
+            behind = deadlines_room and run.active < run.ticket.need
+            key = turn(self.org_active[run.organization_id], run.expedited, run.active, run.served, behind)
             if best_key is None or key < best_key:
                 best, best_key = run, key
         if best is None or not self.room_for(best, caps):

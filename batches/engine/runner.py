@@ -45,13 +45,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.db import connections
+from django.utils import timezone
 
 from batches import tallies
-from batches.engine import checks, dbretry, leases, liveness, spend, store, warmup
+from batches.engine import checks, dbretry, fairness, leases, liveness, spend, store, warmup
 from batches.engine.batch_set import Roster
 from batches.engine.calls import budget
 from batches.engine.config import EngineConfig
-from batches.engine.fairness import OrgCaps
 from batches.engine.fence import StatusFence
 from batches.engine.lanes import BatchRun, Lanes
 from batches.engine.peers import DEPLOYMENTS_EVERY_S, HEARTBEAT_S, Peers
@@ -107,7 +107,7 @@ class Engine:
             self.config.contract_check_memory_bytes,
         )
         self.guard = spend.Guard(self)
-        caps = OrgCaps()
+        caps = fairness.OrgCaps()
         self.fence = StatusFence(self._poll_soon)
         self.peers = Peers(
             self.config, self.owner, self.liveness, caps, self.db, self._wake, self.leases.live, self.fence
@@ -278,6 +278,7 @@ class Engine:
         sent, rows = await self.db(self._read_batches)
         await self.roster.poll(rows)
         self.fence.read(sent)  # after the roster stopped the batches it found cancelling (fence.py)
+        fairness.set_needs(self.roster.batches.values(), {row["pk"]: row for row in rows}, self.engines, timezone.now())
         self.peers.set_caps(rows)
         self.roster.resume(self.peers.take_freed())  # a lane opened for a new batch beat: perhaps some
 

@@ -317,6 +317,7 @@ def active_batches(only=None):
             "model_name",
             "endpoint",
             "priority",
+            "created_at",
             "expires_at",
             "input_file_id",
             "total_count",

@@ -12,6 +12,8 @@ import orjson
 
 from batches.models import Batch, Record, RecordStatus
 
+# A record's output tokens when the organization has no history on the model: a guess, said to be one.
+DEFAULT_OUTPUT_TOKENS = 256
 HISTORY_BATCHES = 50
 HISTORY_RECORDS = 2000
 TOOL_HISTORY_RECORDS = 200

@@ -153,6 +153,16 @@ def finish_after(pace, organization_id, expedited, work):
     return elapsed
 
 
+def fits(durations, window_s):
+    """{low, expected, high: seconds or None} against a window: True when even the high figure
+    finishes in it, False when the expected one doesn't, else "at_risk"; None when the time can't be told."""
+    if durations["expected"] is None:
+        return None
+    if durations["expected"] > window_s:
+        return False
+    return True if durations["high"] <= window_s else "at_risk"
+
+
 def _shares(batches, units_per_s):
     organizations = {}
     for batch in batches:

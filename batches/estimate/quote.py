@@ -10,19 +10,17 @@ object (quote_object). Every figure says how it was made (`method`,
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.conf import settings
 from django.utils import timezone
 
-from batches import endpoints, services
+from batches import endpoints, services, windows
 from batches.estimate import history as histories
 from batches.estimate import pace as paces
 from batches.estimate import tokens
 from batches.estimate.records import RecordTally
-from billing.pricing import PRICE_MULTIPLIER, Prices, cost, usd
+from billing.pricing import Prices, cost, usd
 from openrelay.core.models import Deployment, Price
 
-# A record's output tokens when the organization has no history on the model: a guess, said to be one.
-DEFAULT_OUTPUT_TOKENS = 256
+DEFAULT_OUTPUT_TOKENS = histories.DEFAULT_OUTPUT_TOKENS
 
 
 @dataclass
@@ -39,15 +37,17 @@ class Quote:
     cost: dict | None = None
     time: dict | None = None
     fits_window: object = None  # True, False, "at_risk", or None when the time can't be told
+    windows: list = field(default_factory=list)  # every offered window: its price and whether the batch fits
     confidence: str = "low"
     notes: list = field(default_factory=list)
 
 
 def estimate(
-    *, organization, endpoint, completion_window="24h", input_file_id=None, requests=None, priority="standard", **_
+    *, organization, endpoint, completion_window=None, input_file_id=None, requests=None, priority="standard", **_
 ):
     """Quote what `create_batch` with these arguments would run (ApiError where create would refuse)."""
     now = timezone.now()
+    window = windows.parse(completion_window) if completion_window else windows.default()
     tally = RecordTally(endpoint)
     result, checker, read_records = services.check_input(
         organization=organization,
@@ -56,7 +56,7 @@ def estimate(
         requests=requests,
         observe=tally.observe,
     )
-    quote = Quote(endpoint, priority, completion_window, checker.model_name, result.accepted, result.errors)
+    quote = Quote(endpoint, priority, window.name, checker.model_name, result.accepted, result.errors)
     if not result.accepted or checker.model_pk is None:
         quote.notes.append("No record would be accepted: nothing would run.")
         return quote
@@ -67,8 +67,10 @@ def estimate(
     output = _output_tokens(tally, history, rounds)
     input_total = _with_rounds(quote.input.total, tally, rounds)
     quote.tool_rounds, quote.output = rounds, output
-    quote.cost = _cost(checker.model_pk, priority, input_total, output)
-    quote.time, quote.fits_window = _time(organization, checker.model_pk, priority, now, input_total, output, tally)
+    quote.cost = _cost(checker.model_pk, window.multiplier(priority), input_total, output)
+    quote.time, durations = _time(organization, checker.model_pk, priority, now, input_total, output, tally, window)
+    quote.fits_window = paces.fits(durations, window.seconds)
+    quote.windows = _windows(checker.model_pk, priority, input_total, output, durations, now)
     quote.confidence, quote.notes = _confidence(quote, history)
     return quote
 
@@ -126,13 +128,13 @@ def _capped(figure, cap):
     return figure if cap is None else min(figure, cap)
 
 
-def _cost(model_pk, priority, input_total, output):
+def _cost(model_pk, multiplier, input_total, output):
     price = Price.objects.filter(model_id=model_pk).first()
     prices = Prices(
         price.input_per_mtok if price else 0,
         price.effective_cached_input_per_mtok if price else 0,
         price.output_per_mtok if price else 0,
-        PRICE_MULTIPLIER[priority],
+        multiplier,
     )
 
     def total(output_tokens):
@@ -145,7 +147,8 @@ def _cost(model_pk, priority, input_total, output):
         "low": total(output["low"]),
         "expected": total(output["expected"]),
         "high": total(output["high"]),
-        # The prices the batch would snapshot at create: USD per 1M tokens, times the priority's multiplier.
+        # The prices the batch would snapshot at create: USD per 1M tokens, times the window's multiplier
+        # (its rate; expedited: the sync price).
         "prices": {
             "input": str(prices.input),
             "cached_input": str(prices.cached_input),
@@ -156,10 +159,9 @@ def _cost(model_pk, priority, input_total, output):
     }
 
 
-def _time(organization, model_pk, priority, now, input_total, output, tally):
+def _time(organization, model_pk, priority, now, input_total, output, tally, window):
     work = {name: paces.units(input_total, output[name]) for name in ("low", "expected", "high")}
     pace = paces.model_pace(model_pk, now, work["expected"] / tally.records)
-    window = timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S)
     durations = {
         name: paces.finish_after(pace, organization.pk, priority == "expedited", units) for name, units in work.items()
     }
@@ -171,7 +173,7 @@ def _time(organization, model_pk, priority, now, input_total, output, tally):
         "expected_completion_at": int((now + timedelta(seconds=expected)).timestamp())
         if expected is not None
         else None,
-        "window_ends_at": int((now + window).timestamp()),
+        "window_ends_at": int((now + window.duration).timestamp()),
         "basis": pace.basis,
         "records_per_second": round(pace.records_per_s, 3) if pace.records_per_s else None,
         "concurrency_limit": pace.concurrency_limit,
@@ -181,20 +183,29 @@ def _time(organization, model_pk, priority, now, input_total, output, tally):
             "organizations": len({q.organization_id for q in pace.queued}),
         },
     }
-    return time, _fits(durations, window.total_seconds())
+    return time, durations
+
+
+def _windows(model_pk, priority, input_total, output, durations, now):
+    """Each offered window as this batch would run on it: its rate, what it would cost, whether it fits."""
+    return [
+        {
+            **window.as_object(),
+            "multiplier": str(window.multiplier(priority)),
+            "cost": {
+                name: figure
+                for name, figure in _cost(model_pk, window.multiplier(priority), input_total, output).items()
+                if name in ("currency", "low", "expected", "high")
+            },
+            "fits_window": paces.fits(durations, window.seconds),
+            "window_ends_at": int((now + window.duration).timestamp()),
+        }
+        for window in windows.offered()
+    ]
 
 
 def _seconds(value):
     return None if value is None else round(value, 1)
-
-
-def _fits(durations, window_s):
-    """True when even the high figure finishes in the window, False when the expected one doesn't, else at risk."""
-    if durations["expected"] is None:
-        return None
-    if durations["expected"] > window_s:
-        return False
-    return True if durations["high"] <= window_s else "at_risk"
 
 
 def _confidence(quote, history):
@@ -236,6 +247,7 @@ def quote_object(quote):
         "cost": quote.cost,
         "time": quote.time,
         "fits_window": quote.fits_window,
+        "windows": quote.windows,
         "confidence": quote.confidence,
         "notes": quote.notes,
     }

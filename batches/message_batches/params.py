@@ -9,10 +9,12 @@ create, they would only fail one by one. What needs the batch as a whole (a seco
 comes back as an `errored` result.
 """
 
+from batches import windows
 from batches.endpoints import anthropic
 from batches.validation import messages
+from batches.validation.params import ADMISSIONS
 from openrelay.api.errors import ApiError
-from openrelay.api.params import invalid_type, missing_parameter
+from openrelay.api.params import invalid_choice, invalid_type, missing_parameter
 from openrelay.lib.wording import shown
 
 MESSAGES = anthropic.MESSAGES.path
@@ -20,6 +22,8 @@ MESSAGES = anthropic.MESSAGES.path
 MAX_REQUESTS = 100_000
 MAX_CUSTOM_ID = 64
 REQUEST_KEYS = ("custom_id", "params")
+BODY_KEYS = ("requests", "openrelay")  # openrelay: OpenRelay's extension (OPENRELAY_KEYS), not Anthropic's
+OPENRELAY_KEYS = ("completion_window", "admission")
 
 
 def parse_requests(data):
@@ -27,7 +31,7 @@ def parse_requests(data):
     if not isinstance(data, dict):
         raise invalid_type("body", "an object", data)
     for key in data:
-        if key != "requests":
+        if key not in BODY_KEYS:
             raise ApiError(f"{key}: Extra inputs are not permitted", param=key, code="unknown_parameter")
     requests = data.get("requests")
     if requests is None:
@@ -45,6 +49,25 @@ def parse_requests(data):
         )
     seen = {}
     return [_line(index, item, seen) for index, item in enumerate(requests)]
+
+
+def parse_extension(data):
+    """OpenRelay's extension, `{"openrelay": {"completion_window": "1h", "admission": "strict"}}` ->
+    (the window's name or None: Anthropic's fixed 24 h, batches.windows.default; the admission)."""
+    extension = data.get("openrelay")
+    if extension is None:
+        return None, "warn"
+    if not isinstance(extension, dict):
+        raise invalid_type("openrelay", "an object", extension)
+    for key in extension:
+        if key not in OPENRELAY_KEYS:
+            raise ApiError(
+                f"openrelay.{key}: Extra inputs are not permitted", param=f"openrelay.{key}", code="unknown_parameter"
+            )
+    value, admission = extension.get("completion_window"), extension.get("admission", "warn")
+    if admission not in ADMISSIONS:
+        raise invalid_choice("openrelay.admission", admission, ADMISSIONS)
+    return None if value is None else windows.parse(value, "openrelay.completion_window").name, admission
 
 
 def _line(index, item, seen):

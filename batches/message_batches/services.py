@@ -3,6 +3,7 @@
 from django.db import transaction
 
 from batches import services
+from batches.estimate import admission as admissions
 from batches.message_batches.params import MAX_REQUESTS, MESSAGES, check_params
 from batches.message_batches.presenters import message_batch_id
 from batches.models import Batch
@@ -13,12 +14,17 @@ from openrelay.api.errors import ApiError
 from openrelay.core.models import Model
 
 
-def create_message_batch(*, organization, lines):
+def create_message_batch(*, organization, lines, completion_window=None, admission="warn"):
     """A batch of Messages requests (lines from params.parse_requests). Its rejected lines keep their custom_id,
     so the results can name them. A request whose params Anthropic would refuse is a 400 before anything is stored."""
     check_params(lines, Catalog(dict(Model.objects.filter(enabled=True).values_list("name", "max_output_tokens"))))
-    params = CreateParams(endpoint=MESSAGES, requests=lines)
-    batch = services.create_batch(organization=organization, params=params, max_records=MAX_REQUESTS)
+    params = CreateParams(endpoint=MESSAGES, requests=lines, completion_window=completion_window, admission=admission)
+    batch = services.create_batch(
+        organization=organization,
+        params=params,
+        max_records=MAX_REQUESTS,
+        admit=admissions.judge(organization=organization, params=params),
+    )
     if batch.errors:
         for error in batch.errors:
             line = error.get("line")

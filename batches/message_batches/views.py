@@ -74,13 +74,18 @@ class MessageBatchListView(AnthropicView):
     )
     def post(self, request):
         key = idempotency.key_of(request)
-        lines = params.parse_requests(_body(request))
+        body = _body(request)
+        lines, (window, admission) = params.parse_requests(body), params.parse_extension(body)
+        # Without the extension: the print as before.
+        print_of = [lines, window, admission] if "openrelay" in body else lines
         batch = idempotency.once(
             request.user.organization,
             "message_batches",
             key,
-            idempotency.fingerprint(orjson.dumps(lines, option=orjson.OPT_SORT_KEYS)) if key is not None else None,
-            lambda: services.create_message_batch(organization=request.user.organization, lines=lines),
+            idempotency.fingerprint(orjson.dumps(print_of, option=orjson.OPT_SORT_KEYS)) if key is not None else None,
+            lambda: services.create_message_batch(
+                organization=request.user.organization, lines=lines, completion_window=window, admission=admission
+            ),
             lambda public_id: _message_batches(request).filter(public_id=public_id).first(),
         )
         return Response(presenters.message_batch_object(batch))

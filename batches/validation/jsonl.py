@@ -54,9 +54,11 @@ class ScanResult:
     errors: list = field(default_factory=list)
     sink: object = None
     accepted: int = 0
+    accepted_bytes: int = 0  # the accepted lines' bytes (admission approximates their tokens)
 
     def add(self, line, custom_id, offset, length):
         self.accepted += 1
+        self.accepted_bytes += length
         if self.sink is not None:
             self.sink((line, custom_id, offset, length))
             return

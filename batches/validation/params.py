@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from batches import endpoints
+from batches import endpoints, windows
 from batches.guardrails import Breaker
 from batches.validation import contracts
 from batches.validation.extensions import RecordRejected
@@ -17,7 +17,6 @@ from openrelay.api.params import invalid_choice, invalid_type, missing_parameter
 
 # Anthropic Messages requests among them (also served as Message Batches: batches.message_batches).
 ENDPOINTS = endpoints.PATHS
-COMPLETION_WINDOWS = ("24h",)
 PRIORITIES = ("standard", "expedited")
 MAX_METADATA_PAIRS = 16
 MAX_METADATA_KEY = 64
@@ -38,13 +37,14 @@ CREATE_PARAMS = (
     "priority",
     "openrelay",
 )
-OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract")
+OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract", "admission")
+ADMISSIONS = ("warn", "strict")  # batches.estimate.admission
 
 
 @dataclass(frozen=True)
 class CreateParams:
     endpoint: str
-    completion_window: str = "24h"  # the one window there is (COMPLETION_WINDOWS)
+    completion_window: str | None = None  # an offered window's name (batches.windows); None: the default one
     input_file_id: str | None = None
     requests: list | None = None
     metadata: dict | None = None
@@ -53,6 +53,7 @@ class CreateParams:
     max_cost_nanos: int | None = None
     breaker: Breaker | None = None  # its rules, those not given at their defaults; None: the defaults
     output_contract: object = None  # the batch's output contract as given (checked), False, or None
+    admission: str = "warn"  # strict: refuse a batch its quote says cannot finish in its window
 
 
 def parse_create_params(data):
@@ -60,10 +61,10 @@ def parse_create_params(data):
     request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
     endpoint = _parse_choice(data, "endpoint", ENDPOINTS)
-    max_cost_nanos, breaker, output_contract = _parse_openrelay(data.get("openrelay"), endpoint)
+    max_cost_nanos, breaker, output_contract, admission = _parse_openrelay(data.get("openrelay"), endpoint)
     return CreateParams(
         endpoint=endpoint,
-        completion_window=_parse_choice(data, "completion_window", COMPLETION_WINDOWS),
+        completion_window=_parse_window(data),
         input_file_id=input_file_id,
         requests=requests,
         metadata=parse_metadata(data.get("metadata")),
@@ -72,16 +73,17 @@ def parse_create_params(data):
         max_cost_nanos=max_cost_nanos,
         breaker=breaker,
         output_contract=output_contract,
+        admission=admission,
     )
 
 
 def _parse_openrelay(value, endpoint):
     """OpenRelay's create extension, `{"max_cost": USD, "breaker": false | {window, failures,
-    consecutive}, "output_contract": {...} | false}` -> (the cap in nano-dollars or None, the
-    breaker's rules or None for the defaults, the batch's output contract as given once checked,
-    False, or None)."""
+    consecutive}, "output_contract": {...} | false, "admission": "warn" | "strict"}` -> (the cap in
+    nano-dollars or None, the breaker's rules or None for the defaults, the batch's output contract
+    as given once checked, False, or None, the admission)."""
     if value is None:
-        return None, None, None
+        return None, None, None, "warn"
     if not isinstance(value, dict):
         raise invalid_type("openrelay", "an object", value)
     for key in value:
@@ -91,6 +93,7 @@ def _parse_openrelay(value, endpoint):
         parse_max_cost(value.get("max_cost"), "openrelay.max_cost"),
         _parse_breaker(value.get("breaker")),
         _parse_output_contract(value.get("output_contract"), endpoint),
+        _parse_choice(value, "admission", ADMISSIONS, default="warn", param="openrelay.admission"),
     )
 
 
@@ -159,8 +162,16 @@ def _parse_output_contract(contract, endpoint):
     return contract
 
 
-def _parse_choice(data, param, allowed, default=None):
-    value = data.get(param)
+def _parse_window(data):
+    value = data.get("completion_window")
+    if value is None:
+        raise missing_parameter("completion_window")
+    return windows.parse(value).name
+
+
+def _parse_choice(data, key, allowed, default=None, param=None):
+    value = data.get(key)
+    param = param or key
     if value is None:
         if default is None:
             raise missing_parameter(param)

@@ -19,6 +19,11 @@ def ref(name):
 
 
 _NULLABLE_STRING = {"type": "string", "nullable": True}
+_FITS = {
+    "nullable": True,
+    "oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["at_risk"]}],
+    "description": 'true, false, "at_risk" (the high figure misses the window), or null (no time).',
+}
 # A spend cap in USD as batches.validation.params.parse_max_cost takes it: a number, or a decimal string.
 _MAX_COST = {
     "oneOf": [
@@ -232,6 +237,20 @@ COMPONENTS = {
                             name: {"type": "integer", "minimum": 0} for name in ("reasked", "reasks", "invalid_output")
                         },
                     },
+                    "admission": {
+                        "type": "object",
+                        "nullable": True,
+                        "description": "The quote's verdict at create: whether it fits its window given what was "
+                        "queued on its model, and a warning when it does not (docs/concepts/windows.md).",
+                        "properties": {
+                            "fits_window": _FITS,
+                            "expected_duration_s": {"type": "number", "nullable": True},
+                            "expected_completion_at": _NULLABLE_INT,
+                            "basis": {"type": "string"},
+                            "queued_records": {"type": "integer"},
+                            "warning": _NULLABLE_STRING,
+                        },
+                    },
                     "expected_completion_at": {
                         **_NULLABLE_INT,
                         "description": (
@@ -300,6 +319,15 @@ COMPONENTS = {
                     {"type": "boolean", "enum": [False]},
                 ],
             },
+            "admission": {
+                "type": "string",
+                "enum": ["warn", "strict"],
+                "description": (
+                    "When the quote says the batch cannot finish in its window given what is queued on its "
+                    "model: warn (default) creates it with a warning and batch.at_risk; strict refuses it "
+                    "(400 window_cannot_be_met). docs/concepts/windows.md."
+                ),
+            },
         },
     },
     "BatchResume": {
@@ -326,7 +354,8 @@ COMPONENTS = {
                 "maxItems": 50000,
                 "items": {"type": "object", "description": "One JSONL request object: custom_id, method, url, body."},
             },
-            # Its enum is the endpoint registry's (batches.views.endpoint_enum, a hook after this module's).
+            # Their enums are the endpoint registry's and the offered windows (batches.views.endpoint_enum,
+            # a hook after this module's).
             "endpoint": {"type": "string"},
             "completion_window": {"type": "string", "enum": ["24h"]},
             "metadata": {
@@ -534,10 +563,22 @@ COMPONENTS["BatchEstimate"] = {
                 "queued_ahead": {"type": "object", "additionalProperties": {"type": "integer"}},
             },
         },
-        "fits_window": {
-            "nullable": True,
-            "oneOf": [{"type": "boolean"}, {"type": "string", "enum": ["at_risk"]}],
-            "description": 'true, false, "at_risk" (the high figure misses the window), or null (no time).',
+        "fits_window": _FITS,
+        "windows": {
+            "type": "array",
+            "description": "Every offered window as this batch would run on it: its rate, cost and fit.",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "window": {"type": "string"},
+                    "seconds": {"type": "integer"},
+                    "rate": {"type": "string"},
+                    "multiplier": {"type": "string"},
+                    "cost": {"type": "object", "additionalProperties": {"type": "string"}},
+                    "fits_window": _FITS,
+                    "window_ends_at": {"type": "integer"},
+                },
+            },
         },
         "confidence": {"type": "string", "enum": ["high", "medium", "low"]},
         "notes": {"type": "array", "items": {"type": "string"}},
@@ -668,7 +709,17 @@ COMPONENTS.update(
                             },
                         },
                     },
-                }
+                },
+                "openrelay": {
+                    "type": "object",
+                    "description": "OpenRelay's extension, not Anthropic's: `completion_window` (one of the "
+                    "offered windows, GET /v1/limits) instead of the fixed 24 h; `admission` as the Batches "
+                    "API's openrelay.admission.",
+                    "properties": {
+                        "completion_window": {"type": "string"},
+                        "admission": {"type": "string", "enum": ["warn", "strict"]},
+                    },
+                },
             },
         },
         "MessageBatch": {

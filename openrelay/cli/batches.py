@@ -80,7 +80,15 @@ InputFile = Annotated[
     typer.Option("--input-file", "-f", exists=True, dir_okay=False, readable=True, help="JSONL file of requests."),
 ]
 Endpoint = Annotated[str, typer.Option("--endpoint", "-e", help="e.g. /v1/chat/completions")]
-CompletionWindow = Annotated[str, typer.Option("--completion-window")]
+CompletionWindow = Annotated[
+    str,
+    typer.Option(
+        "--window",
+        "--completion-window",
+        "-w",
+        help="One of the offered windows (`orl limits`, e.g. 1h, 24h); each bills its own rate.",
+    ),
+]
 Metadata = Annotated[
     list[str] | None,
     typer.Option("--metadata", "-m", callback=_check_metadata, help="key=value; repeat for more pairs."),

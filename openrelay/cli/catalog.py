@@ -43,7 +43,13 @@ def models_list(ctx: typer.Context):
             )
         )
     state.out.print(table)
-    state.out.print(Text("Batches bill these at 50% (standard) or 100% (expedited)."))
+    windows = (page["data"][0].get("openrelay") or {}).get("completion_windows") if page["data"] else None
+    shares = ", ".join(f"{w['window']} {_percent(w['rate'])}" for w in windows or [])
+    state.out.print(Text(f"Standard batches bill these at their window's share ({shares}); expedited at 100%."))
+
+
+def _percent(rate):
+    return f"{float(rate) * 100:g}%"
 
 
 @catalog_app.command("limits")
@@ -61,6 +67,11 @@ def limits_show(ctx: typer.Context):
             ", ".join(value) if isinstance(value, list) else f"{value:,}" if isinstance(value, int) else str(value),
         )
         for name, value in batch.items()
+        if name != "windows"
+    ]
+    rows += [
+        (f"window {w['window']}", f"{w['seconds']:,} s, bills {_percent(w['rate'])} of the sync price")
+        for w in batch.get("windows", [])
     ]
     rows += [
         (f"tool_config {name}", f"default {v['default']:,}, max {v['max']:,}")

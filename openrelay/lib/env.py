@@ -95,3 +95,44 @@ def envrate(name, default):
     except ValueError as exc:
         raise ImproperlyConfiguredEnv(f"{name}: {exc}") from None
     return raw.strip()
+
+
+_WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_windows(spec):
+    """'1h:0.8,24h:0.5' -> ((name, seconds, rate as a str), ...) shortest first: the completion windows
+    an operator offers, each with the share of the sync price it bills. Units s, m, h, d; a rate in (0, 1]."""
+    windows = {}
+    for item in str(spec).split(","):
+        name, _, rate = item.strip().partition(":")
+        name = name.strip()
+        unit = _WINDOW_UNITS.get(name[-1:])
+        count = name[:-1]
+        if unit is None or not count.isdigit() or int(count) < 1 or len(name) > 8:
+            raise ValueError(f"expected windows like '1h:0.8,24h:0.5' (N s|m|h|d : rate), got {item.strip()!r}")
+        try:
+            share = float(rate)
+        except ValueError:
+            share = -1.0
+        # Two places at most: a batch keeps its multiplier in a column of two (Batch.price_multiplier).
+        if not 0 < share <= 1 or len(rate.strip().partition(".")[2]) > 2:
+            raise ValueError(
+                f"window {name!r}: expected a rate above 0 and at most 1, in hundredths, got {rate.strip()!r}"
+            )
+        if name in windows:
+            raise ValueError(f"window {name!r} is given twice")
+        windows[name] = (name, int(count) * unit, rate.strip())
+    return tuple(sorted(windows.values(), key=lambda window: window[1]))
+
+
+def envwindows(name, default):
+    """Completion windows with their rates (parse_windows), checked at start-up; kept as written."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        parse_windows(raw)
+    except ValueError as exc:
+        raise ImproperlyConfiguredEnv(f"{name}: {exc}") from None
+    return raw.strip()

@@ -51,7 +51,7 @@ class TestCreate:
         assert body["metadata"] == {"team": "ocr"}
         assert body["usage"] is None
         assert body["priority"] == "standard"
-        assert body["expires_at"] - body["created_at"] == settings.OPENRELAY_BATCH_WINDOW_S
+        assert body["expires_at"] - body["created_at"] == 24 * 3600
         for name in (
             "in_progress_at",
             "finalizing_at",

@@ -125,8 +125,10 @@ def succeeded(batch, count):
 
 
 def test_an_expired_batch_bills_its_completed_work(alice, model, sim, settings):
-    settings.OPENRELAY_BATCH_WINDOW_S = 2
-    batch = create(alice, [chat("quick"), chat(LONG), chat("stuck [[hang]]"), chat("stuck too [[hang]]")])
+    settings.OPENRELAY_COMPLETION_WINDOWS = "2s:0.5,24h:0.5"
+    batch = create(
+        alice, [chat("quick"), chat(LONG), chat("stuck [[hang]]"), chat("stuck too [[hang]]")], completion_window="2s"
+    )
     run_batch(batch.pk)  # returns once the window has passed and the batch is closed
     batch.refresh_from_db()
     assert batch.status == "expired"

@@ -136,3 +136,15 @@ def test_it_downloads_the_results_so_far(orl, alice, model, tmp_path):
     assert [json.loads(line)["custom_id"] for line in (tmp_path / "so_far.jsonl").read_text().splitlines()] == ["a"]
     errors = orl("batches", "results", batch["id"], "--errors", "-o", "-")
     assert [json.loads(line)["custom_id"] for line in errors.stdout.splitlines()] == ["b"]
+
+
+def test_window_picks_an_offered_window_and_a_bad_one_names_them(orl, alice, model, tmp_path, settings):
+    settings.OPENRELAY_COMPLETION_WINDOWS = "1h:0.8,24h:0.5"
+    path = write_jsonl(tmp_path / "in.jsonl", chat("a"))
+    batch = json.loads(_create(orl, path, "--window", "1h").stdout)
+    assert batch["completion_window"] == "1h" and batch["expires_at"] - batch["created_at"] == 3600
+    refused = _create(orl, path, "-w", "48h")
+    assert refused.exit_code != 0 and "'1h'" in refused.output and "completion_window" in refused.output
+    limits = orl("limits")
+    assert "window 1h" in limits.stdout and "80%" in limits.stdout
+    assert "1h 80%" in orl("models").stdout

@@ -281,3 +281,14 @@ def test_hanging_tools_of_one_organization_do_not_slow_another(alice, model, han
             took = wait_for(lambda: status_of(plain) == "completed", 20, "bob's batch")
             assert took < 5, took  # behind alice's tools: 8 s; the bound leaves a loaded machine room
             assert _completed(hanging) == 0  # alice's records are all still waiting on her executor
+
+
+def test_a_deadline_needs_the_calls_that_finish_it_by_half_its_window():
+    from batches.engine.fairness import deadline_cap, deadline_need
+
+    # 1,000 records left over 2 engines at 0.1 s a call, 40 s left of a 40 s window: 500 x 0.1 / 20 s.
+    assert deadline_need(1000, 40, 40, 0.1, 2) == 3
+    assert deadline_need(1000, 40, 86400, 0.1, 2) == 50  # past half its window: all it can get (a second)
+    assert deadline_need(3000, 86000, 86400, 0.1, 2) == 0  # a 24 h batch: less than a call, no need
+    assert deadline_need(1000, 40, 40, None, 2) == 0  # no measured pace yet
+    assert (deadline_cap(4), deadline_cap(1), deadline_cap(0)) == (3, 1, 0)

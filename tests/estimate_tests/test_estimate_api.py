@@ -160,7 +160,7 @@ def test_the_organizations_history_sets_the_output_and_cost(alice, bob, fresh_si
 
 def test_a_batch_built_to_miss_the_window_does_not_fit(alice, fresh_sim, settings):
     model = deploy(MODEL, fresh_sim.base_url)
-    settings.OPENRELAY_BATCH_WINDOW_S = 60
+    settings.OPENRELAY_COMPLETION_WINDOWS = "60s:0.5,24h:0.5"
     now = timezone.now()
     # A finished batch measured the model's pace: 100 records of 100 output tokens in 100 s.
     past = make_batch(alice.org, [chat("x")] * 1, model=model)
@@ -172,8 +172,8 @@ def test_a_batch_built_to_miss_the_window_does_not_fit(alice, fresh_sim, setting
         output_tokens=100 * 100,
         total_count=100,
     )
-    misses = ok(quote(alice, requests=[line(i, max_tokens=100) for i in range(200)]))
-    fits = ok(quote(alice, requests=[line(i, max_tokens=100) for i in range(20)]))
+    misses = ok(quote(alice, completion_window="60s", requests=[line(i, max_tokens=100) for i in range(200)]))
+    fits = ok(quote(alice, completion_window="60s", requests=[line(i, max_tokens=100) for i in range(20)]))
 
     assert misses["time"]["basis"] == "recent_batches"
     assert misses["fits_window"] is False and misses["time"]["expected_duration_s"] > 60

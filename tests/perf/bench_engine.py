@@ -697,10 +697,10 @@ class Api:
         response.raise_for_status()
         return response.json()["id"], elapsed
 
-    def create(self, file_id, endpoint=ENDPOINT):
+    def create(self, file_id, endpoint=ENDPOINT, window="24h"):
         sent = time.time()
         response = self.client.post(
-            "/batches", json={"input_file_id": file_id, "endpoint": endpoint, "completion_window": "24h"}
+            "/batches", json={"input_file_id": file_id, "endpoint": endpoint, "completion_window": window}
         )
         answered = time.time()
         response.raise_for_status()

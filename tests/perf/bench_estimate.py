@@ -61,10 +61,10 @@ def write_shaped(path, records, model, *, line_bytes=300, start=0):
     return path.stat().st_size
 
 
-def quote(api, file_id):
+def quote(api, file_id, window="24h"):
     response = api.client.post(
         "/batches/estimate",
-        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        json={"input_file_id": file_id, "endpoint": "/v1/chat/completions", "completion_window": window},
     )
     response.raise_for_status()
     return response.json()
@@ -182,11 +182,12 @@ def _window(bench, Row, records):
     small = _file(bench, "est-fit.jsonl", max(10, records // 50), start=40_000)
     window = max(3, int(quote(bench.api, big)["time"]["expected_duration_s"] / 2))
     s.stop(s.web)
-    bench.connect(s.start_web(OPENRELAY_BATCH_WINDOW_S=str(window)))
+    short = f"{window}s"
+    bench.connect(s.start_web(OPENRELAY_COMPLETION_WINDOWS=f"{short}:0.5,24h:0.5"))
     try:
-        misses, fits = quote(bench.api, big), quote(bench.api, small)
-        missed, _, _ = bench.api.create(big)
-        fitted, _, _ = bench.api.create(small)
+        misses, fits = quote(bench.api, big, short), quote(bench.api, small, short)
+        missed, _, _ = bench.api.create(big, window=short)
+        fitted, _, _ = bench.api.create(small, window=short)
         missed_row = bench.wait_done(missed["id"], window + 180)
         fitted_row = bench.wait_done(fitted["id"], window + 180)
     finally:

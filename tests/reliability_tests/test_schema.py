@@ -14,6 +14,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from hypothesis import HealthCheck, settings
 from rest_framework.test import APIClient
 
+from batches import windows
 from batches.validation import params
 from tests.helpers import make_persona
 
@@ -131,7 +132,7 @@ def test_the_create_schema_matches_the_validation_rules():
     properties = _schema()["components"]["schemas"]["BatchCreate"]["properties"]
     assert set(properties) == set(params.CREATE_PARAMS)
     assert properties["endpoint"]["enum"] == list(params.ENDPOINTS)
-    assert properties["completion_window"]["enum"] == list(params.COMPLETION_WINDOWS)
+    assert properties["completion_window"]["enum"] == windows.names()
     assert properties["priority"]["enum"] == list(params.PRIORITIES)
     assert properties["metadata"]["maxProperties"] == params.MAX_METADATA_PAIRS
     assert properties["metadata"]["additionalProperties"]["maxLength"] == params.MAX_METADATA_VALUE
