@@ -13,7 +13,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import guardrails, lifecycle, live
+from batches import guardrails, lifecycle, live, reuse
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
@@ -59,10 +59,11 @@ def create_batch(*, organization, params, max_records=None):
         max_cost_nanos=params.max_cost_nanos,
         **(params.breaker or guardrails.Breaker.default()).as_fields(),
         output_contract=params.output_contract,
+        reuse=params.reuse,
     )
     committed = False
     try:
-        checker = _checker(params.endpoint, organization, params.output_contract)
+        checker = reuse.Twins(_checker(params.endpoint, organization, params.output_contract), params.reuse)
         if connection.vendor == "postgresql":
             batch = _create_streaming(file, checker, param, fields, max_records)
         else:
@@ -81,7 +82,8 @@ def _create_after_scan(file, checker, param, fields, max_records):
     with transaction.atomic():
         _lock_input_file(file, fields["organization"])
         batch = _create_batch_row(checker=checker, result=result, **fields)
-        _executemany_records(batch, result.rows())
+        _executemany_records(batch, result.rows(), checker.row_state)
+        reuse.mark_leaders(batch.pk, checker.twins_of)
         _start_or_fail(batch, file, result)
     return batch
 
@@ -99,8 +101,9 @@ def _create_streaming(file, checker, param, fields, max_records):
     with transaction.atomic():
         _lock_input_file(file, fields["organization"])
         pk = _next_batch_pk()
-        with _record_copy(pk) as write:
+        with _record_copy(pk, checker.row_state) as write:
             result = _scan_file(file, checker, param, sink=write, max_records=max_records)
+        reuse.mark_leaders(pk, checker.twins_of)
         batch = _create_batch_row(pk=pk, checker=checker, result=result, **fields)
         _start_or_fail(batch, file, result)
     return batch
@@ -280,6 +283,7 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, pk=
         model_name=checker.model_name or "",
         errors=_storable(result.errors) or None,
         total_count=result.accepted,
+        twin_count=len(checker.leader_of),
         created_at=now,
         expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
         price_input=price.input_per_mtok if price else Decimal("0"),
@@ -324,10 +328,10 @@ def _announce_on_commit(batch):
 def _record_columns():
     """Every non-null column of Record but the pk: (column, value a new row takes).
 
-    The five columns the scan fills come first. Derived from the model, so a
-    column added later is filled with its default instead of breaking inserts.
+    The columns the scan fills come first (a row's status and leader: batches.reuse.Twins.row_state).
+    Derived from the model, so a column added later is filled with its default instead of breaking inserts.
     """
-    from_scan = ["batch_id", "line", "custom_id", "offset", "length"]
+    from_scan = ["batch_id", "line", "custom_id", "offset", "length", "status", "leader_line"]
     defaults = [
         (field.column, field.get_default())
         for field in Record._meta.concrete_fields
@@ -357,7 +361,14 @@ def _column_list(columns):
     return ", ".join(connection.ops.quote_name(column) for column in columns)
 
 
-def _executemany_records(batch, rows):
+_PENDING_ROW = (RecordStatus.PENDING.value, None)
+
+
+def _no_twins(line):
+    return _PENDING_ROW
+
+
+def _executemany_records(batch, rows, row_state=_no_twins):
     from_scan, defaults = _record_columns()
     columns = from_scan + [column for column, _ in defaults]
     constants = tuple(value for _, value in defaults)
@@ -367,7 +378,7 @@ def _executemany_records(batch, rows):
     )
     rows = iter(rows)
     with connection.cursor() as cursor:
-        while chunk := [(batch.pk, *row, *constants) for row in islice(rows, INSERT_BATCH_SIZE)]:
+        while chunk := [(batch.pk, *row, *row_state(row[0]), *constants) for row in islice(rows, INSERT_BATCH_SIZE)]:
             cursor.executemany(sql, chunk)
 
 
@@ -385,7 +396,7 @@ _COPY_CHUNK = 2000
 
 
 @contextmanager
-def _record_copy(batch_pk):
+def _record_copy(batch_pk, row_state=_no_twins):
     """COPY into the records table: yields write((line, custom_id, offset, length)).
 
     COPY skips per-row INSERT parsing and planning: the fastest way into
@@ -404,7 +415,9 @@ def _record_copy(batch_pk):
         line, custom_id, offset, length = row
         if _NEEDS_ESCAPES(custom_id):
             custom_id = custom_id.translate(_COPY_ESCAPES)
-        pending.append(f"{head}{line}\t{custom_id}\t{offset}\t{length}{tail}")
+        status, leader = row_state(line)
+        leader = "\\N" if leader is None else leader  # COPY's null
+        pending.append(f"{head}{line}\t{custom_id}\t{offset}\t{length}\t{status}\t{leader}{tail}")
         if len(pending) >= _COPY_CHUNK:
             copy.write("".join(pending).encode())
             pending.clear()

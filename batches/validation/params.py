@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from batches import endpoints
+from batches import endpoints, reuse
 from batches.guardrails import Breaker
 from batches.validation import contracts
 from batches.validation.extensions import RecordRejected
@@ -38,7 +38,7 @@ CREATE_PARAMS = (
     "priority",
     "openrelay",
 )
-OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract")
+OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract", "reuse")
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,7 @@ class CreateParams:
     max_cost_nanos: int | None = None
     breaker: Breaker | None = None  # its rules, those not given at their defaults; None: the defaults
     output_contract: object = None  # the batch's output contract as given (checked), False, or None
+    reuse: str = reuse.DEFAULT_MODE  # which identical records run once (batches.reuse.MODES)
 
 
 def parse_create_params(data):
@@ -60,7 +61,7 @@ def parse_create_params(data):
     request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
     endpoint = _parse_choice(data, "endpoint", ENDPOINTS)
-    max_cost_nanos, breaker, output_contract = _parse_openrelay(data.get("openrelay"), endpoint)
+    max_cost_nanos, breaker, output_contract, reuse_mode = _parse_openrelay(data.get("openrelay"), endpoint)
     return CreateParams(
         endpoint=endpoint,
         completion_window=_parse_choice(data, "completion_window", COMPLETION_WINDOWS),
@@ -72,16 +73,17 @@ def parse_create_params(data):
         max_cost_nanos=max_cost_nanos,
         breaker=breaker,
         output_contract=output_contract,
+        reuse=reuse_mode,
     )
 
 
 def _parse_openrelay(value, endpoint):
     """OpenRelay's create extension, `{"max_cost": USD, "breaker": false | {window, failures,
-    consecutive}, "output_contract": {...} | false}` -> (the cap in nano-dollars or None, the
-    breaker's rules or None for the defaults, the batch's output contract as given once checked,
-    False, or None)."""
+    consecutive}, "output_contract": {...} | false, "reuse": mode}` -> (the cap in nano-dollars or
+    None, the breaker's rules or None for the defaults, the batch's output contract as given once
+    checked, False, or None, the reuse mode)."""
     if value is None:
-        return None, None, None
+        return None, None, None, reuse.DEFAULT_MODE
     if not isinstance(value, dict):
         raise invalid_type("openrelay", "an object", value)
     for key in value:
@@ -91,6 +93,7 @@ def _parse_openrelay(value, endpoint):
         parse_max_cost(value.get("max_cost"), "openrelay.max_cost"),
         _parse_breaker(value.get("breaker")),
         _parse_output_contract(value.get("output_contract"), endpoint),
+        _parse_choice(value, "reuse", reuse.MODES, default=reuse.DEFAULT_MODE, param="openrelay.reuse"),
     )
 
 
@@ -159,8 +162,8 @@ def _parse_output_contract(contract, endpoint):
     return contract
 
 
-def _parse_choice(data, param, allowed, default=None):
-    value = data.get(param)
+def _parse_choice(data, key, allowed, default=None, param=None):
+    value, param = data.get(key), param or key
     if value is None:
         if default is None:
             raise missing_parameter(param)
