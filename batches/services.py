@@ -187,16 +187,19 @@ def _scan_file(file, checker, param, sink=None, max_records=None):
         raise ApiError(rejected.message, param=param, code=rejected.code) from None
 
 
-def check_input(*, organization, endpoint, input_file_id=None, requests=None, observe=None):
+def check_input(
+    *, organization, endpoint, input_file_id=None, requests=None, observe=None, reuse_mode=reuse.DEFAULT_MODE
+):
     """Create's validation of the input without creating anything: (ScanResult, RecordChecker, read_record).
 
     The same lookups, limits and record checks as create_batch, so a quote
     accepts and rejects exactly what a create would. Inline requests are read
-    from memory, never stored. `observe(obj, line)` sees each accepted record;
+    from memory, never stored. `observe(obj, line)` sees each accepted record
+    that would call the model (a twin, batches.reuse, would not: `reuse_mode`);
     `read_record(lines)` reads accepted records again by line, as {line: obj}.
     Raises ApiError (400) where create would.
     """
-    checker = _checker(endpoint, organization)
+    checker = reuse.Twins(_checker(endpoint, organization), reuse_mode)
     if observe is not None:
         checker = _Observed(checker, observe)
     if requests is None:
@@ -240,7 +243,7 @@ class _Spans:
 
 
 class _Observed:
-    """A RecordChecker that shows each record it accepts to `observe` (the quote counts them)."""
+    """A reuse.Twins that shows each record it accepts, but twins, to `observe` (the quote counts them)."""
 
     def __init__(self, checker, observe):
         self.checker, self.observe = checker, observe
@@ -250,7 +253,8 @@ class _Observed:
 
     def check(self, obj, line):
         custom_id = self.checker.check(obj, line)
-        self.observe(obj, line)
+        if line not in self.checker.leader_of:  # a twin makes no call of its own
+            self.observe(obj, line)
         return custom_id
 
 
