@@ -133,6 +133,9 @@ class Batch(models.Model):
     # and, rolled up as they settle, the lines answered with a reused answer (twins and answers from
     # an earlier batch's cache) and the tokens those answers did not cost (beyond what was billed).
     reuse = models.CharField(max_length=16, default="auto")
+    # A "cache" batch's model deployments as create found them ("<pk>:<upstream model>", sorted, joined):
+    # an answer is reused across batches only between batches of the same ones (batches.reuse).
+    deployments_key = models.CharField(max_length=1000, blank=True)
     twin_count = models.PositiveIntegerField(default=0)
     reused_count = models.PositiveIntegerField(default=0)
     cache_hit_count = models.PositiveIntegerField(default=0)
@@ -225,6 +228,9 @@ class Record(models.Model):
     twins = models.PositiveIntegerField(default=0)
     reused_from = models.CharField(max_length=512, blank=True)
     reused_batch = models.CharField(max_length=64, blank=True)
+    # A "cache" batch's leader's request key (batches.reuse.request_key, hex): what a later batch of its
+    # organization looks its answer up by. Null in any other batch, so only they fill the index.
+    request_key = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 - null keeps rows out of the index
 
     # A multi-step record's loop state while it runs (batches.engine.checkpoints):
     # what a resumed run continues from. Null for plain records and once the
@@ -245,6 +251,12 @@ class Record(models.Model):
                 fields=["batch", "leader_line"],
                 name="record_twins",
                 condition=models.Q(leader_line__isnull=False),
+            ),
+            # The answer cache's lookup (batches.reuse.answer_from_cache), partial like the above.
+            models.Index(
+                fields=["request_key"],
+                name="record_request_key",
+                condition=models.Q(request_key__isnull=False),
             ),
         ]
 

@@ -21,12 +21,17 @@ answer; embeddings and moderations always), "identical" every identical body (on
 """
 
 import hashlib
+from datetime import timedelta
+from typing import NamedTuple
 
 import orjson
 from django.conf import settings
 from django.db import connection
+from django.db.models import F
+from django.utils import timezone
 
 from batches.models import Batch, Record, RecordStatus
+from openrelay.core.models import Deployment
 
 MODES = ("auto", "identical", "cache", "off")
 DEFAULT_MODE = "auto"
@@ -76,9 +81,13 @@ class Twins:
         return custom_id
 
     def row_state(self, line):
-        """(status, leader line) a new record row of this line takes."""
+        """(status, leader line, request key) a new record row of this line takes: a "cache" batch's
+        leaders keep their key, for later batches to find their answers by."""
         leader = self.leader_of.get(line)
-        return (RecordStatus.PENDING.value, None) if leader is None else (_WAITING, leader)
+        if leader is not None:
+            return _WAITING, leader, None
+        key = self.keys.get(line) if self.mode == "cache" else None
+        return RecordStatus.PENDING.value, None, key.hex() if key is not None else None
 
 
 def mark_leaders(batch_pk, twins_of):
@@ -176,3 +185,125 @@ _ROLL_UP_SQL = (
     "output_tokens = output_tokens + %s, reasoning_tokens = reasoning_tokens + %s, "
     "reused_input_tokens = reused_input_tokens + %s, reused_output_tokens = reused_output_tokens + %s WHERE id = %s"
 )
+
+
+# ---------------------------------------------------------------------------
+# The answer cache: "cache" batches answer from their organization's earlier batches
+
+
+def deployments_key(model_pk):
+    """The model's enabled deployments and what each calls upstream, as one string: a cached answer
+    is reused only between batches whose model was served by the same ones."""
+    rows = Deployment.objects.filter(model_id=model_pk, enabled=True).values_list("pk", "upstream_model")
+    return ",".join(sorted(f"{pk}:{upstream}" for pk, upstream in rows))[:1000]
+
+
+def cache_ttl_s(organization):
+    ttl = organization.reuse_cache_ttl_s
+    return settings.OPENRELAY_REUSE_CACHE_TTL_S if ttl is None else ttl
+
+
+_LOOKUP_CHUNK = 500  # keys a lookup statement (SQLite takes 32,766 parameters a statement)
+
+
+def answer_from_cache(batch, twins):
+    """Answer the leaders of a new "cache" batch (and their twins) whose request an earlier batch of
+    its organization answered successfully, from that answer, without a model call: in create's
+    transaction, so the engines never see them pending. Returns the lines answered.
+
+    A source is a leader of an earlier "cache" batch (only those keep a request key) of the same
+    organization, model and deployments (`deployments_key`), that succeeded within the TTL on a
+    call of its own (not itself a cache hit: an answer's age is its call's), and whose batch still
+    has its input and output files: a user who deleted them must not get their answers back.
+    """
+    if batch.reuse != "cache" or not twins.keys:
+        return set()
+    ttl = cache_ttl_s(batch.organization)
+    if ttl <= 0:
+        return set()
+    sources = _sources(batch, {key.hex(): line for line, key in twins.keys.items()}, ttl)
+    if not sources:
+        return set()
+    share = bill_share_permille()
+    q = connection.ops.quote_name
+    record = q(Record._meta.db_table)
+    billed = ", ".join(f"{q(c)} = s.{q(c)} * {share} / 1000" for c in _TOKENS)
+    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    counts = [0, 0, 0, 0, 0]  # lines answered; their billed prompt, cached, completion, reasoning tokens
+    saved = [0, 0]  # the input and output tokens they did not cost
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            f"UPDATE {record} AS t SET status = s.status, status_code = s.status_code, request_id = s.request_id, "
+            f"response_body = s.response_body, error_code = '', error_message = '', finished_at = %s, "
+            f"reused_from = s.custom_id, reused_batch = %s, request_key = NULL, twins = 0, {billed} "
+            f"FROM {record} AS s WHERE s.id = %s AND t.batch_id = %s AND (t.line = %s OR t.leader_line = %s)",
+            [(now, source.batch, source.pk, batch.pk, line, line) for line, source in sources.items()],
+        )
+    for line, source in sources.items():
+        n = 1 + twins.twins_of.get(line, 0)
+        counts[0] += n
+        for i, tokens in enumerate(source.tokens):
+            counts[1 + i] += n * (tokens * share // 1000)
+        saved[0] += n * (source.tokens[0] - source.tokens[0] * share // 1000)
+        saved[1] += n * (source.tokens[2] - source.tokens[2] * share // 1000)
+    Batch.objects.filter(pk=batch.pk).update(
+        completed_count=F("completed_count") + counts[0],
+        reused_count=F("reused_count") + counts[0],
+        cache_hit_count=F("cache_hit_count") + counts[0],
+        input_tokens=F("input_tokens") + counts[1],
+        cached_tokens=F("cached_tokens") + counts[2],
+        output_tokens=F("output_tokens") + counts[3],
+        reasoning_tokens=F("reasoning_tokens") + counts[4],
+        reused_input_tokens=F("reused_input_tokens") + saved[0],
+        reused_output_tokens=F("reused_output_tokens") + saved[1],
+    )
+    return set(sources)
+
+
+class _Source(NamedTuple):
+    pk: int
+    batch: str  # its batch's public id
+    tokens: tuple  # what its call cost: prompt, cached, completion, reasoning tokens
+    finished_at: object
+
+
+def _sources(batch, lines_by_key, ttl):
+    """{leader line: _Source}: the newest answer of each key the cache holds for this batch."""
+    since = timezone.now() - timedelta(seconds=ttl)
+    earlier = Batch.objects.filter(
+        organization_id=batch.organization_id,
+        model_id=batch.model_id,
+        reuse="cache",
+        deployments_key=batch.deployments_key,
+        input_file__isnull=False,
+        output_file__isnull=False,
+    ).exclude(pk=batch.pk)
+    keys = list(lines_by_key)
+    found = {}
+    for start in range(0, len(keys), _LOOKUP_CHUNK):
+        rows = (
+            Record.objects.filter(
+                request_key__in=keys[start : start + _LOOKUP_CHUNK],
+                batch__in=earlier,
+                status=RecordStatus.SUCCEEDED,
+                reused_batch="",
+                finished_at__gte=since,
+            )
+            .values_list(
+                "request_key",
+                "pk",
+                "batch__public_id",
+                "prompt_tokens",
+                "cached_tokens",
+                "completion_tokens",
+                "reasoning_tokens",
+                "finished_at",
+            )
+            .order_by()
+        )
+        for key, pk, public_id, *tokens, finished_at in rows:
+            source = _Source(pk, public_id, tuple(tokens), finished_at)
+            line = lines_by_key[key]
+            if line not in found or finished_at > found[line].finished_at:
+                found[line] = source
+    return found

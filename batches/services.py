@@ -84,6 +84,7 @@ def _create_after_scan(file, checker, param, fields, max_records):
         batch = _create_batch_row(checker=checker, result=result, **fields)
         _executemany_records(batch, result.rows(), checker.row_state)
         reuse.mark_leaders(batch.pk, checker.twins_of)
+        reuse.answer_from_cache(batch, checker)
         _start_or_fail(batch, file, result)
     return batch
 
@@ -105,6 +106,7 @@ def _create_streaming(file, checker, param, fields, max_records):
             result = _scan_file(file, checker, param, sink=write, max_records=max_records)
         reuse.mark_leaders(pk, checker.twins_of)
         batch = _create_batch_row(pk=pk, checker=checker, result=result, **fields)
+        reuse.answer_from_cache(batch, checker)
         _start_or_fail(batch, file, result)
     return batch
 
@@ -288,6 +290,7 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, pk=
         errors=_storable(result.errors) or None,
         total_count=result.accepted,
         twin_count=len(checker.leader_of),
+        deployments_key=reuse.deployments_key(checker.model_pk) if fields.get("reuse") == "cache" else "",
         created_at=now,
         expires_at=now + timedelta(seconds=settings.OPENRELAY_BATCH_WINDOW_S),
         price_input=price.input_per_mtok if price else Decimal("0"),
@@ -335,7 +338,7 @@ def _record_columns():
     The columns the scan fills come first (a row's status and leader: batches.reuse.Twins.row_state).
     Derived from the model, so a column added later is filled with its default instead of breaking inserts.
     """
-    from_scan = ["batch_id", "line", "custom_id", "offset", "length", "status", "leader_line"]
+    from_scan = ["batch_id", "line", "custom_id", "offset", "length", "status", "leader_line", "request_key"]
     defaults = [
         (field.column, field.get_default())
         for field in Record._meta.concrete_fields
@@ -365,7 +368,7 @@ def _column_list(columns):
     return ", ".join(connection.ops.quote_name(column) for column in columns)
 
 
-_PENDING_ROW = (RecordStatus.PENDING.value, None)
+_PENDING_ROW = (RecordStatus.PENDING.value, None, None)
 
 
 def _no_twins(line):
@@ -419,9 +422,10 @@ def _record_copy(batch_pk, row_state=_no_twins):
         line, custom_id, offset, length = row
         if _NEEDS_ESCAPES(custom_id):
             custom_id = custom_id.translate(_COPY_ESCAPES)
-        status, leader = row_state(line)
+        status, leader, key = row_state(line)
         leader = "\\N" if leader is None else leader  # COPY's null
-        pending.append(f"{head}{line}\t{custom_id}\t{offset}\t{length}\t{status}\t{leader}{tail}")
+        key = "\\N" if key is None else key
+        pending.append(f"{head}{line}\t{custom_id}\t{offset}\t{length}\t{status}\t{leader}\t{key}{tail}")
         if len(pending) >= _COPY_CHUNK:
             copy.write("".join(pending).encode())
             pending.clear()

@@ -94,3 +94,21 @@ def test_kill_9_mid_batch_leaves_no_twin_without_its_answer(alice, model, cluste
         # never once per twin.
         assert 100 <= calls(slow) < 100 + 8 * 2
         assert_billed_once(batch, out)
+
+
+@pytest.mark.slow
+def test_cache_answers_a_later_batch_of_the_organization_only(alice, bob, model, fresh_sim, clusters):
+    bodies = [chat(f"c{i % 10}", temperature=0) for i in range(50)]
+    first = create(alice.org, bodies, reuse="cache")
+    clusters()
+    finish(first)
+    assert calls(fresh_sim) == 10
+    later = create(alice.org, bodies, reuse="cache")
+    out, _ = finish(later)
+    assert calls(fresh_sim) == 10  # not one more
+    assert len(out) == 50 and all(line["openrelay"]["reused_from"]["batch_id"] == first.public_id for line in out)
+    assert (later.cache_hit_count, later.input_tokens) == (50, 0)
+    assert_billed_once(later, out)
+    other = create(bob.org, bodies, reuse="cache")
+    finish(other)
+    assert calls(fresh_sim) == 20 and other.cache_hit_count == 0
