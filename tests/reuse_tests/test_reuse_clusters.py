@@ -77,9 +77,10 @@ def test_sampling_twins_and_off_call_the_model_for_every_record(alice, model, fr
 
 @pytest.mark.slow
 def test_kill_9_mid_batch_leaves_no_twin_without_its_answer(alice, model, clusters):
-    # Slow calls, so the kill finds leaders in flight and twins waiting; short leases, so the
+    # Slow calls (100 leaders take 2.5 s at 8 at once), so the kill finds leaders in flight and
+    # twins waiting however loaded the machine; short leases, so the
     # second cluster takes the dead one's leaders back soon.
-    with run_in_thread(SimulatorConfig(latency_ms=40)) as slow:
+    with run_in_thread(SimulatorConfig(latency_ms=200)) as slow:
         model.deployments.update(base_url=slow.base_url, max_concurrency=8)
         batch = create(alice.org, [chat(f"q{i % 100}", temperature=0) for i in range(600)])
         first = clusters(OPENRELAY_LEASE_S=3)
