@@ -318,6 +318,11 @@ OPENRELAY_MAX_MODEL_RESPONSE_BYTES = envint("OPENRELAY_MAX_MODEL_RESPONSE_BYTES"
 OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES = envint("OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES", 512 * 1024 * 1024, minimum=1024)
 # The most result bytes one flush statement carries (PostgreSQL refuses a message over 1 GB).
 OPENRELAY_FLUSH_MAX_BYTES = envint("OPENRELAY_FLUSH_MAX_BYTES", 64 * 1024 * 1024, minimum=1024)
+# A batch whose answers in one flush hold this many bytes or more is written apart, on a database
+# thread and connection of its own (batches.engine.apart), so the engine's other batches are claimed,
+# called and written meanwhile (issue 55: another organization's 20 records waited 68.6 s behind 134 MB
+# answers). 8 MB is a few thousand chat answers, written in well under a second. 0: never apart.
+OPENRELAY_FLUSH_APART_BYTES = envint("OPENRELAY_FLUSH_APART_BYTES", 8 * 1024 * 1024, minimum=0)
 # A model server that goes silent this long in the middle of its answer counts as failed.
 OPENRELAY_MODEL_IDLE_TIMEOUT_S = envfloat("OPENRELAY_MODEL_IDLE_TIMEOUT_S", 60.0, minimum=0.01)
 # Output contracts' answers checked off the event loop (batches.engine.checks): the checker processes

@@ -19,6 +19,7 @@ class EngineConfig:
     stop_grace_s: float  # calls in flight may finish this long after a stop is asked
     claim_chunk: int  # the most records a batch claims ahead in one trip
     answer_budget_bytes: int  # model answers held in memory before a flush, over every record
+    flush_apart_bytes: int  # a batch's answers in one flush from which it is written apart (apart.py; 0: never)
     call_time_limit_s: float  # one model call, from when it is sent
     upstream_retries: int  # a call's retries and failovers
     prefix_bytes: int  # the prompt prefix that routes records to the same deployment (0: off)
@@ -42,6 +43,7 @@ class EngineConfig:
             stop_grace_s=settings.OPENRELAY_STOP_GRACE_S,
             claim_chunk=settings.OPENRELAY_CLAIM_CHUNK,
             answer_budget_bytes=settings.OPENRELAY_ENGINE_ANSWER_BUDGET_BYTES,
+            flush_apart_bytes=settings.OPENRELAY_FLUSH_APART_BYTES,
             call_time_limit_s=settings.OPENRELAY_CALL_TIME_LIMIT_S,
             upstream_retries=settings.OPENRELAY_UPSTREAM_RETRIES,
             prefix_bytes=settings.OPENRELAY_PREFIX_BYTES,

@@ -238,14 +238,14 @@ class Lanes:
             self.flush_soon or self.pending >= FLUSH_SIZE or now - last_flush >= FLUSH_EVERY_S
         )
 
-    def take_outcomes(self, runs: Iterable[BatchRun]) -> tuple[dict[int, list[Any]], list[budget.Holding]]:
-        """The outcomes waiting for a flush ({batch pk: [(record, outcome)]}) and the answer bytes they hold."""
-        outcomes, holdings = {}, []
+    def take_outcomes(self, runs: Iterable[BatchRun]) -> tuple[dict[int, list[Any]], dict[int, list[budget.Holding]]]:
+        """The outcomes waiting for a flush ({batch pk: [(record, outcome)]}) and the answer bytes they
+        hold ({batch pk: [holding]})."""
+        outcomes, holdings = {}, {}
         for run in runs:
             if run.done:
                 outcomes[run.pk], run.done = run.done, []
-                holdings += run.holdings
-                run.holdings = []
+                holdings[run.pk], run.holdings = run.holdings, []
         self.pending = 0
         self.flush_soon = False
         return outcomes, holdings

@@ -120,7 +120,7 @@ class Engine:
             wake=self._wake,
             poll_soon=self._poll_soon,
         )
-        self.trips = Trips(self.owner, self.config, self.db_thread, caps, self.guard)
+        self.trips = Trips(self.owner, self.config, self.db_thread, caps, self.guard, self._wake)
 
     # ------------------------------------------------------------ life
 
@@ -158,6 +158,7 @@ class Engine:
                         await asyncio.gather(tend, return_exceptions=True)
         finally:
             self.leases.stop()
+            self.trips.close()
             self.db_thread.shutdown(wait=True)
             self.closer.shutdown(wait=True)
             self.liveness.close()  # here too: a shutdown cut short by the database never reaches _cleanup
@@ -179,7 +180,7 @@ class Engine:
                 self.lanes.start_slots(self.peers.lanes.values())
             # None while the leases are in doubt (leases.py): it would start none of them.
             claims = {} if self.stopping or not self.leases.live() else self.trips.claims(now, self.roster.batches)
-            if claims or self.lanes.flush_due(now, last_flush):
+            if claims or self.lanes.flush_due(now, last_flush) or self.trips.due():
                 await self._pass_on(*await self._trip(claims))
                 last_flush = now
             self.handback += self.roster.take_handback() + self.lanes.take_handback()

@@ -7,6 +7,9 @@ are read beside the trip, after it, on the same thread (`read_lines`): a
 retried trip (dbretry, a lost connection) never reads a file twice, and a
 slow storage read never holds a transaction open.
 
+A batch's big flush goes apart, to a thread and connection of its own
+(batches.engine.apart), so the trips of the other batches go on meanwhile.
+
 Checkpoints (a multi-step record's loop state) are group-committed by
 `CheckpointWriter` through the same thread.
 """
@@ -22,6 +25,7 @@ from django.utils import timezone
 
 from batches import tallies
 from batches.engine import dbretry, prefixes, store
+from batches.engine.apart import Apart, Holdings, Outcomes
 from batches.engine.calls.budget import Holding
 from batches.engine.checkpoints import LeaseLost
 from batches.engine.config import EngineConfig
@@ -42,7 +46,13 @@ class Trips:
     flight (`flushing`); the batches it claims for and writes are handed to each call."""
 
     def __init__(
-        self, owner: str, config: EngineConfig, db_thread: ThreadPoolExecutor, caps: OrgCaps, guard: Guard
+        self,
+        owner: str,
+        config: EngineConfig,
+        db_thread: ThreadPoolExecutor,
+        caps: OrgCaps,
+        guard: Guard,
+        wake: Callable[[], None],
     ) -> None:
         self.owner = owner  # whose leases the trips take and write under
         self.config = config
@@ -52,6 +62,14 @@ class Trips:
         self.hop_s = 0.0  # the database's round trip, smoothed
         self.worked = 0  # records this engine wrote
         self.flushing: list[Holding] = []  # the holdings of the outcomes the trip in flight writes
+        self.apart = Apart(owner, config.lease_s, config.flush_apart_bytes, guard, wake)
+
+    def due(self) -> bool:
+        """Whether a trip is due for what a flush apart wrote (its batch may be finished)."""
+        return self.apart.landed()
+
+    def close(self) -> None:
+        self.apart.shutdown()
 
     async def _flush_and_claim(self, runs, outcomes, claims):
         """(written {batch pk: n}, claimed {batch pk: [(ClaimedRecord, line bytes)]}, finished batch pks)."""
@@ -85,13 +103,18 @@ class Trips:
         on `runs` ({pk: BatchRun}). Returns what the loop passes on (runner.Engine._pass_on):
         ({batch pk: written}, whether any record was claimed, the pks of the batches whose every
         record is now finished, the pks of the records to give back: their batch paused meanwhile)."""
-        self.flushing += holdings  # a trip that failed left its own: released with these
+        landed, landed_finished, outcomes, holdings = _joined(self.apart.collect(), outcomes, holdings)
+        outcomes, flat = self.apart.split(outcomes, holdings)
+        self.flushing += flat  # a trip that failed left its own: released with these
         started = time.monotonic()
         written, claimed, finished = await self._flush_and_claim(runs, outcomes, claims)
         self._release_flushed()
         await self.guard.flushed(outcomes)
         tallies.flushed(outcomes, written, claimed)
         self.hop_s = 0.7 * self.hop_s + 0.3 * (time.monotonic() - started)
+        for pk, n in landed.items():
+            written[pk] = written.get(pk, 0) + n
+        finished |= landed_finished
         self.worked += sum(written.values())
         now = time.monotonic()
         handback = []
@@ -131,23 +154,35 @@ class Trips:
         return written, bool(claimed), finished, handback
 
     async def flush_all(self, runs, outcomes, holdings):
-        """Flush `outcomes` (the last trip, at shutdown). Returns the pks of the batches whose
-        every record is now finished."""
+        """Flush `outcomes` (the last trip, at shutdown), after the flushes apart end: what they held
+        back goes with it. Returns the pks of the batches whose every record is now finished."""
+        landed, finished, outcomes, holdings = _joined(await self.apart.drain(), outcomes, holdings)
+        self.worked += sum(landed.values())
         if not outcomes:
-            return set()
-        self.flushing += holdings
-        written, _, finished = await self._flush_and_claim(runs, outcomes, {})
+            return finished
+        self.flushing += [holding for held in holdings.values() for holding in held]
+        written, _, flushed_finished = await self._flush_and_claim(runs, outcomes, {})
         self._release_flushed()
         await self.guard.flushed(outcomes)
         tallies.flushed(outcomes, written, {})
         self.worked += sum(written.values())
-        return finished
+        return finished | flushed_finished
 
     def _release_flushed(self):
         """The flushed answers' bytes go back to the budget: calls waiting for room read on."""
         for holding in self.flushing:
             holding.release()
         self.flushing = []
+
+
+def _joined(collected, outcomes: Outcomes, holdings: Holdings):
+    """(written, finished) of the flushes apart that ended, and `outcomes` and `holdings` with what
+    those held back put first (it finished earlier)."""
+    written, finished, back, back_holdings = collected
+    for pk, done in back.items():
+        outcomes[pk] = done + outcomes.get(pk, [])
+        holdings[pk] = back_holdings.get(pk, []) + holdings.get(pk, [])
+    return written, finished, outcomes, holdings
 
 
 class FlushAndClaim:

@@ -21,6 +21,8 @@ from batches.engine.calls.usage import Usage
 from batches.engine.outcomes import RecordOutcome
 from batches.models import Batch, Record
 from batches.services import cancel_batch
+from openrelay.simulator.config import SimulatorConfig
+from openrelay.simulator.server import run_in_thread
 from tests.engine_tests.test_answer_memory import _kb, _workers  # a worker's RSS and peak, read the same way
 from tests.helpers import MODEL, chat, make_batch, read_lines, status_of, wait_for
 
@@ -198,3 +200,44 @@ def test_the_budget_queues_big_answers_in_order_and_lets_one_too_big_go_alone():
     answers.cancel(token)  # its connection failed while it waited
     answers.give_back(8 * MB)
     assert granted == ["second", "too big"] and answers.held == 0 and not answers.waiting
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a row lock held on one batch: SQLite has one writer")
+def test_another_orgs_batch_flows_while_a_big_flush_cannot_land(transactional_db, model, alice, bob, clusters):
+    """Issue 55, finding 6: a big flush held the engine's one database thread for seconds (bench row
+    15: 134 MB answers, bob's 20 records 68.6 s). Here a flush that cannot land at all stands in for a
+    slow one: alice's batch row is locked from outside while her big answers are on their way.
+    Answers over OPENRELAY_FLUSH_APART_BYTES are written on a thread and connection of their own,
+    so bob's records are claimed, called and written meanwhile."""
+    with run_in_thread(SimulatorConfig(latency_ms=3000)) as slow:
+        model.deployments.update(base_url=slow.base_url)
+        cluster = clusters(OPENRELAY_Q_WORKERS=1, OPENRELAY_FLUSH_APART_BYTES=MB, OPENRELAY_DB_LOCK_TIMEOUT_S=2)
+        big = make_batch(alice.org, [embeddings(i) for i in range(4)], endpoint=EMBEDDINGS)
+        wait_for(lambda: Record.objects.filter(batch=big, status="running").count() == 4, 60, "alice's calls")
+        release, locked, errors = threading.Event(), threading.Event(), []
+
+        def hold_alices_row():
+            with transaction.atomic():
+                list(Batch.objects.select_for_update().filter(pk=big.pk).values_list("pk"))
+                locked.set()
+                release.wait(120)
+
+        holder = _in_thread(errors, hold_alices_row)
+        try:
+            assert locked.wait(30), errors
+            wait_for(lambda: _waiting_for_locks() >= 1, 60, "alice's flush to wait for her batch row")
+            small = make_batch(bob.org, [chat(f"q {i}") for i in range(20)])
+            # Before: bob's records waited as long as alice's row was held (the trip that would
+            # claim them was the one waiting for the row).
+            waiting = lambda: f"bob's batch while alice's flush waits; the log ends:\n{cluster.log_tail()}"  # noqa: E731
+            wait_for(lambda: status_of(small) == "completed", 45, waiting)
+            assert Record.objects.filter(batch=big, status="succeeded").count() == 0
+        finally:
+            release.set()
+            holder.join(60)
+        assert not errors, errors
+        wait_for(lambda: status_of(big) == "completed", 120, "alice's batch once her row is free")
+    big.refresh_from_db()
+    assert (big.completed_count, big.failed_count) == (4, 0)
+    assert len(read_lines(big.output_file)) == 4
