@@ -41,6 +41,14 @@ TOKEN_KINDS = (
 
 
 CONTRACT_KINDS = (("reasked", "reasked_count"), ("reasks", "reasks_count"), ("invalid_output", "invalid_output_count"))
+# Reuse (batches.reuse): lines answered with a reused answer, of which from the answer cache, and the
+# tokens those answers did not cost.
+REUSE_KINDS = (
+    ("reused", "reused_count"),
+    ("cache_hits", "cache_hit_count"),
+    ("saved_input_tokens", "reused_input_tokens"),
+    ("saved_output_tokens", "reused_output_tokens"),
+)
 
 
 class DatabaseCollector:
@@ -84,7 +92,13 @@ def _records_and_tokens():
         "their last re-ask (invalid_output).",
         labels=["model", "kind"],
     )
-    sums = {f"{kind}": Sum(column) for kind, column in TOKEN_KINDS + CONTRACT_KINDS}
+    reuse = CounterMetricFamily(
+        "openrelay_reuse",
+        "Reuse, by model: result lines answered with a reused answer (a twin's leader's, or the answer "
+        "cache's), of which cache hits, and the input and output tokens those answers did not cost.",
+        labels=["model", "kind"],
+    )
+    sums = {f"{kind}": Sum(column) for kind, column in TOKEN_KINDS + CONTRACT_KINDS + REUSE_KINDS}
     by_model = (
         Batch.objects.values("model_name").annotate(succeeded=Sum("completed_count"), **sums).order_by("model_name")
     )
@@ -94,9 +108,11 @@ def _records_and_tokens():
             tokens.add_metric([row["model_name"], kind], row[kind] or 0)
         for kind, _ in CONTRACT_KINDS:
             contracts.add_metric([row["model_name"], kind], row[kind] or 0)
+        for kind, _ in REUSE_KINDS:
+            reuse.add_metric([row["model_name"], kind], row[kind] or 0)
     for (model, outcome), n in sorted(_failures_by_model().items()):
         finished.add_metric([model, outcome], n)
-    return finished, tokens, contracts
+    return finished, tokens, contracts, reuse
 
 
 def _failures_by_model():

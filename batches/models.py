@@ -36,6 +36,9 @@ class Priority(models.TextChoices):
 
 class RecordStatus(models.TextChoices):
     PENDING = "pending"
+    # A twin (batches.reuse): its request is another record's of the batch (its leader), never
+    # claimed; the flush that writes the leader's outcome writes its own, in the same transaction.
+    WAITING = "waiting"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -125,6 +128,19 @@ class Batch(models.Model):
     reasked_count = models.PositiveIntegerField(default=0)
     reasks_count = models.PositiveIntegerField(default=0)
     invalid_output_count = models.PositiveIntegerField(default=0)
+    # Reuse (batches.reuse, docs/guides/reuse.md): the batch's `openrelay.reuse` mode from create; its
+    # twins (records whose identical request another record of the batch runs), counted at create;
+    # and, rolled up as they settle, the lines answered with a reused answer (twins and answers from
+    # an earlier batch's cache) and the tokens those answers did not cost (beyond what was billed).
+    reuse = models.CharField(max_length=16, default="auto")
+    # A "cache" batch's model deployments as create found them ("<pk>:<upstream model>", sorted, joined):
+    # an answer is reused across batches only between batches of the same ones (batches.reuse).
+    deployments_key = models.CharField(max_length=1000, blank=True)
+    twin_count = models.PositiveIntegerField(default=0)
+    reused_count = models.PositiveIntegerField(default=0)
+    cache_hit_count = models.PositiveIntegerField(default=0)
+    reused_input_tokens = models.BigIntegerField(default=0)
+    reused_output_tokens = models.BigIntegerField(default=0)
 
     # Prices snapshotted at create (USD per 1M tokens, sync rate) and the multiplier of its window and
     # priority (batches.windows), so a later price or window change never reprices a batch.
@@ -212,6 +228,18 @@ class Record(models.Model):
     unbilled_cached_tokens = models.BigIntegerField(default=0)
     unbilled_completion_tokens = models.BigIntegerField(default=0)
 
+    # Reuse (batches.reuse): a twin's leader (the line of the record of its batch whose answer it
+    # takes), null for any other record; a leader's count of twins (what makes its flush settle them);
+    # and, on a reused line, whose answer it is (its result line's `openrelay.reused_from`): the
+    # custom_id of its leader, or of the record of an earlier batch (`reused_batch`) it came from.
+    leader_line = models.PositiveIntegerField(null=True, blank=True)
+    twins = models.PositiveIntegerField(default=0)
+    reused_from = models.CharField(max_length=512, blank=True)
+    reused_batch = models.CharField(max_length=64, blank=True)
+    # A "cache" batch's leader's request key (batches.reuse.request_key, hex): what a later batch of its
+    # organization looks its answer up by. Null in any other batch, so only they fill the index.
+    request_key = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 - null keeps rows out of the index
+
     # A multi-step record's loop state while it runs (batches.engine.checkpoints):
     # what a resumed run continues from. Null for plain records and once the
     # record is finished.
@@ -223,7 +251,22 @@ class Record(models.Model):
         # line order": one range scan of this index, already in order. With
         # (batch, status) alone PostgreSQL read every pending record and
         # sorted them, half of a claim's time.
-        indexes = [models.Index(fields=["batch", "status", "line"], name="record_batch_status_line")]
+        indexes = [
+            models.Index(fields=["batch", "status", "line"], name="record_batch_status_line"),
+            # A leader's flush finds its twins. Partial: only twins' rows are in it, so a batch without
+            # twins pays nothing for it (a full index cost every claim and flush an insert a record).
+            models.Index(
+                fields=["batch", "leader_line"],
+                name="record_twins",
+                condition=models.Q(leader_line__isnull=False),
+            ),
+            # The answer cache's lookup (batches.reuse.answer_from_cache), partial like the above.
+            models.Index(
+                fields=["request_key"],
+                name="record_request_key",
+                condition=models.Q(request_key__isnull=False),
+            ),
+        ]
 
     def __str__(self):
         return f"{self.batch_id}:{self.line}:{self.custom_id}"

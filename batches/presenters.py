@@ -78,7 +78,23 @@ def _batch_object(batch, errors):
                 "reasks": batch.reasks_count,
                 "invalid_output": batch.invalid_output_count,
             },
+            "reuse": reuse_object(batch),
         },
+    }
+
+
+def reuse_object(batch):
+    """What reuse did for the batch (docs/guides/reuse.md): its mode; its twins (records whose request
+    another of its records runs); the lines answered with a reused answer so far (twins settled,
+    answers from the organization's cache), of which from the cache; and the tokens those answers did
+    not cost (their originals' tokens, less what OPENRELAY_REUSE_BILL_SHARE bills)."""
+    return {
+        "mode": batch.reuse,
+        "twins": batch.twin_count,
+        "reused": batch.reused_count,
+        "cache_hits": batch.cache_hit_count,
+        "saved_input_tokens": batch.reused_input_tokens,
+        "saved_output_tokens": batch.reused_output_tokens,
     }
 
 

@@ -17,7 +17,18 @@ from batches.models import Record, RecordStatus
 EXPIRED_MESSAGE = "This request could not be executed before the completion window expired."
 CANCELLED_MESSAGE = "This request was not executed because the batch was cancelled."
 
-_FIELDS = ("line", "custom_id", "status", "status_code", "request_id", "response_body", "error_code", "error_message")
+_FIELDS = (
+    "line",
+    "custom_id",
+    "status",
+    "status_code",
+    "request_id",
+    "response_body",
+    "error_code",
+    "error_message",
+    "reused_from",
+    "reused_batch",
+)
 
 
 @dataclass
@@ -91,24 +102,26 @@ def render(batch, kinds=("output", "error"), code=None):
             fetched = sum(len(row[5] or "") for row in rows)
             size = max(1, min(_CHUNK, size * 2, size * _CHUNK_BYTES // max(1, fetched)))
             out, err = [], []
-            for line, custom_id, status, status_code, request_id, body, code, message in rows:
+            for line, custom_id, status, status_code, request_id, body, code, message, source, source_batch in rows:
                 # One f-string a line and one encode a chunk: bytes concatenation
                 # copied each ~1 KB line a dozen times over.
                 head = (
                     f'{{"id":"batch_req_{sha256(prefix + str(line).encode()).hexdigest()[:32]}",'
                     f'"custom_id":{orjson.dumps(custom_id).decode()}'
                 )
+                # A reused answer says whose it is (batches.reuse): OpenRelay's own key, last.
+                tail = f',"openrelay":{_reused(source, source_batch)}' if source else ""
                 if status == _SUCCEEDED:
-                    out.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
+                    out.append(f'{head},{_response(status_code, request_id, body)},"error":null{tail}}}\n')
                 elif status_code is not None and not code:
-                    err.append(f'{head},{_response(status_code, request_id, body)},"error":null}}\n')
+                    err.append(f'{head},{_response(status_code, request_id, body)},"error":null{tail}}}\n')
                 elif status_code is not None:
                     # The answer is kept beside the error (invalid_output: what the model said last).
                     error_object = orjson.dumps({"code": code, "message": message}).decode()
-                    err.append(f'{head},{_response(status_code, request_id, body)},"error":{error_object}}}\n')
+                    err.append(f'{head},{_response(status_code, request_id, body)},"error":{error_object}{tail}}}\n')
                 else:
                     error_object = orjson.dumps({"code": code, "message": message}).decode()
-                    err.append(f'{head},"response":null,"error":{error_object}}}\n')
+                    err.append(f'{head},"response":null,"error":{error_object}{tail}}}\n')
             if out:
                 output.write("".join(out).encode())
                 counts[0] += len(out)
@@ -142,6 +155,12 @@ def render_one(batch, kind, code=None):
 def _closed(f):
     f.close()
     return None
+
+
+def _reused(custom_id, batch_public_id):
+    """A reused line's `openrelay` object (batches.reuse.marker, which results may not import)."""
+    source = {"custom_id": custom_id, **({"batch_id": batch_public_id} if batch_public_id else {})}
+    return orjson.dumps({"reused_from": source}).decode()
 
 
 def _response(status_code, request_id, body):

@@ -12,7 +12,7 @@ import orjson
 from django.db import connection, transaction
 from django.utils import timezone
 
-from batches import guardrails, lifecycle, live, risk, windows
+from batches import guardrails, lifecycle, live, reuse, risk, windows
 from batches.models import Batch, BatchStatus, Record, RecordStatus
 from batches.validation import contracts
 from batches.validation.jsonl import MAX_RECORDS, FileRejected, scan, too_many_message
@@ -62,10 +62,11 @@ def create_batch(*, organization, params, max_records=None, admit=None):
         **(params.breaker or guardrails.Breaker.default()).as_fields(),
         output_contract=params.output_contract,
         admit=admit,
+        reuse=params.reuse,
     )
     committed = False
     try:
-        checker = _checker(params.endpoint, organization, params.output_contract)
+        checker = reuse.Twins(_checker(params.endpoint, organization, params.output_contract), params.reuse)
         if connection.vendor == "postgresql":
             batch = _create_streaming(file, checker, param, fields, max_records)
         else:
@@ -84,7 +85,9 @@ def _create_after_scan(file, checker, param, fields, max_records):
     with transaction.atomic():
         _lock_input_file(file, fields["organization"])
         batch = _create_batch_row(checker=checker, result=result, **fields)
-        _executemany_records(batch, result.rows())
+        _executemany_records(batch, result.rows(), checker.row_state)
+        reuse.mark_leaders(batch.pk, checker.twins_of)
+        reuse.answer_from_cache(batch, checker)
         _start_or_fail(batch, file, result)
     return batch
 
@@ -102,9 +105,11 @@ def _create_streaming(file, checker, param, fields, max_records):
     with transaction.atomic():
         _lock_input_file(file, fields["organization"])
         pk = _next_batch_pk()
-        with _record_copy(pk) as write:
+        with _record_copy(pk, checker.row_state) as write:
             result = _scan_file(file, checker, param, sink=write, max_records=max_records)
+        reuse.mark_leaders(pk, checker.twins_of)
         batch = _create_batch_row(pk=pk, checker=checker, result=result, **fields)
+        reuse.answer_from_cache(batch, checker)
         _start_or_fail(batch, file, result)
     return batch
 
@@ -187,16 +192,19 @@ def _scan_file(file, checker, param, sink=None, max_records=None):
         raise ApiError(rejected.message, param=param, code=rejected.code) from None
 
 
-def check_input(*, organization, endpoint, input_file_id=None, requests=None, observe=None):
+def check_input(
+    *, organization, endpoint, input_file_id=None, requests=None, observe=None, reuse_mode=reuse.DEFAULT_MODE
+):
     """Create's validation of the input without creating anything: (ScanResult, RecordChecker, read_record).
 
     The same lookups, limits and record checks as create_batch, so a quote
     accepts and rejects exactly what a create would. Inline requests are read
-    from memory, never stored. `observe(obj, line)` sees each accepted record;
+    from memory, never stored. `observe(obj, line)` sees each accepted record
+    that would call the model (a twin, batches.reuse, would not: `reuse_mode`);
     `read_record(lines)` reads accepted records again by line, as {line: obj}.
     Raises ApiError (400) where create would.
     """
-    checker = _checker(endpoint, organization)
+    checker = reuse.Twins(_checker(endpoint, organization), reuse_mode)
     if observe is not None:
         checker = _Observed(checker, observe)
     if requests is None:
@@ -240,7 +248,7 @@ class _Spans:
 
 
 class _Observed:
-    """A RecordChecker that shows each record it accepts to `observe` (the quote counts them)."""
+    """A reuse.Twins that shows each record it accepts, but twins, to `observe` (the quote counts them)."""
 
     def __init__(self, checker, observe):
         self.checker, self.observe = checker, observe
@@ -250,7 +258,8 @@ class _Observed:
 
     def check(self, obj, line):
         custom_id = self.checker.check(obj, line)
-        self.observe(obj, line)
+        if line not in self.checker.leader_of:  # a twin makes no call of its own
+            self.observe(obj, line)
         return custom_id
 
 
@@ -284,6 +293,8 @@ def _create_batch_row(*, organization, file, checker, result, now, priority, win
         model_name=checker.model_name or "",
         errors=_storable(result.errors) or None,
         total_count=result.accepted,
+        twin_count=len(checker.leader_of),
+        deployments_key=reuse.deployments_key(checker.model_pk) if fields.get("reuse") == "cache" else "",
         created_at=now,
         completion_window=window.name,
         expires_at=now + window.duration,
@@ -333,10 +344,10 @@ def _announce_on_commit(batch):
 def _record_columns():
     """Every non-null column of Record but the pk: (column, value a new row takes).
 
-    The five columns the scan fills come first. Derived from the model, so a
-    column added later is filled with its default instead of breaking inserts.
+    The columns the scan fills come first (a row's status and leader: batches.reuse.Twins.row_state).
+    Derived from the model, so a column added later is filled with its default instead of breaking inserts.
     """
-    from_scan = ["batch_id", "line", "custom_id", "offset", "length"]
+    from_scan = ["batch_id", "line", "custom_id", "offset", "length", "status", "leader_line", "request_key"]
     defaults = [
         (field.column, field.get_default())
         for field in Record._meta.concrete_fields
@@ -366,7 +377,14 @@ def _column_list(columns):
     return ", ".join(connection.ops.quote_name(column) for column in columns)
 
 
-def _executemany_records(batch, rows):
+_PENDING_ROW = (RecordStatus.PENDING.value, None, None)
+
+
+def _no_twins(line):
+    return _PENDING_ROW
+
+
+def _executemany_records(batch, rows, row_state=_no_twins):
     from_scan, defaults = _record_columns()
     columns = from_scan + [column for column, _ in defaults]
     constants = tuple(value for _, value in defaults)
@@ -376,7 +394,7 @@ def _executemany_records(batch, rows):
     )
     rows = iter(rows)
     with connection.cursor() as cursor:
-        while chunk := [(batch.pk, *row, *constants) for row in islice(rows, INSERT_BATCH_SIZE)]:
+        while chunk := [(batch.pk, *row, *row_state(row[0]), *constants) for row in islice(rows, INSERT_BATCH_SIZE)]:
             cursor.executemany(sql, chunk)
 
 
@@ -394,7 +412,7 @@ _COPY_CHUNK = 2000
 
 
 @contextmanager
-def _record_copy(batch_pk):
+def _record_copy(batch_pk, row_state=_no_twins):
     """COPY into the records table: yields write((line, custom_id, offset, length)).
 
     COPY skips per-row INSERT parsing and planning: the fastest way into
@@ -413,7 +431,10 @@ def _record_copy(batch_pk):
         line, custom_id, offset, length = row
         if _NEEDS_ESCAPES(custom_id):
             custom_id = custom_id.translate(_COPY_ESCAPES)
-        pending.append(f"{head}{line}\t{custom_id}\t{offset}\t{length}{tail}")
+        status, leader, key = row_state(line)
+        leader = "\\N" if leader is None else leader  # COPY's null
+        key = "\\N" if key is None else key
+        pending.append(f"{head}{line}\t{custom_id}\t{offset}\t{length}\t{status}\t{leader}\t{key}{tail}")
         if len(pending) >= _COPY_CHUNK:
             copy.write("".join(pending).encode())
             pending.clear()

@@ -338,6 +338,11 @@ OPENRELAY_CONTRACT_CHECK_MEMORY_BYTES = envint(
 # batch; expedited pays the sync price on any window): "1h:0.8,4h:0.65,24h:0.5,72h:0.4", units s, m, h, d.
 # 24h at half price is OpenAI's one window (batches.windows).
 OPENRELAY_COMPLETION_WINDOWS = envwindows("OPENRELAY_COMPLETION_WINDOWS", "24h:0.5")
+# Reuse (batches.reuse, docs/guides/reuse.md): what a reused answer bills, as a share of its
+# original's tokens (0: nothing; at most 1), and how long an answer stays in an organization's
+# answer cache for its "cache" batches (the organization's own `reuse_cache_ttl_s` wins when set).
+OPENRELAY_REUSE_BILL_SHARE = min(envfloat("OPENRELAY_REUSE_BILL_SHARE", 0.0, minimum=0.0), 1.0)
+OPENRELAY_REUSE_CACHE_TTL_S = envint("OPENRELAY_REUSE_CACHE_TTL_S", 7 * 24 * 3600, minimum=0)
 # A quote (POST /v1/batches/estimate) waits this long for one answer of a model server's tokenizer
 # before it counts by the approximation instead (batches.estimate.tokens).
 OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S = envfloat("OPENRELAY_ESTIMATE_TOKENIZER_TIMEOUT_S", 5.0, minimum=0.01)

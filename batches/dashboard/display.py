@@ -62,6 +62,7 @@ def display(batch, not_run=0):
         "cost_cached_input": money(cost.get("cached_input"), cost.get("currency")),
         "cost_output": money(cost.get("output"), cost.get("currency")),
         **_contract_counts(batch),
+        **_reuse_counts(batch),
         "created": when(batch["created_at"]),
         "terminal": batch["status"] in TERMINAL_BATCH_STATUSES,
         "cancellable": batch["status"] in CANCELLABLE,
@@ -117,6 +118,9 @@ LIVE_FIELDS = (
     "reasked",
     "reasks",
     "invalid_output",
+    "reused",
+    "cache_hits",
+    "saved_tokens",
     "created",
 )
 
@@ -125,6 +129,19 @@ def _contract_counts(batch):
     """Output contracts' counts: records re-asked, re-asks made, records still invalid after them."""
     counts = (batch.get("openrelay") or {}).get("output_contracts") or {}
     return {name: f"{counts.get(name, 0):,}" for name in ("reasked", "reasks", "invalid_output")}
+
+
+def _reuse_counts(batch):
+    """Reuse's counts (batches.reuse): lines answered with a reused answer, of which from the answer
+    cache, and the tokens they did not cost; and the batch's mode."""
+    reuse = (batch.get("openrelay") or {}).get("reuse") or {}
+    saved = reuse.get("saved_input_tokens", 0) + reuse.get("saved_output_tokens", 0)
+    return {
+        "reuse_mode": reuse.get("mode", "auto"),
+        "reused": f"{reuse.get('reused', 0):,}",
+        "cache_hits": f"{reuse.get('cache_hits', 0):,}",
+        "saved_tokens": f"{saved:,}",
+    }
 
 
 def percent(done, total, status):

@@ -69,6 +69,9 @@ class Endpoint:
     cap_keys: tuple[str, ...] = ()  # the body keys that bound a record's output tokens, first found wins
     required_cap: str | None = None  # the body key every record must set to an integer of at least 1
     answers_tokens: bool = True  # False: the answer carries no output tokens (embeddings, moderations)
+    # False: its answer is a function of the request alone (embeddings, moderations); True: the model
+    # samples it, so only a request that pins its sampling gets the same answer twice (`deterministic`).
+    samples: bool = True
     answers: AnswerShape = "none"
     tool_loop: ToolLoop = "none"
     workflows: bool = False  # `openrelay.workflow` extends its conversation
@@ -83,6 +86,19 @@ class Endpoint:
         """The first field of a record's body the endpoint's server would refuse (its param under "body."),
         or None. Fields the schema does not name pass: local servers read their own (vLLM's top_k, ...)."""
         return self.schema.problem(body, "body.") if self.schema is not None else None
+
+    def deterministic(self, body: dict[str, Any]) -> bool:
+        """Does the same body get the same answer (batches.reuse merges only these by default)? Always
+        for an endpoint that doesn't sample; for one that does, `temperature` 0 or a `seed`, and one
+        answer (`n` left out or 1). Temperature left out samples (every API's default is 1)."""
+        if not self.samples:
+            return True
+        n = body.get("n")
+        if n is not None and n != 1:
+            return False
+        temperature = body.get("temperature")
+        pinned = isinstance(temperature, int | float) and not isinstance(temperature, bool) and temperature == 0
+        return pinned or body.get("seed") is not None
 
     @property
     def contracts(self) -> bool:

@@ -38,6 +38,7 @@ EMBEDDINGS = Endpoint(
     "input",
     "Input parameter is required.",
     answers_tokens=False,
+    samples=False,
     tokenizer="text",
     schema=request_schemas.EMBEDDINGS,
 )
@@ -68,5 +69,6 @@ MODERATIONS = Endpoint(
     "input",
     "Input parameter is required.",
     answers_tokens=False,
+    samples=False,
     schema=request_schemas.MODERATIONS,
 )

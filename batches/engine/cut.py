@@ -14,9 +14,12 @@ from batches.engine.checkpoints import decode, usage_from
 from batches.engine.store import lock_batches
 from batches.models import Batch, Record, RecordStatus
 
+# A twin waiting for its leader (batches.reuse) is cut with it: it never ran.
+_UNFINISHED = (RecordStatus.PENDING, RecordStatus.WAITING, RecordStatus.RUNNING)
+
 
 def unfinished_count(batch_pk):
-    return Record.objects.filter(batch_id=batch_pk, status__in=(RecordStatus.PENDING, RecordStatus.RUNNING)).count()
+    return Record.objects.filter(batch_id=batch_pk, status__in=_UNFINISHED).count()
 
 
 def close_unfinished(batch_pk, status, code, message):
@@ -30,7 +33,7 @@ def close_unfinished(batch_pk, status, code, message):
     against the budget. Any other unfinished record bills nothing.
     """
     now = timezone.now()
-    unfinished = Record.objects.filter(batch_id=batch_pk, status__in=(RecordStatus.PENDING, RecordStatus.RUNNING))
+    unfinished = Record.objects.filter(batch_id=batch_pk, status__in=_UNFINISHED)
     with transaction.atomic():
         lock_batches([batch_pk])  # before the records: the order flushes keep
         billed = _close_checkpointed(batch_pk, unfinished, status, code, message, now)

@@ -15,6 +15,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
+from batches import reuse
 from batches.models import Batch, Record, RecordStatus
 
 logger = logging.getLogger("openrelay.engine")
@@ -99,6 +100,9 @@ def write(owner, outcomes):
         _add(written, finished, _write_isolating(owner, chunk, finished_at))
     if statements > 1:
         logger.info("flush of %d records split into %d statements", sum(map(len, outcomes.values())), statements)
+    # The twins of the leaders just written take their answers in this same transaction: a crash
+    # leaves either both or neither (batches.reuse).
+    finished |= reuse.settle([claimed.pk for done in outcomes.values() for claimed, _ in done if claimed.twins])
     return written, finished
 
 

@@ -29,6 +29,7 @@ class ClaimedRecord:
     offset: int
     length: int
     checkpoint: bytes | None = None  # the loop state a resumed multi-step record continues from
+    twins: int = 0  # records waiting for its answer (batches.reuse): its flush settles them
     resumed: bool = False  # claimed because its lease ran out (its engine died)
     prefix: int | None = None  # its prompt prefix's key (batches.engine.prefixes), read with its line
 
@@ -111,7 +112,7 @@ def claim(batch_pk, owner, limit, lease_s=None, after_line=0):
 def _leased_until(batch_pk, owner, lease_until):
     rows = Record.objects.filter(
         batch_id=batch_pk, status=RecordStatus.RUNNING, lease_owner=owner, lease_expires_at=lease_until
-    ).values_list("pk", "line", "custom_id", "offset", "length", "checkpoint")
+    ).values_list("pk", "line", "custom_id", "offset", "length", "checkpoint", "twins")
     return [ClaimedRecord(*row) for row in rows]
 
 
@@ -172,7 +173,7 @@ def designated(owner):
 
 def _claim_where(batch_pk, owner, limit, lease_until, condition, params):
     table = _q(Record._meta.db_table)
-    returning = ", ".join(_q(c) for c in ("id", "line", "custom_id", "offset", "length", "checkpoint"))
+    returning = ", ".join(_q(c) for c in ("id", "line", "custom_id", "offset", "length", "checkpoint", "twins"))
     pick = f"SELECT id FROM {table} WHERE batch_id = %s AND {condition} ORDER BY line LIMIT %s"
     # `sent` cleared: the new holder marks it again before the record's first call (mark_sent).
     sets = "status = %s, lease_owner = %s, lease_expires_at = %s, sent = %s, attempts = attempts + 1"

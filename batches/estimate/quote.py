@@ -17,6 +17,7 @@ from batches.estimate import history as histories
 from batches.estimate import pace as paces
 from batches.estimate import tokens
 from batches.estimate.records import RecordTally
+from batches.reuse import DEFAULT_MODE
 from billing.pricing import Prices, cost, usd
 from openrelay.core.models import Deployment, Price
 
@@ -31,6 +32,7 @@ class Quote:
     model_name: str | None
     accepted: int
     errors: list
+    twins: int = 0  # accepted records answered with another's answer (batches.reuse): not quoted
     input: tokens.InputCount | None = None
     output: dict | None = None
     tool_rounds: dict | None = None
@@ -43,9 +45,18 @@ class Quote:
 
 
 def estimate(
-    *, organization, endpoint, completion_window=None, input_file_id=None, requests=None, priority="standard", **_
+    *,
+    organization,
+    endpoint,
+    completion_window=None,
+    input_file_id=None,
+    requests=None,
+    priority="standard",
+    reuse=DEFAULT_MODE,
+    **_,
 ):
-    """Quote what `create_batch` with these arguments would run (ApiError where create would refuse)."""
+    """Quote what `create_batch` with these arguments would run (ApiError where create would refuse):
+    the distinct requests only, when reuse would answer twins with another record's answer."""
     now = timezone.now()
     window = windows.parse(completion_window) if completion_window else windows.default()
     tally = RecordTally(endpoint)
@@ -55,8 +66,10 @@ def estimate(
         input_file_id=input_file_id,
         requests=requests,
         observe=tally.observe,
+        reuse_mode=reuse,
     )
     quote = Quote(endpoint, priority, window.name, checker.model_name, result.accepted, result.errors)
+    quote.twins = len(checker.leader_of)
     if not result.accepted or checker.model_pk is None:
         quote.notes.append("No record would be accepted: nothing would run.")
         return quote
@@ -239,7 +252,13 @@ def quote_object(quote):
         "model": quote.model_name,
         "completion_window": quote.completion_window,
         "priority": quote.priority,
-        "request_counts": {"total": quote.accepted, "rejected": len(quote.errors)},
+        # `calls`: the records that would call the model, what the figures below quote; the others are
+        # twins of theirs (openrelay.reuse), answered with their answers.
+        "request_counts": {
+            "total": quote.accepted,
+            "rejected": len(quote.errors),
+            "calls": quote.accepted - quote.twins,
+        },
         "errors": {"object": "list", "data": quote.errors} if quote.errors else None,
         "input_tokens": quote.input.as_object() if quote.input else None,
         "output_tokens": quote.output,

@@ -8,7 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 
-from batches import endpoints, windows
+from batches import endpoints, reuse, windows
 from batches.guardrails import Breaker
 from batches.validation import contracts
 from batches.validation.extensions import RecordRejected
@@ -37,7 +37,7 @@ CREATE_PARAMS = (
     "priority",
     "openrelay",
 )
-OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract", "admission")
+OPENRELAY_PARAMS = ("max_cost", "breaker", "output_contract", "admission", "reuse")
 ADMISSIONS = ("warn", "strict")  # batches.estimate.admission
 
 
@@ -54,6 +54,7 @@ class CreateParams:
     breaker: Breaker | None = None  # its rules, those not given at their defaults; None: the defaults
     output_contract: object = None  # the batch's output contract as given (checked), False, or None
     admission: str = "warn"  # strict: refuse a batch its quote says cannot finish in its window
+    reuse: str = reuse.DEFAULT_MODE  # which identical records run once (batches.reuse.MODES)
 
 
 def parse_create_params(data):
@@ -61,7 +62,7 @@ def parse_create_params(data):
     request_object(data, CREATE_PARAMS)
     input_file_id, requests = _parse_input(data)
     endpoint = _parse_choice(data, "endpoint", ENDPOINTS)
-    max_cost_nanos, breaker, output_contract, admission = _parse_openrelay(data.get("openrelay"), endpoint)
+    max_cost_nanos, breaker, output_contract, admission, reuse_mode = _parse_openrelay(data.get("openrelay"), endpoint)
     return CreateParams(
         endpoint=endpoint,
         completion_window=_parse_window(data),
@@ -74,16 +75,17 @@ def parse_create_params(data):
         breaker=breaker,
         output_contract=output_contract,
         admission=admission,
+        reuse=reuse_mode,
     )
 
 
 def _parse_openrelay(value, endpoint):
     """OpenRelay's create extension, `{"max_cost": USD, "breaker": false | {window, failures,
-    consecutive}, "output_contract": {...} | false, "admission": "warn" | "strict"}` -> (the cap in
-    nano-dollars or None, the breaker's rules or None for the defaults, the batch's output contract
-    as given once checked, False, or None, the admission)."""
+    consecutive}, "output_contract": {...} | false, "admission": "warn" | "strict", "reuse": mode}` -> (the
+    cap in nano-dollars or None, the breaker's rules or None for the defaults, the batch's output contract
+    as given once checked, False, or None, the admission, the reuse mode)."""
     if value is None:
-        return None, None, None, "warn"
+        return None, None, None, "warn", reuse.DEFAULT_MODE
     if not isinstance(value, dict):
         raise invalid_type("openrelay", "an object", value)
     for key in value:
@@ -94,6 +96,7 @@ def _parse_openrelay(value, endpoint):
         _parse_breaker(value.get("breaker")),
         _parse_output_contract(value.get("output_contract"), endpoint),
         _parse_choice(value, "admission", ADMISSIONS, default="warn", param="openrelay.admission"),
+        _parse_choice(value, "reuse", reuse.MODES, default=reuse.DEFAULT_MODE, param="openrelay.reuse"),
     )
 
 

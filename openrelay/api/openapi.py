@@ -251,6 +251,35 @@ COMPONENTS = {
                             "warning": _NULLABLE_STRING,
                         },
                     },
+                    "reuse": {
+                        "type": "object",
+                        "description": (
+                            "Reuse (openrelay.reuse): the mode; the batch's twins (records whose identical request "
+                            "another of its records runs); lines answered with a reused answer so far, of which "
+                            "from the organization's answer cache; the tokens those answers did not cost."
+                        ),
+                        "required": [
+                            "mode",
+                            "twins",
+                            "reused",
+                            "cache_hits",
+                            "saved_input_tokens",
+                            "saved_output_tokens",
+                        ],
+                        "properties": {
+                            "mode": {"type": "string", "enum": ["auto", "identical", "cache", "off"]},
+                            **{
+                                name: {"type": "integer", "minimum": 0}
+                                for name in (
+                                    "twins",
+                                    "reused",
+                                    "cache_hits",
+                                    "saved_input_tokens",
+                                    "saved_output_tokens",
+                                )
+                            },
+                        },
+                    },
                     "expected_completion_at": {
                         **_NULLABLE_INT,
                         "description": (
@@ -291,8 +320,19 @@ COMPONENTS = {
     "BatchCreateOptions": {
         "type": "object",
         "additionalProperties": False,
-        "description": "OpenRelay's own create options: a spend cap, the error breaker's rules, an output contract.",
+        "description": (
+            "OpenRelay's own create options: a spend cap, the error breaker's rules, an output contract, reuse."
+        ),
         "properties": {
+            "reuse": {
+                "type": "string",
+                "enum": ["auto", "identical", "cache", "off"],
+                "description": (
+                    "Which identical records run once: auto (the default: deterministic requests only), identical "
+                    "(every identical body), cache (as auto, and answers from the organization's earlier batches), "
+                    "off (docs/guides/reuse.md)."
+                ),
+            },
             "max_cost": {
                 **_MAX_COST,
                 "description": "Most the batch may cost, in USD; it pauses before its next call could pass it.",
@@ -505,7 +545,14 @@ COMPONENTS["BatchEstimate"] = {
         "priority": {"type": "string", "enum": ["standard", "expedited"]},
         "request_counts": {
             "type": "object",
-            "properties": {"total": {"type": "integer"}, "rejected": {"type": "integer"}},
+            "properties": {
+                "total": {"type": "integer"},
+                "rejected": {"type": "integer"},
+                "calls": {
+                    "type": "integer",
+                    "description": "Records that would call the model: the total less the twins reuse answers.",
+                },
+            },
         },
         "errors": {
             "type": "object",

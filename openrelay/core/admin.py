@@ -24,7 +24,7 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Organization)
 class OrganizationAdmin(admin.ModelAdmin):
-    list_display = ("name", "workflows_enabled", "max_concurrency", "created_at")
+    list_display = ("name", "workflows_enabled", "max_concurrency", "reuse_cache_ttl_s", "created_at")
     list_filter = ("workflows_enabled",)
     search_fields = ("name",)
     inlines = [ApiKeyInline]

@@ -36,6 +36,13 @@ class Organization(models.Model):
         help_text="Most the organization's batches may cost in a calendar month (UTC), in USD. At it, creates "
         "are refused and running batches pause (empty: no budget).",
     )
+    reuse_cache_ttl_s = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="How long, in seconds, an answer of this organization's batches can answer an identical request "
+        'of its later batches that ask for the answer cache (openrelay.reuse "cache"). Empty: '
+        "OPENRELAY_REUSE_CACHE_TTL_S; 0: no answer is reused across batches.",
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

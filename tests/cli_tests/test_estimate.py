@@ -14,7 +14,7 @@ def test_it_quotes_as_json_and_leaves_nothing_behind(orl, alice, model, tmp_path
 
     quote = json.loads(result.stdout)
     assert quote["object"] == "openrelay.batch_estimate"
-    assert quote["request_counts"] == {"total": 2, "rejected": 1} and quote["priority"] == "expedited"
+    assert quote["request_counts"] == {"total": 2, "rejected": 1, "calls": 2} and quote["priority"] == "expedited"
     assert quote["input_tokens"]["method"] == "approximation"
     assert not Batch.objects.exists() and not File.objects.exists()
 

@@ -20,7 +20,7 @@ def test_it_quotes_inline_requests_without_creating_anything(alice, fresh_sim):
     deploy(MODEL, fresh_sim.base_url)
     answer = ok(quote(alice, requests=[line(1), line(2), {"custom_id": "bad"}]))
 
-    assert answer["request_counts"] == {"total": 2, "rejected": 1}
+    assert answer["request_counts"] == {"total": 2, "rejected": 1, "calls": 2}
     assert answer["errors"]["data"][0]["line"] == 3
     assert answer["model"] == MODEL
     assert not Batch.objects.exists() and not File.objects.exists()
@@ -285,6 +285,6 @@ def test_a_failing_tokenizer_leaves_the_approximation_with_its_reason(alice):
 def test_an_input_of_rejected_records_only_quotes_nothing_to_run(alice, fresh_sim):
     deploy(MODEL, fresh_sim.base_url)
     answer = ok(quote(alice, requests=[{"custom_id": "a"}, line(2, model="nobody/unknown")]))
-    assert answer["request_counts"] == {"total": 0, "rejected": 2}
+    assert answer["request_counts"] == {"total": 0, "rejected": 2, "calls": 0}
     assert answer["input_tokens"] is None and answer["cost"] is None and answer["fits_window"] is None
     assert answer["notes"] == ["No record would be accepted: nothing would run."]

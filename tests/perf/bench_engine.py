@@ -147,6 +147,7 @@ TARGETS = {
     "big_answers": "all finish, worker < 3 GB, B < 30 s",
     "contracts_reask": "100% valid after 1 re-ask, error file exact",
     "contracts_throughput": ">= 0.95x",
+    "reuse": "calls = distinct requests, every line",
 }
 
 
@@ -169,6 +170,7 @@ PARTS = {
     "big_answers": ("big_answers",),
     "contracts": ("contracts_reask", "contracts_throughput"),
     "estimate": ("estimates",),
+    "reuse": ("reuse",),
 }
 # Parts a run without --only leaves out: big_answers takes ~20 minutes and ~7 GB at full size;
 # contracts (issue 38) runs 120,000 records at full size; refusals (issue 55) 24 runs, ~20 minutes;
@@ -1468,6 +1470,12 @@ class Bench:
         from tests.perf.bench_contracts import ContractRuns
 
         ContractRuns(self).throughput()
+
+    # 19: reuse (issue 53)
+    def reuse(self):
+        from tests.perf.bench_reuse import ReuseRuns
+
+        ReuseRuns(self).run()
 
     def steps(self, only=None):
         """The runs to do: all, or those of the measurements in `only` (see PARTS)."""

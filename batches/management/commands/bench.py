@@ -55,7 +55,8 @@ class Command(BaseCommand):
             metavar="PART",
             help="run only these parts: big (measurements 1, 2, 6, 8), e2e (3), first_call (4), "
             "latency (5), scale (7), fairness (9), recovery (10), many (11), flow (12, 13: adaptive "
-            "concurrency), prefix (14: prefix-aware dispatch); opt-in: big_answers (15), contracts (16, 17: output "
+            "concurrency), prefix (14: prefix-aware dispatch), "
+            "reuse (19: identical records run once); opt-in: big_answers (15), contracts (16, 17: output "
             "contracts), refusals (18: flow control's 503s at the defaults, before beside after), takeover (20: "
             "kill -9 of one of two clusters, the worst re-send of its calls in flight)",
         )
