@@ -103,7 +103,9 @@ class Trips:
                 expired = 0
                 if now >= run.expired_check_at:
                     run.expired_check_at = now + RECHECK_S
-                    expired = min(limit, run.resume or max(1, lane.gate.free))
+                    # After a take-over, its part; lapsed leases no take-over named (an engine row reaped):
+                    # the whole claim-ahead, at the claim rate (a slot's worth a trip took 400 past 8 s).
+                    expired = min(limit, run.resume) if run.resume else limit
                 claims[run.pk] = (limit, run.cursor, expired)
         return claims
 

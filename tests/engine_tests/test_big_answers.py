@@ -157,7 +157,7 @@ def test_flushes_in_opposite_orders_and_a_cancel_never_deadlock(transactional_db
         threads = [_in_thread(errors, store.trip, "w1", {y.pk: [(y1, ok)], x.pk: [(x1, ok)]}, {}, lease)]
         wait_for(lambda: errors or _waiting_for_locks() >= 1, 30, "w1 flush to wait for batch x")
         assert not errors, errors
-        w2 = ({x.pk: [(x2, ok)], y.pk: [(y2, ok)]}, {x.pk: (2, 0, True)}, lease)
+        w2 = ({x.pk: [(x2, ok)], y.pk: [(y2, ok)]}, {x.pk: (2, 0, 2)}, lease)
         threads.append(_in_thread(errors, store.trip, "w2", *w2))
         wait_for(lambda: errors or _waiting_for_locks() >= 2, 30, "w2 trip to wait")
         assert not errors, errors

@@ -210,7 +210,7 @@ def test_a_host_lost_holding_a_trips_transaction_does_not_freeze_the_batch(alice
                     store.trip,
                     other.owner,
                     {batch.pk: [(r, done) for r in mine]},
-                    {batch.pk: (2, 0, True)},
+                    {batch.pk: (2, 0, 2)},
                     timezone.now() + timedelta(seconds=10),
                 )[0]
                 result["took"] = time.monotonic() - started
