@@ -70,6 +70,9 @@ def display(batch, not_run=0):
         "paused": (batch.get("openrelay") or {}).get("paused"),
         "pausable": batch["status"] in PAUSABLE,
         "max_cost": money((batch.get("openrelay") or {}).get("max_cost"), "USD"),
+        # Published latency (batches.latency): from create to the first result, and to completion.
+        "first_result": duration((batch.get("openrelay") or {}).get("time_to_first_result")),
+        "time_to_complete": duration((batch.get("openrelay") or {}).get("time_to_complete")),
     }
 
 
@@ -122,6 +125,8 @@ LIVE_FIELDS = (
     "cache_hits",
     "saved_tokens",
     "created",
+    "first_result",
+    "time_to_complete",
 )
 
 
