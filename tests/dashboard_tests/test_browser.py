@@ -7,8 +7,8 @@ so a failure can be looked at.
 """
 
 import re
-from decimal import Decimal
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from pathlib import Path
 
 import orjson
