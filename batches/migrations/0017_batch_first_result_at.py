@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('batches', '0015_reuse'),
+        ('batches', '0016_columns_default_in_the_database'),
     ]
 
     operations = [
