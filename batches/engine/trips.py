@@ -268,7 +268,7 @@ class GroupCommit:
 
     async def join(self, pk: int, value: Any = None) -> bool:
         """Whether the record was written (False: the write found it no longer held)."""
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         entry = self.waiting.get(pk)
         if entry is None:
             self.waiting[pk] = [value, [future]]
