@@ -67,7 +67,7 @@ def trip(owner, outcomes, claims, lease_until, recover=False, sent=()):
     committed, its answer lost on the way back) takes back the records
     that attempt leased instead of leaving them to wait out their lease.
     `sent`: {batch pk: ([pks of records `owner` holds, claimed earlier], n)}: those, and the
-    first n records claimed now, are marked sent ahead of their start (mark_sent) in the trip's
+    first n records claimed now (not resumed: trips.Trips.ahead says why), are marked sent ahead of their start (mark_sent) in the trip's
     transaction (trips.Trips.ahead); the claimed ones marked come back with `sent` set.
     Returns ({batch pk: written}, {batch pk: [ClaimedRecord] in line order}, {pks of the
     batches whose every record is now finished}, the pks of `sent` marked): the engine that
@@ -99,7 +99,7 @@ def trip(owner, outcomes, claims, lease_until, recover=False, sent=()):
 
 def _mark_ahead(owner, sent, claimed):
     """Mark sent what `sent` names (trip's), in one statement; the claimed records marked say so."""
-    fresh = [record for pk, (_, n) in sent.items() for record in claimed.get(pk, [])[:n]]
+    fresh = [record for pk, (_, n) in sent.items() for record in [r for r in claimed.get(pk, []) if not r.resumed][:n]]
     marked = mark_sent(owner, [pk for pks, _ in sent.values() for pk in pks] + [record.pk for record in fresh])
     for record in fresh:
         record.sent = record.pk in marked

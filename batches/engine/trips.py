@@ -120,7 +120,11 @@ class Trips:
             n, run.started_at_trip = run.started - run.started_at_trip, run.started
             if n <= 0:
                 continue
-            queued = list(itertools.islice((record for record, _ in run.queue if not record.sent), n))
+            # Not a dead engine's records (`resumed`): their calls go out in line order (issue 55), which
+            # marks of their own keep (one group each turn) and a few marked ahead, going at once, broke.
+            queued = list(
+                itertools.islice((record for record, _ in run.queue if not record.sent and not record.resumed), n)
+            )
             ahead[run.pk] = (queued, n - len(queued))
         return ahead
 

@@ -88,13 +88,14 @@ def _run(pk, records, started, started_at_trip):
 def test_a_trip_takes_the_head_of_each_queue_as_many_as_it_started_since_the_last_trip():
     records = [store.ClaimedRecord(pk, pk, f"c{pk}", 0, 1) for pk in range(1, 9)]
     records[0].sent = True  # marked by the last trip already
+    records[2].resumed = True  # a dead engine's: marked by its own statement, in line order with the others
     busy, idle, new = _run(1, records, 10, 7), _run(2, records[4:], 5, 5), _run(3, [], 4, 0)
 
     ahead = trips.Trips.ahead({1: busy, 2: idle, 3: new})
 
-    # Busy: 3 started since the last trip, its queue's next 3. New: 4 started and nothing queued,
-    # the first 4 its trip claims. Idle: none started, none marked.
-    assert {pk: ([r.pk for r in marked], n) for pk, (marked, n) in ahead.items()} == {1: ([2, 3, 4], 0), 3: ([], 4)}
+    # Busy: 3 started since the last trip, its queue's next 3 (not the resumed one). New: 4
+    # started and nothing queued, the first 4 its trip claims. Idle: none started, none marked.
+    assert {pk: ([r.pk for r in marked], n) for pk, (marked, n) in ahead.items()} == {1: ([2, 4, 5], 0), 3: ([], 4)}
     assert (busy.started_at_trip, idle.started_at_trip, new.started_at_trip) == (10, 5, 4)
 
 
