@@ -81,7 +81,6 @@ class BatchRun:
         self.active = 0
         self.served = 0  # records started here: the tie-break between an organization's batches
         self.started = 0
-        self.started_at_trip = 0  # `started` at the last trip: how many it marks sent ahead (trips.Trips.ahead)
         self.rate_mark = (time.monotonic(), 0)
         self.target = min(MIN_PREFETCH, max(1, lane.gate.capacity))
         self.closing = False
@@ -279,11 +278,11 @@ class Lanes:
         while work is not None:
             run, record, raw = work
             self.running[task] = (run, record)
-            place_record(record.prefix, record.resumed, functools.partial(self.marks.mark, record))
+            place_record(record.prefix, record.resumed, functools.partial(self.marks.mark, record.pk))
             bound = logs.working_on(run.public_id, run.pk, record.line)
             holding = budget.Holding(self.answers)
             budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it
-            tab = self.guard.begin(run.spend, record.twins)  # and their cost into its tab
+            tab = self.guard.begin(run.spend)  # and their cost into its tab
             try:
                 outcome = await self._execute(run, record, raw)
             except Held:

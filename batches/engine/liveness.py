@@ -200,9 +200,7 @@ def take_over(owner, seen_at, now, heirs=None):
         # What it only claimed ahead (never marked sent: batches.engine.trips.SentMarks writes the
         # mark before a record's first call) is ordinary work again: pending, for any engine, in
         # line order. Left running with the rest, 65 such records of a kill -9 took the head of
-        # the line from the 16 really in flight (issue 55). The sent ones may hold a few more than
-        # were in flight: a trip marks the next records of a queue ahead of their start
-        # (trips.Trips.ahead), at most the starts of one trip a batch.
+        # the line from the 16 really in flight (issue 55).
         records.filter(sent=False).update(status=RecordStatus.PENDING, lease_owner="", lease_expires_at=None)
         # The sent ones are split over the live engines in line order, a contiguous part each by
         # rank (fairness.split, as the shares they free are): each claims its part first when it

@@ -11,7 +11,7 @@ batches.engine.cut.
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -35,11 +35,6 @@ class ClaimedRecord:
     checkpoint: bytes | None = None  # the loop state a resumed multi-step record continues from
     twins: int = 0  # records waiting for its answer (batches.reuse): its flush settles them
     resumed: bool = False  # claimed because its lease ran out (its engine died)
-    # Its row is marked sent already (a trip marked it ahead of its start: trips.Trips.ahead), so
-    # its first call goes out without a mark of its own (trips.SentMarks).
-    sent: bool = False
-    # While a trip in flight marks it ahead: that trip's landing (an asyncio future), which its start waits for.
-    marking: Any = field(default=None, compare=False, repr=False)
     prefix: int | None = None  # its prompt prefix's key (batches.engine.prefixes), read with its line
 
 
@@ -54,7 +49,7 @@ def _q(name):
     return connection.ops.quote_name(name)
 
 
-def trip(owner, outcomes, claims, lease_until, recover=False, sent=()):
+def trip(owner, outcomes, claims, lease_until, recover=False):
     """One trip to the database: flush finished records and claim more, in one transaction
     (one commit, one WAL flush), for any number of batches.
 
@@ -66,12 +61,9 @@ def trip(owner, outcomes, claims, lease_until, recover=False, sent=()):
     a retry after a lost connection (`recover`: the first attempt may have
     committed, its answer lost on the way back) takes back the records
     that attempt leased instead of leaving them to wait out their lease.
-    `sent`: {batch pk: ([pks of records `owner` holds, claimed earlier], n)}: those, and the
-    first n records claimed now (not resumed: trips.Trips.ahead says why), are marked sent ahead of their start (mark_sent) in the trip's
-    transaction (trips.Trips.ahead); the claimed ones marked come back with `sent` set.
     Returns ({batch pk: written}, {batch pk: [ClaimedRecord] in line order}, {pks of the
-    batches whose every record is now finished}, the pks of `sent` marked): the engine that
-    wrote a batch's last records closes it at once, without waiting for a poll to notice.
+    batches whose every record is now finished}): the engine that wrote a batch's last
+    records closes it at once, without waiting for a poll to notice.
     """
     now = timezone.now()
     claimed = {}
@@ -83,8 +75,7 @@ def trip(owner, outcomes, claims, lease_until, recover=False, sent=()):
         # that vanishes mid-trip holds these rows until its session ends, after
         # OPENRELAY_DB_IDLE_IN_TRANSACTION_S (dbretry.deadlines; issue 54 measured a batch frozen
         # 163 s for every host without it); the others' trips wait OPENRELAY_DB_LOCK_TIMEOUT_S a try.
-        # The marked records' batches too: a close takes its batch row before its records.
-        lock_batches(flushed.keys() | sent.keys() if sent else flushed)
+        lock_batches(flushed)
         for batch_pk, (limit, after_line, expired) in claims.items():
             records = _leased_until(batch_pk, owner, lease_until) if recover else []
             if limit > len(records):
@@ -93,17 +84,7 @@ def trip(owner, outcomes, claims, lease_until, recover=False, sent=()):
                 records.sort(key=lambda record: record.line)
                 claimed[batch_pk] = records
         written, finished = flushes.write(owner, flushed)
-        marked = _mark_ahead(owner, sent, claimed) if sent else set()
-    return written, claimed, finished, marked
-
-
-def _mark_ahead(owner, sent, claimed):
-    """Mark sent what `sent` names (trip's), in one statement; the claimed records marked say so."""
-    fresh = [record for pk, (_, n) in sent.items() for record in [r for r in claimed.get(pk, []) if not r.resumed][:n]]
-    marked = mark_sent(owner, [pk for pks, _ in sent.values() for pk in pks] + [record.pk for record in fresh])
-    for record in fresh:
-        record.sent = record.pk in marked
-    return marked
+    return written, claimed, finished
 
 
 def lock_batches(batch_pks):

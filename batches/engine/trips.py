@@ -15,7 +15,6 @@ Checkpoints (a multi-step record's loop state) are group-committed by
 """
 
 import asyncio
-import itertools
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -72,61 +71,14 @@ class Trips:
     def close(self) -> None:
         self.apart.shutdown()
 
-    async def _flush_and_claim(self, runs, outcomes, claims, ahead=None):
-        """(written {batch pk: n}, claimed {batch pk: [(ClaimedRecord, line bytes)]}, finished batch pks),
-        the records of `ahead` ({batch pk: [ClaimedRecord]}) marked sent on the way."""
-        ahead = ahead or {}
-        sent = {pk: ([record.pk for record in records], n) for pk, (records, n) in ahead.items()}
-        trip = FlushAndClaim(self.owner, outcomes, claims, self.config.lease_s, sent)
-        loop = asyncio.get_running_loop()
-        # A slot that starts one of these while the trip is in flight waits for it (SentMarks.mark):
-        # its own statement would go through the same database thread after the trip anyway.
-        landed = loop.create_future()
-        for records, _ in ahead.values():
-            for record in records:
-                record.marking = landed
-        marked: set[int] = set()
-        try:
-            written, claimed, finished, marked = await loop.run_in_executor(
-                self.db_thread, self._trip_then_read, runs, trip
-            )
-        finally:
-            for records, _ in ahead.values():
-                for record in records:
-                    record.sent = record.pk in marked  # committed: its call may go out without a mark of its own
-                    record.marking = None
-            landed.set_result(None)
-        return written, claimed, finished
+    async def _flush_and_claim(self, runs, outcomes, claims):
+        """(written {batch pk: n}, claimed {batch pk: [(ClaimedRecord, line bytes)]}, finished batch pks)."""
+        trip = FlushAndClaim(self.owner, outcomes, claims, self.config.lease_s)
+        return await asyncio.get_running_loop().run_in_executor(self.db_thread, self._trip_then_read, runs, trip)
 
     def _trip_then_read(self, runs, trip):
-        written, records, finished, marked = dbretry.call(trip)
-        return written, read_lines(runs, records, self.config.prefix_bytes), finished, marked
-
-    @staticmethod
-    def ahead(runs):
-        """{batch pk: ([ClaimedRecord], n)}: the records each batch will start next, as many as it
-        started since the last trip (its next trip's worth at the same rate): the head of its
-        queue not marked yet, and when the queue holds fewer, the first n of those the trip
-        claims (they start right after it). A trip marks them sent in its own transaction, so
-        most records' first calls go out without a statement of their own (SentMarks: one a
-        turn of the loop, ~15% of a worker's busy time at 0 ms calls; a driven batch of 600
-        records: 385 marked by their own statements with the queue's head alone).
-
-        What this costs a take-over: a record marked ahead whose engine died before it started
-        counts as sent (re-run first, once). At most one trip's starts a batch: for slow calls,
-        where the take-over's order matters, a few records (32 calls of 3 s start ~3 in 0.25 s)."""
-        ahead = {}
-        for run in runs.values():
-            n, run.started_at_trip = run.started - run.started_at_trip, run.started
-            if n <= 0:
-                continue
-            # Not a dead engine's records (`resumed`): their calls go out in line order (issue 55), which
-            # marks of their own keep (one group each turn) and a few marked ahead, going at once, broke.
-            queued = list(
-                itertools.islice((record for record, _ in run.queue if not record.sent and not record.resumed), n)
-            )
-            ahead[run.pk] = (queued, n - len(queued))
-        return ahead
+        written, records, finished = dbretry.call(trip)
+        return written, read_lines(runs, records, self.config.prefix_bytes), finished
 
     def claims(self, now, runs):
         """{batch pk: (how many, after which line, how many of them may be records whose lease ran
@@ -166,7 +118,7 @@ class Trips:
         outcomes, flat = self.apart.split(outcomes, holdings)
         self.flushing += flat  # a trip that failed left its own: released with these
         started = time.monotonic()
-        written, claimed, finished = await self._flush_and_claim(runs, outcomes, claims, self.ahead(runs))
+        written, claimed, finished = await self._flush_and_claim(runs, outcomes, claims)
         self._release_flushed()
         await self.guard.flushed(outcomes)
         tallies.flushed(outcomes, written, claimed)
@@ -256,18 +208,15 @@ class FlushAndClaim:
     what an attempt whose answer was lost had leased already.
     """
 
-    def __init__(self, owner, outcomes, claims, lease_s, sent=None):
+    def __init__(self, owner, outcomes, claims, lease_s):
         self.owner, self.outcomes, self.claims = owner, outcomes, claims
-        self.sent = sent or {}  # {batch pk: ([record pks], n claimed)} to mark sent ahead of their start (Trips.ahead)
         self.lease_until = timezone.now() + timedelta(seconds=lease_s)
         self.attempts = 0
         self.__name__ = "flush_and_claim"  # dbretry names the call it retries
 
     def __call__(self):
         self.attempts += 1
-        return store.trip(
-            self.owner, self.outcomes, self.claims, self.lease_until, recover=self.attempts > 1, sent=self.sent
-        )
+        return store.trip(self.owner, self.outcomes, self.claims, self.lease_until, recover=self.attempts > 1)
 
 
 def read_lines(runs, records, prefix_bytes):
@@ -380,14 +329,9 @@ class SentMarks:
         self.engine = engine
         self.group = GroupCommit(self._write)
 
-    async def mark(self, record: ClaimedRecord) -> None:
-        """Mark the record sent; LeaseLost if it is no longer this engine's (fenced meanwhile). A record
-        a trip marked ahead (Trips.ahead) is marked already: its lease was held when that committed."""
-        if record.marking is not None:
-            await asyncio.shield(record.marking)  # a trip marks it: settled either way when it lands
-        if record.sent:
-            return
-        if not await self.group.join(record.pk):
+    async def mark(self, pk: int) -> None:
+        """Mark the record sent; LeaseLost if it is no longer this engine's (fenced meanwhile)."""
+        if not await self.group.join(pk):
             raise LeaseLost
 
     async def _write(self, marks):
