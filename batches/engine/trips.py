@@ -16,7 +16,7 @@ Checkpoints (a multi-step record's loop state) are group-committed by
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any, Protocol
@@ -252,45 +252,65 @@ class CheckpointOwner(Protocol):
     async def db(self, fn: Callable[..., Any], *args: Any) -> Any: ...
 
 
+class GroupCommit:
+    """Writes that waiters ask for one record at a time, group-committed: one drain task sends
+    every record asked for meanwhile in one call of `write` ({record pk: value} -> the pks it
+    wrote), and each waiter gets whether its record was written, or the group's error. A record
+    asked for again before its group leaves is written once, with the newest value.
+
+    What CheckpointWriter and SentMarks share: one statement on the database thread for the
+    records a turn of the loop asks for, not one each."""
+
+    def __init__(self, write: Callable[[dict[int, Any]], Awaitable[set[int]]]) -> None:
+        self.write = write
+        self.waiting: dict[int, list[Any]] = {}  # record pk -> [newest value, futures of its waiters]
+        self.task: asyncio.Task[None] | None = None
+
+    async def join(self, pk: int, value: Any = None) -> bool:
+        """Whether the record was written (False: the write found it no longer held)."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        entry = self.waiting.get(pk)
+        if entry is None:
+            self.waiting[pk] = [value, [future]]
+        else:
+            entry[0] = value
+            entry[1].append(future)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self):
+        try:
+            while self.waiting:
+                group, self.waiting = self.waiting, {}
+                try:
+                    held = await self.write({pk: value for pk, (value, _) in group.items()})
+                except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error; the writer goes on
+                    _settle(group, exc=exc)
+                    continue
+                _settle(group, held=held)
+        finally:
+            self.task = None
+
+
 class CheckpointWriter:
     """One engine's checkpoint writes (batches.engine.checkpoints), group-committed through its database thread."""
 
     def __init__(self, engine: CheckpointOwner) -> None:
         self.engine = engine
-        self.waiting: dict[int, list[Any]] = {}  # record pk -> [encoded state, futures of the records waiting for it]
-        self.task: asyncio.Task[None] | None = None
+        self.group = GroupCommit(self._write)
         self.written = 0  # checkpoints written, and their bytes (the perf script reads these)
         self.bytes = 0
 
     async def save(self, pk, data):
-        future = asyncio.get_running_loop().create_future()
-        entry = self.waiting.get(pk)
-        if entry is None:
-            self.waiting[pk] = [data, [future]]
-        else:
-            entry[0] = data
-            entry[1].append(future)
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._drain())
-        if not await future:
+        if not await self.group.join(pk, data):
             raise LeaseLost
 
-    async def _drain(self):
-        try:
-            while self.waiting:
-                batch, self.waiting = self.waiting, {}
-                try:
-                    held = await self.engine.db(
-                        store.save_checkpoints, self.engine.owner, {pk: data for pk, (data, _) in batch.items()}
-                    )
-                except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error; the writer goes on
-                    _settle(batch, exc=exc)
-                    continue
-                self.written += len(batch)
-                self.bytes += sum(len(data) for data, _ in batch.values())
-                _settle(batch, held=held)
-        finally:
-            self.task = None
+    async def _write(self, states):
+        held = await self.engine.db(store.save_checkpoints, self.engine.owner, states)
+        self.written += len(states)
+        self.bytes += sum(len(data) for data in states.values())
+        return held
 
 
 class SentMarks:
@@ -307,30 +327,15 @@ class SentMarks:
 
     def __init__(self, engine: CheckpointOwner) -> None:
         self.engine = engine
-        self.waiting: dict[int, list[Any]] = {}  # record pk -> futures of the slots waiting for its mark
-        self.task: asyncio.Task[None] | None = None
+        self.group = GroupCommit(self._write)
 
     async def mark(self, pk: int) -> None:
         """Mark the record sent; LeaseLost if it is no longer this engine's (fenced meanwhile)."""
-        future = asyncio.get_running_loop().create_future()
-        self.waiting.setdefault(pk, []).append(future)
-        if self.task is None:
-            self.task = asyncio.get_running_loop().create_task(self._drain())
-        if not await future:
+        if not await self.group.join(pk):
             raise LeaseLost
 
-    async def _drain(self):
-        try:
-            while self.waiting:
-                batch, self.waiting = self.waiting, {}
-                try:
-                    held = await self.engine.db(store.mark_sent, self.engine.owner, list(batch))
-                except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error
-                    _settle({pk: (None, futures) for pk, futures in batch.items()}, exc=exc)
-                    continue
-                _settle({pk: (None, futures) for pk, futures in batch.items()}, held=held)
-        finally:
-            self.task = None
+    async def _write(self, marks):
+        return await self.engine.db(store.mark_sent, self.engine.owner, list(marks))
 
 
 def _settle(batch, held=(), exc=None):
