@@ -75,7 +75,7 @@ class Liveness:
     def __init__(self, owner):
         self.owner = owner
         self.key = lock_key(owner)
-        self.host = socket.gethostname()
+        self.host = host_name()
         self.lock = None  # the psycopg connection holding our advisory lock (PostgreSQL)
 
     def beat(self, holding, first):
@@ -96,6 +96,12 @@ class Liveness:
                 dead = self._dead_by_lock(rows, now)
         else:
             dead = [row for row in rows if self._dead_by_heartbeat(*row[1:4], now)]
+        if dead:
+            # Its mates in this pid namespace whose process is gone, however recent their last beat: found
+            # a beat apart by their heartbeats, they were taken over one at a time (MATES_S).
+            dead += [
+                row for row in rows if row not in dead and row[1] == self.host and row[2] and not pid_alive(row[2])
+            ]
         freed, limits = {}, {}
         # Who a take-over sets the sent records aside for: the engines left, less any whose process is
         # gone though its heartbeat is not yet a second old (the dead engine's cluster-mate, found dead
@@ -175,6 +181,16 @@ class Liveness:
         if self.lock is not None:
             self.lock.close()
             self.lock = None
+
+
+def host_name():
+    """This engine's host as the others compare it: the machine's name and, where Linux says, its pid
+    namespace, so "the same host" means a pid seen gone here is gone (containers may share a name)."""
+    name = socket.gethostname()
+    try:
+        return f"{name} pidns:{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return name
 
 
 def pid_alive(pid):

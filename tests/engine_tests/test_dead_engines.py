@@ -69,6 +69,21 @@ def test_it_fences_an_engine_taken_for_dead(alice, model, engines):
     assert set(Record.objects.filter(batch=batch).values_list("attempts", flat=True)) == {2}
 
 
+def test_a_dead_engines_mates_are_taken_over_with_it(alice, model, engines):
+    """kill -9 of a cluster's group: its engines die together, but their last beats (or, on PostgreSQL,
+    their locks' ends) come apart. Found one at a time, the second's sent records came a call round
+    after the first's (3.04 s, issue 55). A mate in this pid namespace whose process is gone goes too."""
+    batch = make_batch(alice.org, [chat(f"q{i}") for i in range(4)])
+    dead, mate, survivor = engines("dead"), engines("mate"), engines("survivor")
+    store.mark_sent(dead.owner, [r.pk for r in store.claim(batch.pk, dead.owner, 2)])
+    store.mark_sent(mate.owner, [r.pk for r in store.claim(batch.pk, mate.owner, 2)])
+    kill(dead)
+    Engine.objects.filter(owner=mate.owner).update(pid=a_dead_pid())  # its beat is fresh, its lock still held
+    assert survivor.reap() == ({batch.pk: 4}, {})
+    assert not Engine.objects.filter(owner__in=[dead.owner, mate.owner]).exists()
+    assert len(store.claim(batch.pk, survivor.owner, 4)) == 4  # all four set aside for the one heir
+
+
 def test_a_fenced_engine_is_reaped_once(alice, model, engines):
     batch = make_batch(alice.org, [chat(f"q{i}") for i in range(2)])
     dead, first, second = engines("dead"), engines("first"), engines("second")
