@@ -102,7 +102,7 @@ class Apart:
         return self.collect()
 
     def shutdown(self) -> None:
-        self.thread.shutdown(wait=True)
+        dbretry.shut(self.thread)  # its connection closed with it
 
     def _start(self, pk: int, done: list[Any], held: list[Holding]) -> None:
         task = asyncio.get_running_loop().create_task(self._flush(pk, done, held))

@@ -170,8 +170,8 @@ class Engine:
         finally:
             self.leases.stop()
             self.trips.close()
-            self.db_thread.shutdown(wait=True)
-            self.closer.shutdown(wait=True)
+            dbretry.shut(self.db_thread)
+            dbretry.shut(self.closer)
             self.liveness.close()  # here too: a shutdown cut short by the database never reaches _cleanup
         return self.trips.worked
 

@@ -7,6 +7,7 @@ record held to its flush, its JSON text made again there as bytes then str, and 
 binary copy of that str). Bench row 15 (16 answers of 134 MB) is the full-size figure.
 """
 
+import asyncio
 import random
 import socket
 import threading
@@ -14,8 +15,9 @@ import tracemalloc
 
 import orjson
 import pytest
+from django.db import connection
 
-from batches.engine.runner import run_batch
+from batches.engine.runner import Engine, run_batch
 from batches.models import Record
 from tests.helpers import MODEL, deploy, make_batch, read_lines, status_of
 
@@ -128,3 +130,26 @@ def test_one_big_answer_costs_an_engine_a_small_multiple_of_its_bytes(transactio
     assert answer["data"][5]["embedding"] == orjson.loads(big_answer)["data"][5]["embedding"]
     print(f"answer {size / 2**20:.1f} MB, peak {peak / 2**20:.1f} MB = {peak / size:.2f}x")
     assert peak < PEAK_X * size, f"peak {peak / size:.2f}x the answer's {size} bytes"
+
+
+def _sessions():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else the view stays as first read in a transaction
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's sessions (pg_stat_activity)")
+def test_an_engine_that_stops_leaves_no_database_session_open(transactional_db, alice, settings):
+    # The flush apart's thread opened a connection of its own and never closed it (nor did the
+    # engine's database thread and closer): a session per engine that ever ran, to the process's end.
+    settings.OPENRELAY_FLUSH_APART_BYTES = 1024
+    with OneAnswerServer(_answer(60)) as server:
+        deploy(MODEL, f"http://127.0.0.1:{server.port}/v1", upstream_model="up-model", max_concurrency=4)
+        batch = make_batch(alice.org, [{"model": MODEL, "input": ["a text"]}], endpoint="/v1/embeddings")
+        baseline = _sessions()
+        engine = Engine(only=[batch.pk], until_closed=True)
+        asyncio.run(engine.run())
+    assert engine.trips.apart.worked == 1  # its record was written apart
+    assert status_of(batch) == "completed"
+    assert _sessions() == baseline
