@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("tmp_storage")
 DIMENSIONS = 3072
 INPUTS = 600  # ~40 MB of JSON floats, as vLLM writes them
 # The engine's peak over its idle allocations, at most this many times the answer's bytes.
-PEAK_X = 4
+PEAK_X = 3
 
 
 def _answer(inputs):
@@ -135,7 +135,10 @@ def test_one_big_answer_costs_an_engine_a_small_multiple_of_its_bytes(transactio
 def _sessions():
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_stat_clear_snapshot()")  # else the view stays as first read in a transaction
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        # Client sessions only: an autovacuum worker shows the database's name too.
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
+        )
         return cursor.fetchone()[0]
 
 
@@ -152,4 +155,4 @@ def test_an_engine_that_stops_leaves_no_database_session_open(transactional_db, 
         asyncio.run(engine.run())
     assert engine.trips.apart.worked == 1  # its record was written apart
     assert status_of(batch) == "completed"
-    assert _sessions() == baseline
+    assert _sessions() <= baseline  # (another test's leftovers, in the baseline, may close meanwhile)
