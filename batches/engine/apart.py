@@ -25,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
+from django.db import connection
 from django.utils import timezone
 
 from batches import tallies
@@ -114,7 +115,7 @@ class Apart:
         lease_until = timezone.now() + timedelta(seconds=self.lease_s)
         try:
             written, _, finished = await asyncio.get_running_loop().run_in_executor(
-                self.thread, dbretry.call, store.trip, self.owner, outcomes, {}, lease_until
+                self.thread, _trip_then_close, self.owner, outcomes, lease_until
             )
         finally:
             for holding in held:  # written or failed, the bytes go back: calls waiting for room read on
@@ -123,3 +124,14 @@ class Apart:
         tallies.flushed(outcomes, written, {})
         self.worked += written.get(pk, 0)
         return written.get(pk, 0), pk in finished
+
+
+def _trip_then_close(owner: str, outcomes: Outcomes, lease_until: Any) -> Any:
+    """The flush apart's trip; then its connection closes. libpq keeps the buffer of the largest
+    message a connection sent until the connection closes, grown by doubling: 256 MB of a
+    worker's memory after one 134 MB answer, for good (measured), on a thread that sends only
+    big flushes. The next flush apart connects again (a few ms against seconds of writing)."""
+    try:
+        return dbretry.call(store.trip, owner, outcomes, {}, lease_until)
+    finally:
+        connection.close()
