@@ -132,15 +132,17 @@ class Batch(models.Model):
     # twins (records whose identical request another record of the batch runs), counted at create;
     # and, rolled up as they settle, the lines answered with a reused answer (twins and answers from
     # an earlier batch's cache) and the tokens those answers did not cost (beyond what was billed).
-    reuse = models.CharField(max_length=16, default="auto")
+    # Each with a database default too (db_default): a rolling deploy's previous release still inserts
+    # rows that do not name them (tests/test_migrations_compat.py, docs/guides/many-machines.md).
+    reuse = models.CharField(max_length=16, default="auto", db_default="auto")
     # A "cache" batch's model deployments as create found them ("<pk>:<upstream model>", sorted, joined):
     # an answer is reused across batches only between batches of the same ones (batches.reuse).
-    deployments_key = models.CharField(max_length=1000, blank=True)
-    twin_count = models.PositiveIntegerField(default=0)
-    reused_count = models.PositiveIntegerField(default=0)
-    cache_hit_count = models.PositiveIntegerField(default=0)
-    reused_input_tokens = models.BigIntegerField(default=0)
-    reused_output_tokens = models.BigIntegerField(default=0)
+    deployments_key = models.CharField(max_length=1000, blank=True, default="", db_default="")
+    twin_count = models.PositiveIntegerField(default=0, db_default=0)
+    reused_count = models.PositiveIntegerField(default=0, db_default=0)
+    cache_hit_count = models.PositiveIntegerField(default=0, db_default=0)
+    reused_input_tokens = models.BigIntegerField(default=0, db_default=0)
+    reused_output_tokens = models.BigIntegerField(default=0, db_default=0)
 
     # Prices snapshotted at create (USD per 1M tokens, sync rate) and the multiplier of its window and
     # priority (batches.windows), so a later price or window change never reprices a batch.
@@ -202,7 +204,7 @@ class Record(models.Model):
     # Its holder started it (a model call may be out), written before the record's first call
     # (batches.engine.trips.SentMarks); a claim clears it. A dead engine's records that are not
     # `sent` go back to pending at its take-over; the sent ones are re-sent first (issue 55).
-    sent = models.BooleanField(default=False)
+    sent = models.BooleanField(default=False, db_default=False)  # db_default: a previous release's inserts
 
     # The outcome, as the result line needs it.
     status_code = models.PositiveSmallIntegerField(null=True, blank=True)
@@ -233,9 +235,10 @@ class Record(models.Model):
     # and, on a reused line, whose answer it is (its result line's `openrelay.reused_from`): the
     # custom_id of its leader, or of the record of an earlier batch (`reused_batch`) it came from.
     leader_line = models.PositiveIntegerField(null=True, blank=True)
-    twins = models.PositiveIntegerField(default=0)
-    reused_from = models.CharField(max_length=512, blank=True)
-    reused_batch = models.CharField(max_length=64, blank=True)
+    # Database defaults too: a previous release's inserts name none of them (many-machines.md, rolling).
+    twins = models.PositiveIntegerField(default=0, db_default=0)
+    reused_from = models.CharField(max_length=512, blank=True, default="", db_default="")
+    reused_batch = models.CharField(max_length=64, blank=True, default="", db_default="")
     # A "cache" batch's leader's request key (batches.reuse.request_key, hex): what a later batch of its
     # organization looks its answer up by. Null in any other batch, so only they fill the index.
     request_key = models.CharField(max_length=32, null=True, blank=True)  # noqa: DJ001 - null keeps rows out of the index

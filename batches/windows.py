@@ -19,6 +19,13 @@ from openrelay.api.params import invalid_choice
 from openrelay.lib.env import parse_windows
 
 EXPEDITED_MULTIPLIER = Decimal("1.0")
+# The deadline rule (docs/concepts/how-batches-run.md#deadlines), one home for the engine's gate
+# (batches.engine.fairness) and the quote (batches.estimate.pace): a batch is given what would finish
+# its records left by the time DEADLINE_MARGIN of its window is left (the pace is measured, not
+# promised: the model slows, records fail and retry), and the batches behind their deadline together
+# take at most DEADLINE_MAX_SHARE of a model before the others.
+DEADLINE_MARGIN = 0.5
+DEADLINE_MAX_SHARE = 0.75
 # Anthropic's Message Batches have a fixed 24 h: theirs unless the operator does not offer it.
 ANTHROPIC_WINDOW = "24h"
 
@@ -80,3 +87,9 @@ def of_batch(batch):
         return window
     seconds = (batch.expires_at - batch.created_at).total_seconds()
     return Window(batch.completion_window, int(seconds), batch.price_multiplier)
+
+
+def seconds_to_aim(seconds_left, window_s):
+    """The time a batch with `seconds_left` of its `window_s` has to finish by the deadline rule: until
+    DEADLINE_MARGIN of its window is left; at least a second (past that point, all it can get)."""
+    return max(seconds_left - DEADLINE_MARGIN * window_s, 1.0)

@@ -38,17 +38,13 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
+from batches import windows
 from batches.engine import prefixes
 
 # Set by the engine for a record a dead engine had in flight (batches.engine.liveness): its
 # calls wait at the head of their batch's line, not behind the records claimed since.
 first_in_line = ContextVar("first_in_line", default=False)
 
-# Deadlines: a batch is given the calls that would finish its records left by the time DEADLINE_MARGIN
-# of its window is left (the pace is measured, not promised: the model slows, records fail and retry),
-# and the batches behind their deadline together take at most DEADLINE_MAX_SHARE of a model's slots.
-DEADLINE_MARGIN = 0.5
-DEADLINE_MAX_SHARE = 0.75
 # Calls a gate times before it trusts its measured seconds a call (`CallGate.call_s`), then each sample's.
 CALL_SAMPLE = 32
 
@@ -74,13 +70,13 @@ def deadline_need(left, seconds_left, window_s, call_s, engines):
     the model's pace is not measured yet."""
     if left <= 0 or not call_s:
         return 0
-    need = left / max(1, engines) * call_s / max(seconds_left - DEADLINE_MARGIN * window_s, 1.0)
+    need = left / max(1, engines) * call_s / windows.seconds_to_aim(seconds_left, window_s)
     return math.ceil(need) if need >= 1 else 0
 
 
 def deadline_cap(capacity):
     """The most slots of a model the batches behind their deadlines may take before the others."""
-    return max(1, int(DEADLINE_MAX_SHARE * capacity)) if capacity > 0 else 0
+    return max(1, int(windows.DEADLINE_MAX_SHARE * capacity)) if capacity > 0 else 0
 
 
 def set_needs(runs, rows, engines, now):

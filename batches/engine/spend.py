@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import orjson
 from django.conf import settings
 
-from batches import guardrails, lifecycle
+from batches import guardrails, lifecycle, reuse
 from batches.engine import breaker
 from batches.engine.fairness import Held
 from batches.models import Batch, PauseReason
@@ -54,11 +54,17 @@ ANSWER_LIMITS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
 
 
 class Tab:
-    """What one record's calls came to, so far (nano-dollars)."""
+    """What one record's calls came to, so far (nano-dollars), and what its end will bill per nano
+    of them: `permille` 1000, or more for a leader whose twins each bill a share of its answer
+    (batches.reuse, OPENRELAY_REUSE_BILL_SHARE), written by the same flush."""
 
-    def __init__(self, spend):
+    def __init__(self, spend, permille=1000):
         self.spend = spend
         self.nanos = 0
+        self.permille = permille
+
+    def weigh(self, nanos):
+        return nanos * self.permille // 1000
 
 
 class OrgSpend:
@@ -140,6 +146,9 @@ class BatchSpend:
         if not self.guarded:
             return None
         worst = self.worst_case(body)
+        tab = current_tab.get()
+        if tab is not None and tab.spend is self:
+            worst = tab.weigh(worst)  # a leader's call may also bill its twins' shares
         while self.org.budget is not None and self.org.read_at < 0:
             await self.org.settled.wait()  # what the organization spent is read on the engine's next poll
             if self.paused:
@@ -192,7 +201,7 @@ class BatchSpend:
         """
         counted = 0
         if outcome is not None and self.guarded and self.priced:
-            counted = outcome.counted_nanos = self.counted(outcome)
+            counted = outcome.counted_nanos = tab.weigh(self.counted(outcome))
         self.answered -= tab.nanos
         self.pending += counted
         self.org.local += counted - tab.nanos
@@ -323,8 +332,9 @@ class Guard:
         of records still running (those stay this engine's until the records end)."""
         return org.local - sum(s.answered for s in self.spends.values() if s.org is org)
 
-    def begin(self, spend):
-        tab = Tab(spend)
+    def begin(self, spend, twins=0):
+        """A record of `spend`'s batch starts; `twins`: the records waiting for its answer."""
+        tab = Tab(spend, 1000 + (twins * reuse.bill_share_permille() if twins else 0))
         current_tab.set(tab)
         return tab
 

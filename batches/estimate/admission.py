@@ -58,7 +58,8 @@ def _verdict(organization, endpoint, priority, window, model_pk, result, now):
     work = {name: paces.units(input_tokens, figure * records) for name, figure in per_record.items()}
     pace = paces.model_pace(model_pk, now, work["expected"] / records)
     durations = {
-        name: paces.finish_after(pace, organization.pk, priority == "expedited", units) for name, units in work.items()
+        name: paces.finish_after(pace, organization.pk, priority == "expedited", units, window.seconds)
+        for name, units in work.items()
     }
     expected = durations["expected"]
     fits = paces.fits(durations, window.seconds)

@@ -81,9 +81,11 @@ def estimate(
     input_total = _with_rounds(quote.input.total, tally, rounds)
     quote.tool_rounds, quote.output = rounds, output
     quote.cost = _cost(checker.model_pk, window.multiplier(priority), input_total, output)
-    quote.time, durations = _time(organization, checker.model_pk, priority, now, input_total, output, tally, window)
+    quote.time, durations, finish = _time(
+        organization, checker.model_pk, priority, now, input_total, output, tally, window
+    )
     quote.fits_window = paces.fits(durations, window.seconds)
-    quote.windows = _windows(checker.model_pk, priority, input_total, output, durations, now)
+    quote.windows = _windows(checker.model_pk, priority, input_total, output, finish, now)
     quote.confidence, quote.notes = _confidence(quote, history)
     return quote
 
@@ -175,9 +177,15 @@ def _cost(model_pk, multiplier, input_total, output):
 def _time(organization, model_pk, priority, now, input_total, output, tally, window):
     work = {name: paces.units(input_total, output[name]) for name in ("low", "expected", "high")}
     pace = paces.model_pace(model_pk, now, work["expected"] / tally.records)
-    durations = {
-        name: paces.finish_after(pace, organization.pk, priority == "expedited", units) for name, units in work.items()
-    }
+
+    def finish(window_s):
+        """{low, expected, high: seconds} on a window: a shorter one runs ahead of the queue (its deadline)."""
+        return {
+            name: paces.finish_after(pace, organization.pk, priority == "expedited", units, window_s)
+            for name, units in work.items()
+        }
+
+    durations = finish(window.seconds)
     expected = durations["expected"]
     time = {
         "expected_duration_s": _seconds(expected),
@@ -196,10 +204,10 @@ def _time(organization, model_pk, priority, now, input_total, output, tally, win
             "organizations": len({q.organization_id for q in pace.queued}),
         },
     }
-    return time, durations
+    return time, durations, finish
 
 
-def _windows(model_pk, priority, input_total, output, durations, now):
+def _windows(model_pk, priority, input_total, output, finish, now):
     """Each offered window as this batch would run on it: its rate, what it would cost, whether it fits."""
     return [
         {
@@ -210,7 +218,7 @@ def _windows(model_pk, priority, input_total, output, durations, now):
                 for name, figure in _cost(model_pk, window.multiplier(priority), input_total, output).items()
                 if name in ("currency", "low", "expected", "high")
             },
-            "fits_window": paces.fits(durations, window.seconds),
+            "fits_window": paces.fits(finish(window.seconds), window.seconds),
             "window_ends_at": int((now + window.duration).timestamp()),
         }
         for window in windows.offered()

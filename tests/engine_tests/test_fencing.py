@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 
-from batches.engine import dbretry, store
+from batches.engine import dbretry, fairness, store
 from batches.engine.calls.caller import ModelCaller, Upstream
 from batches.engine.fairness import Held
 from batches.engine.leases import Leases
@@ -133,6 +133,50 @@ def test_a_call_is_not_sent_while_the_leases_are_in_doubt(sim):
             with pytest.raises(Held):
                 await caller.call("/v1/chat/completions", chat("held"))
             return first
+
+    assert asyncio.run(go()).status_code == 200
+    assert [r["body"]["messages"][0]["content"] for r in sim.requests("/v1/chat/completions")] == ["sent"]
+
+
+def test_a_call_is_not_sent_when_the_leases_fall_into_doubt_while_its_mark_is_written(sim):
+    """The first call waits for its sent mark on the engine's database thread (trips.SentMarks), which a
+    slow trip or a stopped process (SIGSTOP) can hold for seconds: the leases are checked again after it.
+    Measured across hosts: a host thawed after 3 leases sent 2 calls its take-over had sent already."""
+    leased = [True]
+
+    async def mark():
+        leased[0] = False  # the renewals stopped landing while the mark waited
+
+    async def go():
+        upstream = Upstream(sim.base_url, "m", "", 4)
+        async with ModelCaller([upstream], time_limit_s=60, retries=0, leased=lambda: leased[0]) as caller:
+            fairness.first_send.set(mark)
+            with pytest.raises(Held):
+                await caller.call("/v1/chat/completions", chat("held"))
+
+    asyncio.run(go())
+    assert sim.requests("/v1/chat/completions") == []
+
+
+def test_a_call_is_not_sent_when_the_leases_fall_into_doubt_while_its_connection_opens(sim):
+    """The last wait before the request's bytes leave is a new connection's: checked after it too."""
+    leased = [True]
+
+    async def go():
+        upstream = Upstream(sim.base_url, "m", "", 4)
+        connect = upstream.origin._connect
+
+        async def slow_connect():
+            opened = await connect()
+            leased[0] = False  # stopped (SIGSTOP) while the TCP handshake went on, thawed a lease later
+            return opened
+
+        upstream.origin._connect = slow_connect
+        async with ModelCaller([upstream], time_limit_s=60, retries=0, leased=lambda: leased[0]) as caller:
+            with pytest.raises(Held):
+                await caller.call("/v1/chat/completions", chat("held"))
+            leased[0] = True
+            return await caller.call("/v1/chat/completions", chat("sent"))  # the connection opened is used
 
     assert asyncio.run(go()).status_code == 200
     assert [r["body"]["messages"][0]["content"] for r in sim.requests("/v1/chat/completions")] == ["sent"]

@@ -271,6 +271,32 @@ def test_fair_sharing_splits_the_model_between_organizations():
     assert finish_after(Pace(None, None, "none"), 1, False, 10.0) is None
 
 
+def test_the_quote_runs_a_short_window_ahead_as_the_engine_does():
+    """Issue 52's scenario: organizations A and B each have 3,000 records queued on 24 h windows, on a
+    model of 80 records a second; C's 1,500 on a 60 s window would take 56 s at its even third. The
+    engine's deadline rule gives C what finishes it by half its window (50 a second of 80), and the
+    quote says so; what needs more than 3/4 of the model gets 3/4."""
+    from batches.estimate.pace import Pace, Queued, finish_after, fits
+
+    day = 86_400
+
+    def pace():
+        backlog = [Queued(org, False, 3000.0, aim_s=day / 2) for org in (1, 2)]
+        return Pace(units_per_s=80.0, records_per_s=80.0, basis="running", queued=backlog)
+
+    assert finish_after(pace(), 3, False, 1500.0, day) == pytest.approx(56.25)  # a 24 h window: its even third
+    assert finish_after(pace(), 3, False, 1500.0, 60) == pytest.approx(30.0, abs=0.5)
+    assert finish_after(pace(), 3, False, 2000.0, 60) == pytest.approx(2000 / 60, abs=0.5)  # 3/4 of 80
+    # Alone on the model, a deadline takes what it finds: all of it.
+    assert finish_after(Pace(80.0, 80.0, "running"), 3, False, 1500.0, 60) == pytest.approx(1500 / 80)
+    # The even third said "at risk" (the high figure, 4x the output, past the window); now it fits.
+    durations = {
+        name: finish_after(pace(), 3, False, units, 60)
+        for name, units in (("low", 500.0), ("expected", 1500.0), ("high", 1800.0))
+    }
+    assert fits(durations, 60) is True
+
+
 def test_a_failing_tokenizer_leaves_the_approximation_with_its_reason(alice):
     from openrelay.simulator.config import SimulatorConfig
     from openrelay.simulator.server import run_in_thread

@@ -57,13 +57,22 @@ def wait_until(predicate, what: str, timeout: float, every: float = 0.1) -> Any:
 class HostProcess:
     """A program running on a host, in its own process group, logging to `<logs>/<host>-<name>.log`."""
 
-    def __init__(self, network: Network, host: str, name: str, argv: list[str], env: dict[str, str], logs: Path):
-        self.host, self.name = host, name
+    def __init__(
+        self,
+        network: Network,
+        host: str,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        logs: Path,
+        release: Path = ROOT,
+    ):
+        self.host, self.name, self.release = host, name, release
         self.log_path = logs / f"{host}-{name}.log"
         self.log = open(self.log_path, "ab")
         self.popen = children.popen(
             network.argv(host, argv),
-            cwd=ROOT,
+            cwd=release,
             env=env,
             start_new_session=True,
             stdout=self.log,
@@ -110,6 +119,7 @@ class Topology:
         self.pg_dir = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-pg-"))
         self.data = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-data-"))
         self.secret_key = os.urandom(24).hex()
+        self._previous: tuple[Path, str] | None = None  # previous_release(): its tree, the commit after it
         self.web_url = f"http://{self.address['web']}:8000"
         self.model_url = f"http://{self.address['model']}:8001"
 
@@ -134,10 +144,11 @@ class Topology:
             **S3_CREDENTIALS,
         }
 
-    def product(self, service: str, host: str) -> tuple[list[str], dict[str, str]]:
-        """compose.yaml's `service` for `host`: its command (run from this checkout) and environment."""
-        argv, env = recipe.service(service, self.operator_values(host))
-        return recipe.local_argv(argv), {**BASE_ENV, "PYTHONPATH": str(ROOT), **env, **self.settings}
+    def product(self, service: str, host: str, release: Path = ROOT) -> tuple[list[str], dict[str, str]]:
+        """compose.yaml's `service` for `host`: its command and environment, as `release` (a tree of the
+        product: this checkout, or an earlier version's, `previous_release`) declares and runs them."""
+        argv, env = recipe.service(service, self.operator_values(host), release / "deploy" / "compose.yaml")
+        return recipe.local_argv(argv), {**BASE_ENV, "PYTHONPATH": str(release), **env, **self.settings}
 
     # --- starting ------------------------------------------------------------------------
 
@@ -155,8 +166,10 @@ class Topology:
         self.wait_listening("web", 8000)
         return self
 
-    def run(self, host: str, name: str, argv: list[str], env: dict[str, str] | None = None) -> HostProcess:
-        self.processes[name] = HostProcess(self.network, host, name, argv, env or BASE_ENV, self.logs)
+    def run(
+        self, host: str, name: str, argv: list[str], env: dict[str, str] | None = None, release: Path = ROOT
+    ) -> HostProcess:
+        self.processes[name] = HostProcess(self.network, host, name, argv, env or BASE_ENV, self.logs, release)
         return self.processes[name]
 
     def listens(self, host: str, port: int) -> bool:
@@ -260,9 +273,30 @@ class Topology:
         self.run("web", "web", argv, env)
         self.wait_listening("web", 8000)
 
-    def start_worker(self, host: str) -> HostProcess:
-        argv, env = self.product("worker", host)
-        return self.run(host, host, argv, env)
+    def start_worker(self, host: str, release: Path = ROOT) -> HostProcess:
+        argv, env = self.product("worker", host, release)
+        return self.run(host, host, argv, env, release)
+
+    def previous_release(self) -> Path:
+        """The product as it was one schema change ago, where a rolling deploy's old workers run from:
+        `git archive` of the first parent of the last commit (on the first-parent line) that added a
+        migration, unpacked once. Its workers run with the same interpreter (its dependencies are
+        this checkout's: pyproject's pins moved with none of those migrations)."""
+        if self._previous is None:
+            added = subprocess.run(
+                ["git", "log", "--first-parent", "-1", "--format=%H", "--diff-filter=A", "--", "*/migrations/0*.py"],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.strip()
+            tree = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-previous-"))
+            archive = subprocess.run(
+                ["git", "archive", "--format=tar", f"{added}^1"], cwd=ROOT, capture_output=True, check=True
+            )
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            self._previous = (tree, added)
+        return self._previous[0]
 
     def manage(self, *args: str) -> str:
         """`python manage.py ...` on the web host, as an operator runs one there; its output."""
@@ -299,6 +333,16 @@ class Topology:
 
     def engines(self) -> int:
         return self.sql("SELECT count(*) FROM batches_engine")[0][0]
+
+    def engines_of(self, host: str) -> set[str]:
+        """The owners of the engine rows whose process runs on `host` (in its cluster's process group)."""
+        group = self.processes[host].popen.pid
+        pids = set()
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int(stat.read_bytes().rsplit(b")", 1)[1].split()[2]) == group:
+                    pids.add(int(stat.parent.name))
+        return {owner for owner, pid in self.sql("SELECT owner, pid FROM batches_engine") if pid in pids}
 
     # --- faults --------------------------------------------------------------------------
 
@@ -343,20 +387,23 @@ class Topology:
         self.network.remove()
         shutil.rmtree(self.pg_dir, ignore_errors=True)
         shutil.rmtree(self.data, ignore_errors=True)
+        if self._previous is not None:
+            shutil.rmtree(self._previous[0], ignore_errors=True)
 
 
 class Client:
     """The API as a client on the ops host sees it: an organization's key, over HTTP to the web host."""
 
-    def __init__(self, topology: Topology, key: str):
+    def __init__(self, topology: Topology, key: str, web_url: str | None = None):
         self.topology = topology
         self.headers = {"Authorization": f"Bearer {key}"}
+        self.web_url = web_url or topology.web_url  # another web (a previous release's) where given
 
     def call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         def send():
             return httpx.request(
                 method,
-                self.topology.web_url + path,
+                self.web_url + path,
                 headers={**self.headers, **kwargs.pop("headers", {})},
                 timeout=kwargs.pop("timeout", 30),
                 **kwargs,

@@ -394,14 +394,16 @@ class ModelCaller:
                     await self.fence.wait_fresh()  # a poll is due: its read stops a cancelled batch's calls
                 if ticket.held:
                     raise Held  # its batch paused while the call waited for a slot: not sent
-                if self.leased is not None and not self.leased():
-                    raise Held  # the engine's leases are in doubt: another engine may run this record
+                self._check_leased()
                 mark = first_send.get()
                 if mark is not None:
                     # The record's first call: marked sent on its row before it goes out, so a
                     # take-over knows it was in flight (fairness.first_send).
                     first_send.set(None)
                     await mark()  # checkpoints.LeaseLost when fenced meanwhile: the record is another engine's
+                    # The mark waited on the database thread, behind a trip perhaps, or the process was
+                    # stopped meanwhile: the leases may have lapsed since the check above.
+                    self._check_leased()
                 result = await self._attempt(upstream, endpoint, body)
             except BaseException:
                 self.gate.release(ticket, upstream)
@@ -428,6 +430,15 @@ class ModelCaller:
                 await asyncio.sleep(self._delay(result, busy))
                 continue
             return result
+
+    def _check_leased(self):
+        """Held while the engine's leases are in doubt: another engine may run this record.
+
+        Checked before the mark, after it, and once the request's connection is at hand (_send):
+        each is a wait a stopped process (SIGSTOP) can be thawed from a lease or more later. Thawed
+        after 3 leases, a host sent 2 calls from past the first check that its take-over had sent."""
+        if self.leased is not None and not self.leased():
+            raise Held
 
     def _delay(self, result, attempt):
         if result.retry_after:
@@ -492,7 +503,8 @@ class ModelCaller:
         return CallResult(kind="unavailable", message=f"The model server failed: {reason}.")
 
     async def _send(self, upstream, head, payload):
-        response = await upstream.origin.post(head, orjson.dumps(payload))
+        # The last check right before the bytes leave: after it nothing waits (transport.Origin.post).
+        response = await upstream.origin.post(head, orjson.dumps(payload), self._check_leased)
         raw, status = response.body, response.status
         request_id = response.headers.get("x-request-id")
         if request_id is None:

@@ -171,9 +171,19 @@ class Origin:
         lines.append("Content-Length: ")
         return "\r\n".join(lines).encode("latin-1")
 
-    async def post(self, head: bytes, body: bytes) -> Response:
-        """Send a prepared head and `body` (b"" for a GET); return the Response. Raises TransportError or OSError."""
+    async def post(self, head: bytes, body: bytes, ready: Callable[[], None] | None = None) -> Response:
+        """Send a prepared head and `body` (b"" for a GET); return the Response. Raises TransportError or OSError.
+
+        `ready` runs once a connection is at hand, right before the request is written (nothing waits in
+        between): it raises to keep the request unsent, and the connection, unused, stays idle."""
         connection = self._take_idle() or await self._connect()
+        if ready is not None:
+            try:
+                ready()
+            except BaseException:
+                connection.idle_since = asyncio.get_running_loop().time()
+                self._idle.append(connection)
+                raise
         self._busy.add(connection)
         try:
             response = await connection.exchange(b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body)))
