@@ -15,7 +15,7 @@ import tracemalloc
 
 import orjson
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from batches.engine.runner import Engine, run_batch
 from batches.models import Record
@@ -156,3 +156,41 @@ def test_an_engine_that_stops_leaves_no_database_session_open(transactional_db, 
     assert engine.trips.apart.worked == 1  # its record was written apart
     assert status_of(batch) == "completed"
     assert _sessions() <= baseline  # (another test's leftovers, in the baseline, may close meanwhile)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="row locks held by another session")
+def test_a_renewal_passes_over_the_records_a_flush_holds(transactional_db, alice, model):
+    from batches.engine import dbretry, store
+
+    batch = make_batch(alice.org, [{"model": MODEL, "input": [f"t {i}"]} for i in range(2)], endpoint="/v1/embeddings")
+    store.heartbeat("w", {})
+    first, second = store.claim(batch.pk, "w", 2)
+    locked, release, outcome = threading.Event(), threading.Event(), {}
+
+    def flush_holding_the_first():  # as a flush apart holds its rows while it writes
+        with transaction.atomic():
+            Record.objects.select_for_update().filter(pk=first.pk).first()
+            locked.set()
+            release.wait(30)
+        connection.close()
+
+    def renew():  # an engine session: OPENRELAY_DB_LOCK_TIMEOUT_S applies
+        dbretry.engine_session()
+        try:
+            outcome["held"] = store.hold("w", [batch.pk], lease_s=600)
+        except Exception as exc:  # noqa: BLE001 - the test reports it
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=flush_holding_the_first)
+    holder.start()
+    locked.wait(10)
+    renewal = threading.Thread(target=renew)
+    renewal.start()
+    renewal.join(30)
+    release.set()
+    holder.join(10)
+    assert outcome == {"held": True}
+    leases = dict(Record.objects.filter(batch=batch).values_list("pk", "lease_expires_at"))
+    assert leases[second.pk] > leases[first.pk]  # the free one renewed, the held one passed over
