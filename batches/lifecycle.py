@@ -23,7 +23,7 @@ all of them, in the transaction that ends it.
 from django.db import transaction
 from django.utils import timezone
 
-from batches import live, tallies
+from batches import latency, live, tallies
 from batches.models import TERMINAL_BATCH_STATUSES, Batch
 from batches.models import BatchStatus as S
 from billing import ledger
@@ -141,5 +141,7 @@ def _ended(batch, status, now):
         # billed once, for what ran (billing/ledger.py reads the final counters).
         entry = ledger.bill_batch(batch)
         Batch.objects.filter(pk=batch.pk).update(billed_at=entry.created_at)
+    if status == S.COMPLETED:
+        tallies.save(latency.observed(batch, now))  # GET /metrics' latency histograms, once a batch
     # robust: a channel-layer hiccup must not undo the end.
     transaction.on_commit(lambda: live.batch_changed_sync(batch.pk), robust=True)

@@ -18,13 +18,13 @@ import secrets
 from collections import defaultdict
 
 from django.conf import settings
-from django.db.models import Count, Sum
+from django.db.models import Count, Q, Sum
 from django.http import HttpResponse
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from batches import operator
+from batches import latency, operator
 from batches.models import Batch, PauseReason, Record, Tally
 from batches.results import failure_code
 from batches.selectors import ERROR_STATUSES
@@ -60,6 +60,7 @@ class DatabaseCollector:
         names = {}
         yield from _deployments(overview, names)
         yield from _tallies(names)
+        yield from latency.families(_latency_tallies())
         yield _webhook_deliveries()
 
 
@@ -230,6 +231,11 @@ def _tallies(names):
         if not family.samples:
             family.add_metric([], 0)
     return calls, durations, lost, resumed, pauses, batch_resumes
+
+
+def _latency_tallies():
+    prefixes = Q(key__startswith="first_result_ms") | Q(key__startswith="complete_ms")
+    return Tally.objects.filter(prefixes).values_list("key", "value")
 
 
 def _webhook_deliveries():

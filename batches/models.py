@@ -157,6 +157,9 @@ class Batch(models.Model):
     # The quote's verdict at create (batches.estimate.admission): {fits_window, expected_duration_s,
     # expected_completion_at, basis, queued_records, warning}; null when none was asked.
     admission = models.JSONField(null=True, blank=True, editable=False)
+    # When its first record ended, succeeded or failed (batches.latency): set once, by the flush (or the
+    # reuse) that wrote the first outcome; records an expiry or a cancel closed unrun do not set it.
+    first_result_at = models.DateTimeField(null=True, blank=True, editable=False)
     # [[t, completed, failed], ...] over the run, bounded (batches.progress): the chart and the rate.
     progress = models.JSONField(default=list, blank=True, editable=False)
 

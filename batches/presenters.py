@@ -5,6 +5,7 @@ Shared by the API, the dashboard and the CLI. Load batches with
 list costs one query.
 """
 
+from batches import latency
 from batches.risk import expected_completion
 from billing.pricing import batch_cost, unbilled_cost, usd
 from openrelay.api.timestamps import BATCH_TIMESTAMPS
@@ -63,6 +64,10 @@ def _batch_object(batch, errors):
             "admission": batch.admission,
             # While it runs: when it is expected to finish, at its last minute's pace (the dashboard's ETA).
             "expected_completion_at": _unix(expected_completion(batch)),
+            # Published latency (batches.latency): seconds from create until its first record ended
+            # (succeeded or failed), and until it completed; null until known.
+            "time_to_first_result": latency.time_to_first_result(batch),
+            "time_to_complete": latency.time_to_complete(batch),
             # Guardrails (batches.guardrails): why and since when it is paused, its cap, its breaker.
             "paused": paused_object(batch),
             "max_cost": usd(batch.max_cost_nanos) if batch.max_cost_nanos is not None else None,

@@ -27,7 +27,8 @@ from typing import NamedTuple
 import orjson
 from django.conf import settings
 from django.db import connection
-from django.db.models import F
+from django.db.models import F, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from batches.models import Batch, Record, RecordStatus
@@ -228,7 +229,8 @@ def answer_from_cache(batch, twins):
     q = connection.ops.quote_name
     record = q(Record._meta.db_table)
     billed = ", ".join(f"{q(c)} = s.{q(c)} * {share} / 1000" for c in _TOKENS)
-    now = connection.ops.adapt_datetimefield_value(timezone.now())
+    now_at = timezone.now()
+    now = connection.ops.adapt_datetimefield_value(now_at)
     counts = [0, 0, 0, 0, 0]  # lines answered; their billed prompt, cached, completion, reasoning tokens
     saved = [0, 0]  # the input and output tokens they did not cost
     with connection.cursor() as cursor:
@@ -247,6 +249,7 @@ def answer_from_cache(batch, twins):
         saved[0] += n * (source.tokens[0] - source.tokens[0] * share // 1000)
         saved[1] += n * (source.tokens[2] - source.tokens[2] * share // 1000)
     Batch.objects.filter(pk=batch.pk).update(
+        first_result_at=Coalesce("first_result_at", Value(now_at)),
         completed_count=F("completed_count") + counts[0],
         reused_count=F("reused_count") + counts[0],
         cache_hit_count=F("cache_hit_count") + counts[0],

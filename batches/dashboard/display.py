@@ -13,7 +13,7 @@ from decimal import Decimal, InvalidOperation
 
 from django.template.loader import render_to_string
 
-from batches import operator, progress
+from batches import operator, progress, windows
 from batches.lifecycle import PAUSABLE
 from batches.models import TERMINAL_BATCH_STATUSES, BatchStatus
 from files.presenters import present_file
@@ -70,6 +70,9 @@ def display(batch, not_run=0):
         "paused": (batch.get("openrelay") or {}).get("paused"),
         "pausable": batch["status"] in PAUSABLE,
         "max_cost": money((batch.get("openrelay") or {}).get("max_cost"), "USD"),
+        # Published latency (batches.latency): from create to the first result, and to completion.
+        "first_result": duration((batch.get("openrelay") or {}).get("time_to_first_result")),
+        "time_to_complete": duration((batch.get("openrelay") or {}).get("time_to_complete")),
     }
 
 
@@ -122,6 +125,8 @@ LIVE_FIELDS = (
     "cache_hits",
     "saved_tokens",
     "created",
+    "first_result",
+    "time_to_complete",
 )
 
 
@@ -282,8 +287,37 @@ def quote_rows(quote):
                 else "no measured pace yet",
             )
         )
-    rows.append(("Fits the 24 h window", FITS[quote["fits_window"]], f"confidence {quote['confidence']}"))
+    rows.append(
+        (
+            f"Fits the {quote['completion_window']} window",
+            FITS[quote["fits_window"]],
+            f"confidence {quote['confidence']}",
+        )
+    )
     return rows
+
+
+def window_rows(quote, selected):
+    """The New batch page's windows: (name, its share of the sync price, the quote's expected cost or
+    None, whether it fits or None before a quote, whether it is the one picked) a row. From the quote's
+    `windows` once there is one (the batch's priority priced in), else from the offered windows."""
+    if quote:
+        return [
+            (
+                w["window"],
+                _share_text(w["multiplier"]),
+                w["cost"].get("expected"),
+                FITS[w["fits_window"]],
+                w["window"] == selected,
+            )
+            for w in quote["windows"]
+        ]
+    return [(w.name, _share_text(w.rate), None, None, w.name == selected) for w in windows.offered()]
+
+
+def _share_text(rate):
+    """A window's rate (0.8, "0.65") as its share of the sync price: 80%, 65%."""
+    return f"{float(rate) * 100:g}%"
 
 
 def _datetime(timestamp):

@@ -24,7 +24,7 @@ from django.utils.http import content_disposition_header, urlencode
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from batches import guardrails, progress, results, selectors, services
+from batches import guardrails, progress, results, selectors, services, windows
 from batches.dashboard import forms
 from batches.dashboard.display import (
     TIMELINE,
@@ -37,6 +37,7 @@ from batches.dashboard.display import (
     retry_label,
     retryable,
     when,
+    window_rows,
 )
 from batches.dashboard.signin import login, logout, member_required, staff_required
 from batches.models import Batch, BatchStatus
@@ -307,6 +308,7 @@ def _new_batch_page(request, *, selected=None, error=None, status=200, fields=No
             "selected": selected or fields.get("input_file_id"),
             "endpoint": fields.get("endpoint") or ENDPOINTS[0],
             "priority": fields.get("priority") or PRIORITIES[0],
+            "window_rows": window_rows(quote, fields.get("completion_window") or windows.default().name),
             "max_cost": fields.get("max_cost") or "",
             # What was typed comes back after an error; at least METADATA_ROWS rows to fill.
             "metadata_rows": rows + [("", "")] * max(0, forms.METADATA_ROWS - len(rows)),

@@ -1,5 +1,8 @@
 """The flush: finished records' outcomes written to their rows and rolled up into their batches.
 
+The roll-up also sets a batch's first_result_at, once (COALESCE): the finish time of the first
+flush that wrote any of its records (batches.latency).
+
 Called inside a transaction that holds the batch rows (batches.engine.store.trip
 and store.flush lock them first); every write is conditional on the lease, so a
 record this engine no longer holds is skipped. PostgreSQL takes one statement
@@ -277,7 +280,8 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
         f"FROM written GROUP BY batch_id) "
         f"UPDATE {batch} AS b SET completed_count = b.completed_count + t.succeeded, "
         f"failed_count = b.failed_count + t.n - t.succeeded, {sums}, "
-        f"reasked_count = b.reasked_count + t.reasked, invalid_output_count = b.invalid_output_count + t.invalid "
+        f"reasked_count = b.reasked_count + t.reasked, invalid_output_count = b.invalid_output_count + t.invalid, "
+        f"first_result_at = COALESCE(b.first_result_at, %s) "
         f"FROM t WHERE b.id = t.batch_id "
         f"RETURNING b.id, t.n, b.completed_count + b.failed_count >= b.total_count"
     )
@@ -300,7 +304,8 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
         # re-read the arrays once per record: 30 ms a flush of 256, growing.
         cursor.execute("SET LOCAL enable_nestloop = off")
         cursor.execute(
-            sql, [*columns, finished_at, columns[0], batch_pks, owner, _RUNNING, _SUCCEEDED, _INVALID_OUTPUT]
+            sql,
+            [*columns, finished_at, columns[0], batch_pks, owner, _RUNNING, _SUCCEEDED, _INVALID_OUTPUT, finished_at],
         )
         rows = cursor.fetchall()
     return {pk: n for pk, n, _ in rows}, {pk for pk, _, finished in rows if finished}
@@ -355,8 +360,9 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
         cursor.execute(
             f"UPDATE {_q(Batch._meta.db_table)} SET completed_count = completed_count + %s, "
             f"failed_count = failed_count + %s, {totals}, reasked_count = reasked_count + %s, "
-            f"invalid_output_count = invalid_output_count + %s WHERE id = %s",
-            [succeeded, len(rows) - succeeded, *sums, reasked, invalid, batch_pk],
+            f"invalid_output_count = invalid_output_count + %s, first_result_at = COALESCE(first_result_at, %s) "
+            f"WHERE id = %s",
+            [succeeded, len(rows) - succeeded, *sums, reasked, invalid, finished_at, batch_pk],
         )
         cursor.execute(
             f"SELECT completed_count + failed_count >= total_count FROM {_q(Batch._meta.db_table)} WHERE id = %s",

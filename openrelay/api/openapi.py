@@ -287,6 +287,19 @@ COMPONENTS = {
                             "its last minute. Null before it runs, when it is stalled, and once it is finished."
                         ),
                     },
+                    "time_to_first_result": {
+                        "type": "number",
+                        "nullable": True,
+                        "description": (
+                            "Seconds from created_at until its first record ended, succeeded or failed (records "
+                            "an expiry or a cancel closed unrun are not results). Null until then."
+                        ),
+                    },
+                    "time_to_complete": {
+                        "type": "number",
+                        "nullable": True,
+                        "description": "Seconds from created_at to completed_at. Null unless the batch completed.",
+                    },
                 },
             },
         },

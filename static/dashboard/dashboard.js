@@ -385,6 +385,19 @@
     update();
   });
 
+  // The new-batch form's window: the windows table marks the one picked (its price, whether it fits).
+  document.querySelectorAll("select[data-window]").forEach(function (select) {
+    function mark() {
+      document.querySelectorAll("[data-window-row]").forEach(function (row) {
+        const picked = row.dataset.windowRow === select.value;
+        row.classList.toggle("picked", picked);
+        if (picked) { row.setAttribute("aria-current", "true"); } else { row.removeAttribute("aria-current"); }
+      });
+    }
+    select.addEventListener("change", mark);
+    mark();
+  });
+
   // The post-create banner shows once: drop ?created=1 so a reload doesn't bring it back.
   const query = new URLSearchParams(location.search);
   if (query.has("created")) {

@@ -8,6 +8,7 @@ so a failure can be looked at.
 
 import re
 from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
 from pathlib import Path
 
 import orjson
@@ -167,3 +168,45 @@ def test_it_uploads_creates_watches_live_downloads_and_cancels(member, live_stac
         batch = Batch.objects.get(public_id=slow_id)
         assert batch.status == "cancelled" and batch.completed_count < SLOW_RECORDS
         assert text(page, ".stats [data-field=completed]") == str(batch.completed_count)
+
+
+def test_the_new_batch_page_picks_a_window_by_its_price_and_fit(member, processes, browser, tmp_path, settings):
+    """Two offered windows: each with its share of the sync price (from the settings, then from the
+    quote with whether it fits); the one picked is marked, kept through the quote, and created."""
+    settings.OPENRELAY_COMPLETION_WINDOWS = "60s:0.8,24h:0.5"  # this process's (the test's quote rows)
+    page = browser
+    model = Model.objects.create(name=MODEL)
+    Deployment.objects.create(model=model, base_url="http://127.0.0.1:9", max_concurrency=4)
+    Price.objects.create(model=model, input_per_mtok="0.20", cached_input_per_mtok="0.05", output_per_mtok="0.80")
+    url = processes.web("uvicorn", OPENRELAY_COMPLETION_WINDOWS="60s:0.8,24h:0.5")
+    sign_in(page, url)
+    page.click("nav >> text=New batch")
+    page.wait_for_selector("[data-windows]")
+    assert page.locator("#completion_window option").all_inner_texts() == [
+        "60s (80% of the sync price)",
+        "24h (50% of the sync price)",
+    ]
+    assert text(page, "[data-window-row='60s'] [data-share]") == "80% of the sync price"
+    assert text(page, "[data-window-row='24h'] [data-fits]") == "get a quote"
+    assert page.get_attribute("[data-window-row='24h']", "aria-current") == "true"  # the default window
+    page.select_option("#completion_window", "60s")
+    assert page.get_attribute("[data-window-row='60s']", "aria-current") == "true"
+    assert page.get_attribute("[data-window-row='24h']", "aria-current") is None
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(jsonl(*[chat_line(f"w-{i}", f"question {i}") for i in range(5)]))
+    page.set_input_files("input[name=file]", str(requests))
+    page.click("[data-quote-button]")
+    page.wait_for_selector("[data-quote]")
+    shot(page, "20-new-batch-windows-quoted")
+    # The quote's windows: what each would cost at its rate (60 s dearer than 24 h), whether it fits.
+    assert page.input_value("#completion_window") == "60s"
+    costs = {w: float(text(page, f"[data-window-row='{w}'] td.num")) for w in ("60s", "24h")}
+    assert costs["60s"] == pytest.approx(costs["24h"] * 0.8 / 0.5, rel=0.02) and costs["24h"] > 0
+    assert text(page, "[data-window-row='60s'] [data-fits]") in ("yes", "no", "at risk", "unknown")
+    assert "Fits the 60s window" in text(page, "[data-quote]")
+    page.click("[data-submit]")
+    page.wait_for_url(CREATED)
+    batch = Batch.objects.get(organization=member)
+    assert batch.completion_window == "60s" and (batch.expires_at - batch.created_at).total_seconds() == 60
+    assert batch.price_multiplier == Decimal("0.8")
+    assert text(page, ".stats [data-field=first_result]") == "\u2014"  # no record has ended yet

@@ -14,7 +14,7 @@ def test_a_dropped_file_is_quoted_kept_and_chosen_for_create(alice_client, alice
     file = File.objects.get()
     assert f'<option value="{file.public_id}" selected>' in page
     quote = page.split("data-quote ")[1].split("</section>")[0]
-    for text in ("2 accepted, 1 rejected", "approximation", "confidence low", "Fits the 24 h window"):
+    for text in ("2 accepted, 1 rejected", "approximation", "confidence low", "Fits the 24h window"):
         assert text in quote, text
     assert "data-quote-note" in page  # no tokenizer, no history: said, not hidden
     assert page.index("data-quote ") < page.index("data-submit")  # the quote comes before Create

@@ -1,6 +1,7 @@
 """Dashboard pages: sign-in, organization scoping, new batch, cancel, files, downloads."""
 
 import re
+from datetime import timedelta
 
 from django.test import Client
 
@@ -135,6 +136,18 @@ def test_the_batch_page_shows_timeline_counts_usage_and_files(alice_client, alic
     assert f"/files/{batch.input_file.public_id}/download" in page
     assert 'data-role="cancel"' not in page  # a completed batch can't be cancelled
     assert f'data-socket="/ws/batches/{batch.public_id}"' in page
+
+
+def test_the_batch_page_shows_the_time_to_first_result_and_to_complete(alice_client, alice):
+    batch = make_batch(alice.org, status="completed", total=4, completed=4)
+    Batch.objects.filter(pk=batch.pk).update(
+        first_result_at=batch.created_at + timedelta(seconds=7),
+        finalizing_at=batch.created_at + timedelta(seconds=200),
+        completed_at=batch.created_at + timedelta(seconds=200),
+    )
+    page = page_html(alice_client.get(f"/batches/{batch.public_id}"))
+    assert '<span class="value" data-field="first_result">7 s</span>' in page
+    assert '<span class="value" data-field="time_to_complete">3 min 20 s</span>' in page
 
 
 def test_the_batch_page_shows_the_cached_share_of_input_tokens(alice_client, alice):

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from batches import tallies
 from batches.models import Batch, Record, Tally
+from batches.presenters import batch_object
 from tests.helpers import MODEL, chat, make_batch, make_persona, read_lines, status_of, wait_for
 
 pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
@@ -97,12 +98,19 @@ def test_it_rises_by_exactly_the_records_and_tokens_of_a_batch_run_through_real_
     assert 1 <= value(after, "openrelay_deployment_concurrency_current", model=MODEL, deployment=deployment) <= 16
     assert value(after, "openrelay_deployment_up", model=MODEL, deployment=deployment) == 1
     assert value(after, "openrelay_engines") == 2
+    # Published latency (batches.latency): the batch observed once, in its window's histograms.
+    shown = batch_object(batch)["openrelay"]
+    for figure in ("first_result", "complete"):
+        name = f"openrelay_batch_time_to_{figure}_seconds"
+        assert rise(f"{name}_count", window="24h") == 1
+        assert rise(f"{name}_sum", window="24h") == pytest.approx(shown[f"time_to_{figure}"], abs=0.002)
     # Cardinality and privacy: no organization, batch or custom_id is a label.
     for word in ("alice", batch.public_id, "req-1"):
         assert word not in text
     labels = {label for name, pairs in after for label, _ in pairs}
     # `reason`: why batches paused (batches.guardrails), one of four words.
-    allowed = {"model", "deployment", "outcome", "kind", "status", "status_class", "result", "le", "reason"}
+    # `window`: the completion windows the operator offers.
+    allowed = {"model", "deployment", "outcome", "kind", "status", "status_class", "result", "le", "reason", "window"}
     assert labels <= allowed, labels
 
 

@@ -57,6 +57,9 @@ The measurements of issue 12 and the engine's (targets in TARGETS):
     finish, the largest cluster process's peak RSS, B's create -> completed.
 19. first batch (issue 55): a fresh default 2-worker cluster's first batch of the
     plain records against its next ones: the cluster's CPU a record (from the OS).
+21. windows (issue 52, `--only windows`): orgs A and B queue 3,000 records each on 24 h, then org C
+    three 500-record batches on a 60 s window, on an 80 calls/s model: p50 / p90 time to first
+    result and to complete per window, and deadlines met (tests/perf/bench_windows.py).
 20. takeover (issue 55, `--only takeover`): kill -9 of one of two 2-worker clusters mid-batch
     (3 s calls, max_concurrency 32, 400 records): the kill -> the last of its calls in flight at
     the model again, the worst of a run, median of five (tests/perf/bench_takeover.py).
@@ -148,6 +151,7 @@ TARGETS = {
     "contracts_reask": "100% valid after 1 re-ask, error file exact",
     "contracts_throughput": ">= 0.95x",
     "reuse": "calls = distinct requests, every line",
+    "windows": "every deadline met",
 }
 
 
@@ -171,6 +175,7 @@ PARTS = {
     "contracts": ("contracts_reask", "contracts_throughput"),
     "estimate": ("estimates",),
     "reuse": ("reuse",),
+    "windows": ("windows",),
 }
 # Parts a run without --only leaves out: big_answers takes ~20 minutes and ~7 GB at full size;
 # contracts (issue 38) runs 120,000 records at full size; refusals (issue 55) 24 runs, ~20 minutes;
@@ -1480,6 +1485,12 @@ class Bench:
         from tests.perf.bench_reuse import ReuseRuns
 
         ReuseRuns(self).run()
+
+    # 21: completion windows under load (issue 52)
+    def windows(self):
+        from tests.perf.bench_windows import WindowRuns
+
+        WindowRuns(self).run()
 
     def steps(self, only=None):
         """The runs to do: all, or those of the measurements in `only` (see PARTS)."""

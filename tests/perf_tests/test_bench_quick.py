@@ -29,6 +29,7 @@ ROW_NAMES = (
     "fairness",
     "recovery",
     "many batches",
+    "windows",
 )
 
 
