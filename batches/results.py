@@ -55,6 +55,7 @@ _CHUNK = 2000
 # The most result text one fetch should carry: a fetch of _CHUNK rows of 130 MB embeddings answers
 # held them all (and their lines, joined and encoded: ~4 copies) in the closing worker.
 _CHUNK_BYTES = 8 * 1024 * 1024
+_BIG_BODY = 1024 * 1024  # a result text longer than this goes to its file alone, a slice at a time
 
 
 _FILE_STATUSES = {"output": (_SUCCEEDED,), "error": tuple(sorted(_ERROR_FILE_STATUSES))}
@@ -112,22 +113,18 @@ def render(batch, kinds=("output", "error"), code=None):
                 # A reused answer says whose it is (batches.reuse): OpenRelay's own key, last.
                 tail = f',"openrelay":{_reused(source, source_batch)}' if source else ""
                 if status == _SUCCEEDED:
-                    out.append(f'{head},{_response(status_code, request_id, body)},"error":null{tail}}}\n')
+                    out += _with_response(head, status_code, request_id, body, f',"error":null{tail}}}\n')
                 elif status_code is not None and not code:
-                    err.append(f'{head},{_response(status_code, request_id, body)},"error":null{tail}}}\n')
+                    err += _with_response(head, status_code, request_id, body, f',"error":null{tail}}}\n')
                 elif status_code is not None:
                     # The answer is kept beside the error (invalid_output: what the model said last).
                     error_object = orjson.dumps({"code": code, "message": message}).decode()
-                    err.append(f'{head},{_response(status_code, request_id, body)},"error":{error_object}{tail}}}\n')
+                    err += _with_response(head, status_code, request_id, body, f',"error":{error_object}{tail}}}\n')
                 else:
                     error_object = orjson.dumps({"code": code, "message": message}).decode()
                     err.append(f'{head},"response":null,"error":{error_object}{tail}}}\n')
-            if out:
-                output.write("".join(out).encode())
-                counts[0] += len(out)
-            if err:
-                error.write("".join(err).encode())
-                counts[1] += len(err)
+            counts[0] += _write(output, out)
+            counts[1] += _write(error, err)
     for f in (output, error):
         f.seek(0)
     return RenderedResults(
@@ -163,8 +160,27 @@ def _reused(custom_id, batch_public_id):
     return orjson.dumps({"reused_from": source}).decode()
 
 
-def _response(status_code, request_id, body):
-    return (
-        f'"response":{{"status_code":{status_code},"request_id":{orjson.dumps(request_id).decode()},'
-        f'"body":{body or "null"}}}'
-    )
+def _with_response(head, status_code, request_id, body, rest):
+    """A line with a response, in parts: its body apart when it is big (_write)."""
+    before = f'{head},"response":{{"status_code":{status_code},"request_id":{orjson.dumps(request_id).decode()},"body":'
+    if len(body or "") > _BIG_BODY:
+        return [before, body, "}" + rest]
+    return [f"{before}{body or 'null'}}}{rest}"]
+
+
+def _write(f, parts):
+    """Write a chunk's lines (parts of lines: `_with_response`); returns how many lines it wrote.
+    One join and encode a chunk, but a big body is written alone, a slice at a time: as one line
+    of the chunk's text, a 134 MB embeddings answer was copied three times over (the line, the
+    join, the encode)."""
+    small = []
+    for part in parts:
+        if len(part) <= _BIG_BODY:
+            small.append(part)
+            continue
+        f.write("".join(small).encode())
+        small = []
+        for at in range(0, len(part), _BIG_BODY):
+            f.write(part[at : at + _BIG_BODY].encode())
+    f.write("".join(small).encode())
+    return sum(part.endswith("\n") for part in parts)

@@ -10,6 +10,7 @@ that updates from arrays and rolls up from what it updated; other backends one
 conditional executemany a batch.
 """
 
+import functools
 import logging
 from typing import NamedTuple
 
@@ -19,6 +20,7 @@ from django.db import DatabaseError, InterfaceError, OperationalError, connectio
 from django.utils import timezone
 
 from batches import reuse
+from batches.engine.calls.answer_text import AnswerText
 from batches.models import Batch, Record, RecordStatus
 
 logger = logging.getLogger("openrelay.engine")
@@ -32,7 +34,7 @@ class ResultRow(NamedTuple):
     status: str
     status_code: int | None
     request_id: str
-    response_body: str
+    response_body: bytes | bytearray  # JSON text (UTF-8): sent as it is, never made a str on PostgreSQL
     error_code: str
     error_message: str
     prompt_tokens: int
@@ -195,7 +197,7 @@ def _unstorable(row, reason):
     if not all(0 <= n < _BIGINT_END for n in unbilled):
         unbilled = (0, 0, 0)
     return ResultRow(
-        row.id, _FAILED, None, row.request_id, "", "result_not_stored", message, 0, 0, 0, 0, 0, 0, *unbilled
+        row.id, _FAILED, None, row.request_id, b"", "result_not_stored", message, 0, 0, 0, 0, 0, 0, *unbilled
     )
 
 
@@ -209,7 +211,7 @@ def _result_row(pk, outcome):
         _SUCCEEDED if outcome.succeeded else _FAILED,
         outcome.status_code,
         outcome.request_id,
-        orjson.dumps(outcome.body).decode() if outcome.body is not None else "",
+        _json_text(outcome.body),
         outcome.error_code,
         outcome.error_message,
         usage.prompt_tokens,
@@ -222,6 +224,33 @@ def _result_row(pk, outcome):
         outcome.unbilled.cached_tokens,
         outcome.unbilled.completion_tokens,
     )
+
+
+def _json_text(body):
+    """A result's JSON text: an answer kept as text (answer_text) is its bytes, not a copy."""
+    if body is None:
+        return b""
+    if isinstance(body, AnswerText):
+        return body.text
+    return orjson.dumps(body)
+
+
+@functools.cache
+def _text_bytes():
+    """A psycopg dumper that sends UTF-8 bytes as a text value in binary, as they are: a str is
+    encoded to bytes first (a copy), and then copied again into the array."""
+    from psycopg import postgres
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+
+    class TextBytes(Dumper):
+        format = Format.BINARY
+        oid = postgres.types["text"].oid
+
+        def dump(self, obj):
+            return obj
+
+    return TextBytes
 
 
 def _flush_postgresql(owner, rows, batch_pks, finished_at):
@@ -266,6 +295,9 @@ def _flush_postgresql(owner, rows, batch_pks, finished_at):
     # wrap_database_errors: psycopg's errors become Django's, as from any
     # Django cursor (dbretry retries a lost connection by Django's classes).
     with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
+        # The results' texts are bytes (ResultRow.response_body): text values on this cursor only.
+        cursor.adapters.register_dumper(bytes, _text_bytes())
+        cursor.adapters.register_dumper(bytearray, _text_bytes())
         # A hash join of the arrays with the batches' running rows. Left to
         # itself, the planner trusted the stale statistics of a table this
         # churned ("running and ours": 1 row) and chose a nested loop that
@@ -300,7 +332,8 @@ def _flush_executemany(batch_pk, owner, rows, finished_at):
     )
 
     def params(rows):
-        return [(*row[1:], finished_at, row.id, owner, _RUNNING) for row in rows]
+        # SQLite stores a str as text (bytes would be a blob): one row's text decoded at a time.
+        return [(*row[1:4], row.response_body.decode(), *row[5:], finished_at, row.id, owner, _RUNNING) for row in rows]
 
     with connection.cursor() as cursor:
         try:

@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from batches import endpoints, tallies
-from batches.engine.calls import messages
+from batches.engine.calls import answer_text, messages
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
@@ -118,7 +118,7 @@ class CallResult:
 
     kind: str
     status_code: int | None = None
-    body: object = None
+    body: object = None  # the answer parsed, or a big 2xx one kept as text (answer_text.AnswerText)
     request_id: str = ""
     usage: Usage = field(default_factory=Usage)
     message: str = ""  # why a call that got no answer failed ("unavailable", "time_limit")
@@ -261,6 +261,9 @@ class Upstream:
         quote the upstream name, the deployment's URL or its host (proxies do); those are
         replaced. Only errors are searched: a success costs one key write.
         """
+        if isinstance(body, answer_text.AnswerText):
+            body.rename_model(asked)  # a 2xx answer kept as text (ModelCaller._send)
+            return body
         if not isinstance(body, dict):
             return body
         if ok:
@@ -509,6 +512,12 @@ class ModelCaller:
         elif upstream.secrets:
             # It goes to the result file as the server wrote it: a server may echo the key there too (~3 µs).
             request_id = redact(request_id, upstream.secrets, MAX_REQUEST_ID_CHARS)
+        retry_after = response.headers.get("retry-after", "") if status in OVERLOAD_STATUSES else ""
+        if 200 <= status < 300 and len(raw) > answer_text.BIG_BYTES and answer_text.wanted.get():
+            kept = answer_text.read(raw)
+            if kept is not None:
+                usage = Usage.from_body(kept.head)
+                return CallResult(kind="response", status_code=status, body=kept, request_id=request_id, usage=usage)
         try:
             parsed = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
@@ -521,7 +530,6 @@ class ModelCaller:
         elif not 200 <= status < 300:
             # An error answer is stored as the record's result: a server that quotes the key must not hand it on.
             parsed = redact_json(parsed, upstream.secrets)
-        retry_after = response.headers.get("retry-after", "") if status in OVERLOAD_STATUSES else ""
         return CallResult(
             kind="response",
             status_code=status,

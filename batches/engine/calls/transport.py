@@ -458,6 +458,9 @@ class _Connection(asyncio.Protocol):
             self.holding.force(len(self.body) - self.reserved)
             self.reserved = 0
         self.waiter.set_result(Response(self.parser.get_status_code(), self.headers, self.body))
+        # The answer is the caller's now: an idle connection kept its last one (up to a cap's worth,
+        # each) until its next exchange.
+        self.body = bytearray()
 
     def _fail(self, exc: TransportError) -> None:
         self.reusable = False

@@ -1,0 +1,64 @@
+"""Big answers kept as JSON text (batches.engine.calls.answer_text): what `read` takes, what it
+leaves to the parser, and the rename of `model` in place."""
+
+import orjson
+import pytest
+
+from batches.engine.calls import answer_text
+
+EMBEDDINGS = orjson.dumps(
+    {
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": [0.25, -1.5e-3, 3]} for i in range(3)],
+        "model": "up-model",
+        "usage": {"prompt_tokens": 3, "total_tokens": 3},
+    }
+)
+
+
+def test_it_reads_the_small_top_level_fields_and_keeps_the_text():
+    kept = answer_text.read(EMBEDDINGS)
+    assert kept is not None and bytes(kept.text) == EMBEDDINGS
+    assert kept.head["usage"] == {"prompt_tokens": 3, "total_tokens": 3}
+    assert kept.head["model"] == "up-model" and kept.head["object"] == "list"
+
+
+def test_big_fields_are_left_as_text(monkeypatch):
+    monkeypatch.setattr(answer_text, "SMALL_FIELD", 40)
+    kept = answer_text.read(EMBEDDINGS)
+    assert kept is not None and "data" not in kept.head and kept.head["model"] == "up-model"
+
+
+def test_the_rename_sets_model_in_place_and_keeps_the_rest():
+    kept = answer_text.read(b'{ "model" : "up", "a": "x\\"y", "b": [1, {"c": "]"}], "usage": {"prompt_tokens": 1} }')
+    kept.rename_model("catalog/name")
+    assert orjson.loads(kept.text) == {
+        "model": "catalog/name",
+        "a": 'x"y',
+        "b": [1, {"c": "]"}],
+        "usage": {"prompt_tokens": 1},
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"a":1,}',  # a comma without a field
+        b'{"a":[1}',  # brackets that do not balance
+        b'{"a":1 "b":2}',  # no comma between fields
+        b'{"a":tru?}',  # a character JSON has no place for
+        b'{"a":"no end}',  # a string that does not end
+        b"[1, 2]",  # not an object
+        b'{"a":\n1}',  # a line break: not one line of a result file
+        '{"a":"é"}'.encode(),  # not ASCII: the parser checks its UTF-8
+    ],
+)
+def test_what_is_not_the_simple_shape_is_left_to_the_parser(text):
+    assert answer_text.read(text) is None
+
+
+def test_an_answer_whose_choices_are_big_is_parsed(monkeypatch):
+    # The usage rules read the choices (implausible usage): they must be parsed.
+    monkeypatch.setattr(answer_text, "SMALL_FIELD", 10)
+    text = orjson.dumps({"choices": [{"message": {"content": "x" * 50}}], "usage": {"prompt_tokens": 1}})
+    assert answer_text.read(text) is None
