@@ -170,6 +170,15 @@ def assert_exactly_once(batch, total):
 # --- waiting -------------------------------------------------------------------------------
 
 
+def sessions_where(condition):
+    """PostgreSQL: the sessions of the test database that meet `condition` (SQL on pg_stat_activity),
+    counted afresh (the statistics view stays as first read in a transaction unless cleared)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(f"SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND {condition}")
+        return cursor.fetchone()[0]
+
+
 def wait_for(predicate, timeout, what, every=0.05):
     """Poll `predicate` until it is true; fail after `timeout` seconds, saying `what` was awaited (a
     callable `what` is called then, to say how things stood). Returns the seconds it took.

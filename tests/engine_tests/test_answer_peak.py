@@ -19,7 +19,7 @@ from django.db import connection, transaction
 
 from batches.engine.runner import Engine, run_batch
 from batches.models import Record
-from tests.helpers import MODEL, deploy, make_batch, read_lines, status_of, wait_for
+from tests.helpers import MODEL, deploy, make_batch, read_lines, sessions_where, status_of, wait_for
 
 pytestmark = pytest.mark.usefixtures("tmp_storage")
 
@@ -133,13 +133,7 @@ def test_one_big_answer_costs_an_engine_a_small_multiple_of_its_bytes(transactio
 
 
 def _sessions():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else the view stays as first read in a transaction
-        # Client sessions only: an autovacuum worker shows the database's name too.
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'"
-        )
-        return cursor.fetchone()[0]
+    return sessions_where("backend_type = 'client backend'")  # an autovacuum worker shows the database too
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's sessions (pg_stat_activity)")

@@ -24,7 +24,7 @@ from batches.services import cancel_batch
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 from tests.engine_tests.test_answer_memory import _kb, _workers  # a worker's RSS and peak, read the same way
-from tests.helpers import MODEL, chat, make_batch, read_lines, status_of, wait_for
+from tests.helpers import MODEL, chat, make_batch, read_lines, sessions_where, status_of, wait_for
 
 pytestmark = pytest.mark.usefixtures("tmp_storage")  # stored files in tmp_path (tests/fixtures/storage.py)
 
@@ -115,12 +115,7 @@ def test_a_record_whose_result_the_database_refuses_fails_alone(alice, model, ca
 
 
 def _waiting_for_locks():
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")  # else the view stays as first read in a transaction
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return cursor.fetchone()[0]
+    return sessions_where("wait_event_type = 'Lock'")
 
 
 def _in_thread(errors, fn, *args):
