@@ -282,7 +282,7 @@ class Lanes:
             bound = logs.working_on(run.public_id, run.pk, record.line)
             holding = budget.Holding(self.answers)
             budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it
-            tab = self.guard.begin(run.spend)  # and their cost into its tab
+            tab = self.guard.begin(run.spend, record.twins)  # and their cost into its tab
             try:
                 outcome = await self._execute(run, record, raw)
             except Held:
