@@ -85,16 +85,21 @@ def parse_rate(rate):
     return number, seconds
 
 
-def envrate(name, default):
-    """A rate such as '2000/hour', checked at start-up."""
+def _checked(name, default, parse):
+    """The variable as written (stripped), once `parse` accepts it at start-up; `default` when unset."""
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        parse_rate(raw)
+        parse(raw)
     except ValueError as exc:
         raise ImproperlyConfiguredEnv(f"{name}: {exc}") from None
     return raw.strip()
+
+
+def envrate(name, default):
+    """A rate such as '2000/hour', checked at start-up."""
+    return _checked(name, default, parse_rate)
 
 
 _WINDOW_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -128,11 +133,4 @@ def parse_windows(spec):
 
 def envwindows(name, default):
     """Completion windows with their rates (parse_windows), checked at start-up; kept as written."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        parse_windows(raw)
-    except ValueError as exc:
-        raise ImproperlyConfiguredEnv(f"{name}: {exc}") from None
-    return raw.strip()
+    return _checked(name, default, parse_windows)
