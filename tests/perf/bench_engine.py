@@ -54,7 +54,8 @@ The measurements of issue 12 and the engine's (targets in TARGETS):
 15. big answers (issue 42, only with --only big_answers): 16 embeddings answers of 2,048 x 3,072 floats
     (~134 MB of JSON each) on the 2-worker cluster with the default answer
     budget and flush size, organization B's 20 records beside them: all
-    finish, the largest cluster process's peak RSS, B's create -> completed.
+    finish, the largest cluster process's peak RSS, B's create -> completed,
+    and again for a batch of B's created while one of A's answers is flushed.
 19. first batch (issue 55): a fresh default 2-worker cluster's first batch of the
     plain records against its next ones: the cluster's CPU a record (from the OS).
 21. windows (issue 52, `--only windows`): orgs A and B queue 3,000 records each on 24 h, then org C
