@@ -1,5 +1,7 @@
 """The adaptive limit's rules, one reaction at a time (batches.engine.calls.flow), and the server figures it reads."""
 
+import pytest
+
 from batches.engine.calls.flow import BACKOFF, FlowControl, read_metrics
 
 
@@ -184,6 +186,34 @@ def test_off_the_limit_is_the_ceiling_whatever_the_answers():
     assert flow.limit == 64
     flow.set_ceiling(32)
     assert flow.limit == 32
+
+
+def queueing_server_limits(start, slots=4, call_s=0.3, minutes=10):
+    """The limit, window after window, against a server that queues without end past its `slots` (llama.cpp
+    defers what its slots can't take): a window of L calls in flight takes max(call_s, L x call_s / slots)
+    (Little's law: the slots finish slots / call_s calls a second)."""
+    flow, now, limits = FlowControl(256, start=start), 0.0, []
+    while now < minutes * 60:
+        calls = flow.limit
+        seconds = max(call_s, calls * call_s / slots)
+        for _ in range(max(1, calls)):
+            flow.observe(seconds, calls, now)
+        now += seconds
+        limits.append(calls)
+    return limits
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 55 (row 22): the latency baseline is the lowest window mean of the last minute, and no "
+    "window runs unqueued once the limit is past the slots: a start over the slots learns a queued baseline, "
+    "and every minute it expires the baseline moves up to the queue's mean; the limit climbs to the ceiling",
+)
+@pytest.mark.parametrize("start", [2, 16])
+def test_the_line_holds_against_a_server_that_queues_without_end(start):
+    limits = queueing_server_limits(start)
+    # 4 slots and a line of a quarter of the calls in flight: 5-6 in flight, 7 with the growth of a window.
+    assert max(limits[-50:]) <= 7, limits[-50:]
 
 
 def test_the_floor_holds():
