@@ -40,7 +40,7 @@ ROUNDS = 2
 RUN_SECONDS = 30  # each gateway run's length at the bare maximum
 BARE_SECONDS = 15
 SAMPLE_EVERY_S = 0.25
-MODEL, UPSTREAM = "bench/llamacpp", "tiny-upstream"
+UPSTREAM = "tiny-upstream"
 
 
 def built(cache=None):
@@ -189,16 +189,17 @@ class LlamaRuns:
             time.sleep(0.1)
         return base
 
-    def gateway(self, base, records, run, timeout_s):
-        """One batch of `records` on a fresh default cluster against the server at `base`: (rate, failed,
-        line figures)."""
+    def gateway(self, path, base, records, run, timeout_s):
+        """One batch of `records` on a fresh default cluster against the server at `base`, the one deployment
+        of the path's model (set_model adds a deployment for each URL): (rate, failed, line figures)."""
         from tests.perf.bench_flow import FlowRuns
 
         bench, stack = self.bench, self.stack
         bench.release_shared()
+        model = f"bench/llamacpp-{path}"
         stack.manage(
             "set_model",
-            MODEL,
+            model,
             "--base-url",
             f"{base}/v1",
             "--upstream-model",
@@ -210,9 +211,8 @@ class LlamaRuns:
             "--output-price",
             "0.80",
         )
-        path = bench.tmp / f"llamacpp-{run}.jsonl"
-        _write(path, bodies(records, run), MODEL)
-        file_id, _ = bench.api.upload(path)
+        _write(bench.tmp / f"llamacpp-{run}.jsonl", bodies(records, run), model)
+        file_id, _ = bench.api.upload(bench.tmp / f"llamacpp-{run}.jsonl")
         cluster = stack.start_cluster(REFUSAL_WORKERS)
         try:
             with LineSampler(f"{base}/metrics") as line:
@@ -250,7 +250,7 @@ class LlamaRuns:
                     bare, bare_failed = bare_rate(api, bodies(max(50, int(sizing * BARE_SECONDS)), f"bare-{turn}"))
                 records = max(100, int(bare * (4 if bench.scale.quick else RUN_SECONDS)))
                 load = os.getloadavg()[0]
-                rate, failed, line = self.gateway(base, records, f"{path}-{turn}", 120 + 4 * records / bare)
+                rate, failed, line = self.gateway(path, base, records, f"{path}-{turn}", 120 + 4 * records / bare)
                 runs.append(
                     {
                         "path": path,
