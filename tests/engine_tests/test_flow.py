@@ -2,7 +2,7 @@
 
 import pytest
 
-from batches.engine.calls.flow import BACKOFF, FlowControl, read_metrics
+from batches.engine.calls.flow import BACKOFF, BASELINE_CALLS, BASELINE_MAX_S, FlowControl, read_metrics
 
 
 def answer_window(flow, seconds, now, filled=True):
@@ -201,6 +201,29 @@ def queueing_server_limits(start, slots=4, call_s=0.3, minutes=10):
         now += seconds
         limits.append(calls)
     return limits
+
+
+def test_long_calls_probe_less_often_and_still_hold_the_line():
+    """A drain probe costs about a call time at half the limit: with 10 s calls, one a minute was ~8% of the
+    calls. The baseline of long calls lives BASELINE_CALLS call times (up to BASELINE_MAX_S), so an hour holds
+    ~12 probes, not 60; and a start above the slots, whose first baseline is queued, still comes down to the line."""
+    probes = []
+
+    class Counted(FlowControl):
+        def _start_probe(self, now):
+            probes.append(now)
+            super()._start_probe(now)
+
+    flow, now, limits = Counted(256, start=16), 0.0, []
+    while now < 3600:
+        calls = flow.limit
+        seconds = max(10.0, calls * 10.0 / 4)
+        for _ in range(max(1, calls)):
+            flow.observe(seconds, calls, now)
+        now += seconds
+        limits.append(calls)
+    assert max(limits[-20:]) <= 7, limits[-20:]
+    assert 2 <= len(probes) <= 3600 / min(BASELINE_CALLS * 10, BASELINE_MAX_S) + 1, probes
 
 
 @pytest.mark.parametrize("start", [2, 16])

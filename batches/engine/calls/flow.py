@@ -64,6 +64,12 @@ logger = logging.getLogger("openrelay.engine")
 BACKOFF = 0.7  # an overload signal multiplies the limit by this
 SLOW_START_EXIT = 1.25  # slow start ends once calls take this much over their baseline
 BASELINE_S = 60.0  # the latency baseline is the lowest window mean this recent
+# ... or this many call times, if longer, up to BASELINE_MAX_S: a drain probe (`_start_probe`) renews an
+# old baseline at the cost of about a call time at half the limit, so a baseline of long calls lives
+# longer (calls of 10 s: a probe every 300 s, ~2.5% of the calls; every 60 s it was ~8%). The cap: a
+# baseline learned queued (a start above the slots) is only renewed by a probe, and each halves the queue.
+BASELINE_CALLS = 40
+BASELINE_MAX_S = 300.0
 PROBE_SHARE = 0.5  # a drain probe holds the limit at this share of itself for one window
 # Below this, a rise in call time is noise, not a queue: a fast server's calls take
 # 1-10 ms, and their mean doubles with scheduling jitter alone.
@@ -307,9 +313,16 @@ class FlowControl:
         while means and means[-1][1] >= mean:
             means.pop()
         means.append((now, mean))
-        while now - means[0][0] > BASELINE_S:
+        life = self._baseline_life(mean)
+        while now - means[0][0] > life:
             means.popleft()
         return means[0][1]
+
+    @staticmethod
+    def _baseline_life(mean):
+        """How long a window's mean may stay the baseline: BASELINE_S, or BASELINE_CALLS calls' time up
+        to BASELINE_MAX_S."""
+        return max(BASELINE_S, min(BASELINE_CALLS * mean, BASELINE_MAX_S))
 
     def _baseline_expires(self, mean, now):
         """The baseline's window ages out about when a probe could replace it (two windows of
@@ -317,7 +330,7 @@ class FlowControl:
         came within MIN_QUEUE_DELAY_S of it (`means` rises from the baseline: the next is the
         lowest since)."""
         (when, baseline), means = self.means[0], self.means
-        if now - when + 2 * mean < BASELINE_S:
+        if now - when + 2 * mean < self._baseline_life(mean):
             return False
         return len(means) < 2 or means[1][1] - baseline > MIN_QUEUE_DELAY_S
 
@@ -331,7 +344,8 @@ class FlowControl:
         of 4 slots: 52 calls in flight after 10 minutes from a start of 2, 110 from 16, where the
         line means 5-6). Half: held at the line, a quarter of the calls wait and the rest run, so
         half of them all runs unqueued; from a queued baseline each probe halves what queues. The
-        cost: one window a minute with half the slots busy (calls of 0.3 s: 0.25%; of 10 s: ~5%),
+        cost: one window a minute with half the slots busy (calls of 0.3 s: 0.25%; longer calls probe
+        less often: BASELINE_CALLS),
         and none while a window near the baseline keeps it fresh."""
         self.probe = (now, self.value)
         self.value = max(self.floor, self.value * PROBE_SHARE)
