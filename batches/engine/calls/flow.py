@@ -21,9 +21,14 @@ limit between a floor and that part, from what the server's answers say:
   at most OPENRELAY_QUEUE_LINE of the calls in flight (at least one) wait:
   it shrinks by what waits past that, and grows only while less waits. A mean
   above OPENRELAY_LATENCY_TOLERANCE x the baseline cuts harder, to where
-  calls would not queue. The limit grows by doubling while it has never
-  been cut (slow start), then by one a window; it only grows while calls
-  actually fill it.
+  calls would not queue (or to the line, if lower). The limit grows by
+  doubling while it has never been cut (slow start), then by one a window;
+  it only grows while calls actually fill it. A drain probe keeps the
+  baseline unqueued: when it is about to age out and no window since came
+  near it, the limit is held at half for one window (BBR's ProbeRTT), whose
+  mean is a fresh baseline, then restored; without it, against a server that
+  queues without end past its slots, the baseline rose to a queued mean each
+  minute and the limit with it (4 slots: 52 in flight after 10 minutes).
 - **The server's own figures**, when GET /metrics answers (vLLM:
   `vllm:num_requests_waiting`, `vllm:num_requests_running`, KV-cache usage;
   llama.cpp: `llamacpp:requests_deferred`, `llamacpp:requests_processing`):
@@ -59,6 +64,13 @@ logger = logging.getLogger("openrelay.engine")
 BACKOFF = 0.7  # an overload signal multiplies the limit by this
 SLOW_START_EXIT = 1.25  # slow start ends once calls take this much over their baseline
 BASELINE_S = 60.0  # the latency baseline is the lowest window mean this recent
+# ... or this many call times, if longer, up to BASELINE_MAX_S: a drain probe (`_start_probe`) renews an
+# old baseline at the cost of about a call time at half the limit, so a baseline of long calls lives
+# longer (calls of 10 s: a probe every 300 s, ~2.5% of the calls; every 60 s it was ~8%). The cap: a
+# baseline learned queued (a start above the slots) is only renewed by a probe, and each halves the queue.
+BASELINE_CALLS = 40
+BASELINE_MAX_S = 300.0
+PROBE_SHARE = 0.5  # a drain probe holds the limit at this share of itself for one window
 # Below this, a rise in call time is noise, not a queue: a fast server's calls take
 # 1-10 ms, and their mean doubles with scheduling jitter alone.
 MIN_QUEUE_DELAY_S = 0.05
@@ -115,6 +127,7 @@ class FlowControl:
         self.slow_start = True
         self.cut_at = -math.inf  # when the limit was last cut (time.monotonic): older calls don't cut again
         self.means = deque()  # (when, window mean): the baseline's candidates, oldest (and lowest) first
+        self.probe = None  # (when a drain probe began, the limit it restores) while one runs
         self.server = None  # (when, waiting, running, kv usage) from /metrics
         self.steered_at = -math.inf  # the reading the limit last moved by: each moves it once
         self._clamp()
@@ -158,6 +171,8 @@ class FlowControl:
         """An answer that took `seconds`, with `in_flight` calls (this one included) at the deployment."""
         if not self.adaptive:
             return
+        if self.probe is not None and now - seconds < self.probe[0]:
+            return  # sent before the drain probe: it queued behind the limit the probe lowered
         self.window_calls += 1
         self.window_seconds += seconds
         self.window_in_flight += in_flight
@@ -272,12 +287,16 @@ class FlowControl:
         self.release(now)
         filled = self.window_peak >= self._limit  # the limit, not the work, held calls back
         baseline = self._baseline(mean, now)
-        if self.server is not None and now - self.server[0] <= METRICS_FRESH_S:
+        if self.probe is not None:
+            self._end_probe()
+        elif self.server is not None and now - self.server[0] <= METRICS_FRESH_S:
             if self.slow_start and mean - baseline > MIN_QUEUE_DELAY_S and mean > SLOW_START_EXIT * baseline:
                 self.slow_start = False  # calls begin to wait before the next reading says so
             if self.server[0] > self.steered_at:  # a window is shorter than a reading's interval
                 self.steered_at = self.server[0]
                 self._steer_by_server(filled)
+        elif not self.slow_start and self._baseline_expires(mean, now):
+            self._start_probe(now)
         else:
             self._steer_by_latency(mean, baseline, in_flight, filled)
         self._clamp()
@@ -294,9 +313,50 @@ class FlowControl:
         while means and means[-1][1] >= mean:
             means.pop()
         means.append((now, mean))
-        while now - means[0][0] > BASELINE_S:
+        life = self._baseline_life(mean)
+        while now - means[0][0] > life:
             means.popleft()
         return means[0][1]
+
+    @staticmethod
+    def _baseline_life(mean):
+        """How long a window's mean may stay the baseline: BASELINE_S, or BASELINE_CALLS calls' time up
+        to BASELINE_MAX_S."""
+        return max(BASELINE_S, min(BASELINE_CALLS * mean, BASELINE_MAX_S))
+
+    def _baseline_expires(self, mean, now):
+        """The baseline's window ages out about when a probe could replace it (two windows of
+        `mean` from now: one drains the calls sent before it, one measures), and no window since
+        came within MIN_QUEUE_DELAY_S of it (`means` rises from the baseline: the next is the
+        lowest since)."""
+        (when, baseline), means = self.means[0], self.means
+        if now - when + 2 * mean < self._baseline_life(mean):
+            return False
+        return len(means) < 2 or means[1][1] - baseline > MIN_QUEUE_DELAY_S
+
+    def _start_probe(self, now):
+        """Hold the limit at PROBE_SHARE of itself for one window, so that window runs unqueued and
+        its mean is a fresh baseline (BBR's ProbeRTT, at half the window as BBRv2's).
+
+        Against a server that queues without end past its slots (llama.cpp, Ollama, vLLM without
+        a queue limit), no window runs unqueued once the limit is past the slots: each minute the
+        lowest mean aged out, the baseline rose to a queued mean and the limit grew again (a model
+        of 4 slots: 52 calls in flight after 10 minutes from a start of 2, 110 from 16, where the
+        line means 5-6). Half: held at the line, a quarter of the calls wait and the rest run, so
+        half of them all runs unqueued; from a queued baseline each probe halves what queues. The
+        cost: one window a minute with half the slots busy (calls of 0.3 s: 0.25%; longer calls probe
+        less often: BASELINE_CALLS),
+        and none while a window near the baseline keeps it fresh."""
+        self.probe = (now, self.value)
+        self.value = max(self.floor, self.value * PROBE_SHARE)
+
+    def _end_probe(self):
+        """The probe's window is in (`_baseline` took its mean): back to the limit before it, unless
+        an overload cut the limit meanwhile (then it grows back from there)."""
+        began, value = self.probe
+        self.probe = None
+        if self.cut_at < began:
+            self.value = value
 
     def _steer_by_latency(self, mean, baseline, in_flight, filled):
         queueing = mean - baseline > MIN_QUEUE_DELAY_S
@@ -305,9 +365,13 @@ class FlowControl:
             self.slow_start = False
         waiting, line = self.waiting(mean, baseline, in_flight)
         if mean > self.tolerance * baseline and queueing:
-            # Calls queue in the server: shrink towards where they would take `tolerance` x the baseline.
+            # Calls queue in the server: shrink towards where they would take `tolerance` x the baseline,
+            # or to the line if that is lower (just past the tolerance, its cut is nil: a probe's fresh
+            # baseline at half the limit read 2.0x and left a limit of 14 against 4 slots).
             self.slow_start = False
-            self.value = max(self.value * BACKOFF, self.value * self.tolerance * baseline / mean)
+            self.value = max(
+                self.value * BACKOFF, min(self.value * self.tolerance * baseline / mean, self.value - (waiting - line))
+            )
         elif waiting > line:
             # Past the line: take back what waits beyond it (at most a backoff's worth a window).
             self.slow_start = False

@@ -58,7 +58,8 @@ class Command(BaseCommand):
             "concurrency), prefix (14: prefix-aware dispatch), "
             "reuse (19: identical records run once); opt-in: big_answers (15), contracts (16, 17: output "
             "contracts), refusals (18: flow control's 503s at the defaults, before beside after), takeover (20: "
-            "kill -9 of one of two clusters, the worst re-send of its calls in flight)",
+            "kill -9 of one of two clusters, the worst re-send of its calls in flight), llamacpp (22: flow control "
+            "against a real llama.cpp server; skipped until tests/real/llamacpp_build.py has built one)",
         )
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/performance.md)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
