@@ -203,9 +203,11 @@ class Scale:
     big_answers: int = 16
     big_answer_inputs: int = 2_048
     quick: bool = False
+    # Row 18's runs to make (bench_flow.refusal_runs): terms such as q0 2c latency after; empty: all 24.
+    refusals: tuple = ()
 
     @classmethod
-    def make(cls, quick=False, records=None):
+    def make(cls, quick=False, records=None, refusals=()):
         if quick:
             scale = cls(
                 big=500,
@@ -225,6 +227,7 @@ class Scale:
             )
         else:
             scale = cls()
+        scale.refusals = tuple(refusals or ())
         if records:
             factor = records / scale.big
             scale.big = records
@@ -1568,12 +1571,21 @@ def machine():
     )
 
 
-def run(quick=False, records=None, database_url=None, redis_url=None, report=print, web_server="uvicorn", only=None):
+def run(
+    quick=False,
+    records=None,
+    database_url=None,
+    redis_url=None,
+    report=print,
+    web_server="uvicorn",
+    only=None,
+    refusals=(),
+):
     """Run every measurement in throwaway state; return (rows, facts)."""
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request under Django's logging
-    scale = Scale.make(quick=quick, records=records)
+    scale = Scale.make(quick=quick, records=records, refusals=refusals)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="openrelay-bench-") as tmp:
         stack = Stack(Path(tmp), database_url, redis_url, report, web_server)

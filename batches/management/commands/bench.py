@@ -60,10 +60,18 @@ class Command(BaseCommand):
             "contracts), refusals (18: flow control's 503s at the defaults, before beside after), takeover (20: "
             "kill -9 of one of two clusters, the worst re-send of its calls in flight)",
         )
+        parser.add_argument(
+            "--refusals",
+            nargs="+",
+            default=(),
+            metavar="TERM",
+            help="with --only refusals: only row 18's runs these terms name, e.g. q0 2c (the server without a "
+            "queue, two clusters); a server q0, q16 or q64, a path latency or vllm, 1c or 2c, before or after",
+        )
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/performance.md)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
-    def handle(self, quick, records, database_url, redis_url, web_server, only, markdown, json, **options):
+    def handle(self, quick, records, database_url, redis_url, web_server, only, refusals, markdown, json, **options):
         try:
             from tests.perf import bench_engine
         except ImportError as exc:
@@ -90,6 +98,7 @@ class Command(BaseCommand):
             report=report,
             web_server=web_server,
             only=only,
+            refusals=refusals,
         )
         if markdown:
             self.stdout.write(bench_engine.markdown(rows, facts))
