@@ -112,6 +112,19 @@ def test_every_503_of_a_burst_counts_the_lowest_is_the_ceiling():
     assert flow.learned == 11
 
 
+def test_the_refusals_of_one_burst_are_not_counted_as_held():
+    """Issue 55: slow start's last doubling sent four calls at once with 8 in flight, and the server
+    refused all four: it held 4, not the 7 each refusal alone says (4 engines summed 28 on 16 slots
+    and sawed into 503s until their ceilings came down: 36 refusals where one engine drew 15)."""
+    flow = FlowControl(256, start=8, hold_s=30)
+    for sent_at in (1.0, 1.001, 1.002, 1.003):
+        flow.overloaded(sent_at=sent_at, now=1.04, status=503, sent_with=8)
+    assert flow.learned == 4 and flow.limit == 4
+    # A refusal once the burst is over counts only itself.
+    flow.overloaded(sent_at=2.0, now=2.01, status=503, sent_with=4)
+    assert flow.learned == 3
+
+
 def test_without_a_hold_a_503_only_backs_off():
     flow = FlowControl(64, start=20, hold_s=0)
     flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=20)

@@ -67,6 +67,8 @@ MIN_QUEUE_DELAY_S = 0.05
 SLOW_START_NOISE_S = 0.02
 SLOW_START_SAMPLES = 8  # answers of a window that may end slow start before the window does
 REFUSED = 503  # a full queue: the status whose calls in flight teach a ceiling
+BURST_S = 2.0  # refusals this recent may have been in flight when another was sent (a burst)
+BURST_MAX = 64  # and at most this many of them are weighed against each other
 METRICS_EVERY_S = 0.5
 METRICS_TIMEOUT_S = 2.0
 METRICS_RETRY_S = 60.0  # a server with no usable /metrics is asked again this much later
@@ -110,6 +112,7 @@ class FlowControl:
         self.hold_s = hold_s  # how long a 503's ceiling holds (0: none is learned)
         self.learned = None  # the calls in flight past which the server refused, while held
         self.held_until = -math.inf
+        self.refusals = deque()  # (sent at, calls in flight then, answered at) of the hold's recent 503s
         self.value = float(self.ceiling if start is None or not adaptive else start)
         self.start = self.value  # where it started (the engine's part of the deployment's start)
         self.slow_start = True
@@ -196,7 +199,7 @@ class FlowControl:
             held = self.learned is not None and now < self.held_until
             cut = cut and held and sent_with <= self.learned
             self.slow_start = False
-            self._learn(sent_with - 1, now)
+            self._learn(sent_at, sent_with, now)
         if cut:
             self.slow_start = False
             self.value *= BACKOFF
@@ -205,14 +208,26 @@ class FlowControl:
         if cut or status == REFUSED:
             self._reset_window()
 
-    def _learn(self, calls, now):
-        """A refused call: `calls` in flight were all the server would take beside the other engines'.
-        Every refusal of a burst says so (the burst that slow start's last doubling sends), not
-        only the first, so the lowest of a hold is kept."""
+    def _learn(self, sent_at, sent_with, now):
+        """A refused call: the calls in flight when it was sent, less itself, were all the server would
+        take beside the other engines'. Every refusal of a burst says so (the burst that slow start's
+        last doubling sends), not only the first, so the lowest of a hold is kept; and the calls of
+        a burst were in flight when the later ones were sent, though the server held none of them:
+        each counts only the calls in flight at its sending that were not refused (four of eight
+        refused at once left a ceiling of 7 each, 28 where 4 engines had 16 slots: issue 55)."""
+        refusals = self.refusals
         if self.learned is None or now >= self.held_until:
-            self.learned = max(self.floor, calls)
-        else:
-            self.learned = max(self.floor, min(self.learned, calls))
+            self.learned = None
+            refusals.clear()
+        while refusals and (now - refusals[0][2] > BURST_S or len(refusals) >= BURST_MAX):
+            refusals.popleft()
+        refusals.append((sent_at, sent_with, now))
+        calls = min(
+            with_ - 1 - sum(1 for other in refusals if other is not refusal and other[0] <= sent < other[2])
+            for refusal in refusals
+            for sent, with_, _ in [refusal]
+        )
+        self.learned = max(self.floor, calls if self.learned is None else min(self.learned, calls))
         self.held_until = now + self.hold_s
         self._clamp()
 

@@ -79,6 +79,12 @@ class Command(BaseCommand):
         unknown = set(only or ()) - set(bench_engine.PARTS)
         if unknown:
             raise CommandError(f"--only takes {', '.join(bench_engine.PARTS)}; not {', '.join(sorted(unknown))}.")
+        try:
+            from tests.perf.bench_flow import refusal_runs
+
+            refusal_runs(refusals)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         if records is not None and records < 10:
             raise CommandError("--records must be at least 10.")
         if redis_url and not database_url:
