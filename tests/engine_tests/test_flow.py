@@ -231,3 +231,18 @@ def test_server_figures_are_read_from_vllm_and_llamacpp_pages():
     assert read_metrics(LLAMACPP) == (2.0, 4.0, None)
     assert read_metrics("# nothing here\nprocess_cpu_seconds_total 3\n") is None
     assert read_metrics("not { prometheus") is None
+
+
+def test_another_engines_refusal_ends_slow_start_at_the_calls_in_flight():
+    flow = FlowControl(256, start=8)
+    flow.peer_refused(in_flight=6)
+    assert not flow.slow_start and flow.limit == 6 and flow.learned is None
+    answer_window(flow, 0.2, now=1)
+    assert flow.limit == 7  # then a call a window, as after any end of slow start
+
+
+def test_another_engines_refusal_leaves_a_held_ceiling_alone():
+    flow = FlowControl(256, start=8, hold_s=30)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=9)
+    flow.peer_refused(in_flight=3)
+    assert flow.limit == 8  # its own refusal told it where it stands

@@ -1571,6 +1571,13 @@ def machine():
     )
 
 
+def refusal_runs(terms):
+    """Row 18's runs that `--refusals` names (bench_flow.refusal_runs): ValueError names a term it does not know."""
+    from tests.perf.bench_flow import refusal_runs
+
+    return refusal_runs(terms)
+
+
 def run(
     quick=False,
     records=None,

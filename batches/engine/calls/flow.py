@@ -231,6 +231,16 @@ class FlowControl:
         self.held_until = now + self.hold_s
         self._clamp()
 
+    def peer_refused(self, in_flight):
+        """Another engine was just refused a call here: the server is full. In slow start, stop
+        doubling and keep no more than the `in_flight` calls out now: an engine still doubling
+        took the room the refused engines gave back, and was refused in turn (issue 55)."""
+        if self.adaptive and self.slow_start and self.learned is None:
+            self.slow_start = False
+            self.value = max(float(self.floor), min(self.value, float(in_flight)))
+            self._clamp()
+            self._reset_window()
+
     def release(self, now):
         """A hold that saw no refusal ends: the limit grows past its ceiling again, a call a window
         (re-probing the server once a hold, not each time it grows back)."""

@@ -80,9 +80,7 @@ class Command(BaseCommand):
         if unknown:
             raise CommandError(f"--only takes {', '.join(bench_engine.PARTS)}; not {', '.join(sorted(unknown))}.")
         try:
-            from tests.perf.bench_flow import refusal_runs
-
-            refusal_runs(refusals)
+            bench_engine.refusal_runs(refusals)
         except ValueError as exc:
             raise CommandError(str(exc)) from exc
         if records is not None and records < 10:
