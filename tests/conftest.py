@@ -29,6 +29,7 @@ pytest_plugins = [
     "tests.fixtures.webhook_receiver",  # receiver, verifier
     "tests.fixtures.hanging_server",  # hanging
     "tests.fixtures.mcp_servers",  # official_server, stateless_server, auth_server
+    "tests.fixtures.message_batches",  # claude, translated, native
 ]
 
 

@@ -12,24 +12,13 @@ from batches import services
 from batches.models import Batch, BatchStatus, RecordStatus
 from openrelay.lib.env import parse_windows
 from tests.batches_api_tests.helpers import CHAT, chat_line, create, jsonl
-from tests.helpers import deploy
-from tests.message_batches_tests.conftest import TRANSLATED, request
+from tests.message_batches_tests.conftest import request
 
 OFFERED = "1h:0.8,4h:0.65,24h:0.5,72h:0.4,90s:0.9"
 SECONDS = {"90s": 90, "1h": 3600, "4h": 4 * 3600, "24h": 86400, "72h": 3 * 86400}
 RATES = {"90s": "0.9", "1h": "0.8", "4h": "0.65", "24h": "0.5", "72h": "0.4"}
 
 pytestmark = pytest.mark.usefixtures("tmp_storage")
-
-
-@pytest.fixture
-def claude(live_server, alice):
-    return anthropic.Anthropic(base_url=live_server.url, api_key=alice.key, max_retries=0)
-
-
-@pytest.fixture
-def translated(transactional_db, sim):
-    return deploy(TRANSLATED, sim.base_url)
 
 
 @pytest.fixture
