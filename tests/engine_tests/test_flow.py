@@ -233,16 +233,26 @@ def test_server_figures_are_read_from_vllm_and_llamacpp_pages():
     assert read_metrics("not { prometheus") is None
 
 
-def test_another_engines_refusal_ends_slow_start_at_the_calls_in_flight():
-    flow = FlowControl(256, start=8)
-    flow.peer_refused(in_flight=6)
-    assert not flow.slow_start and flow.limit == 6 and flow.learned is None
-    answer_window(flow, 0.2, now=1)
-    assert flow.limit == 7  # then a call a window, as after any end of slow start
+def test_another_engines_refusal_holds_the_calls_in_flight_as_a_ceiling():
+    flow = FlowControl(256, start=8, hold_s=30)
+    flow.peer_refused(in_flight=6, now=1.0)
+    assert not flow.slow_start and flow.limit == 6 and flow.learned == 6
+    assert 31.0 <= flow.held_until <= 46.0  # longer than the refused engine's own hold: one probes at a time
+    answer_window(flow, 0.2, now=2)
+    assert flow.limit == 6  # held, as if refused itself
+    answer_window(flow, 0.2, now=flow.held_until + 1)
+    assert flow.limit == 7  # then a call a window
 
 
-def test_another_engines_refusal_leaves_a_held_ceiling_alone():
+def test_another_engines_refusal_holds_a_held_ceiling_longer():
     flow = FlowControl(256, start=8, hold_s=30)
     flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=9)
-    flow.peer_refused(in_flight=3)
-    assert flow.limit == 8  # its own refusal told it where it stands
+    flow.peer_refused(in_flight=3, now=20.0)
+    assert flow.limit == 8 and flow.learned == 8  # its own refusal told it where it stands
+    assert flow.held_until >= 50.0
+
+
+def test_without_a_hold_another_engines_refusal_only_stops_growth():
+    flow = FlowControl(256, start=8, hold_s=0)
+    flow.peer_refused(in_flight=6, now=1.0)
+    assert not flow.slow_start and flow.limit == 6 and flow.learned is None

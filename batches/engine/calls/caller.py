@@ -231,7 +231,7 @@ class Upstream:
 
     def peer_refused(self):
         """Another engine was just refused a call here (flow.FlowControl.peer_refused)."""
-        self.flow.peer_refused(self.in_use)
+        self.flow.peer_refused(self.in_use, time.monotonic())
         self.share = self.flow.limit
 
     @property

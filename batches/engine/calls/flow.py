@@ -12,7 +12,10 @@ limit between a floor and that part, from what the server's answers say:
   the calls this engine had in flight when it sent the refused one, less
   one. The limit stays at or under it for OPENRELAY_CEILING_HOLD_S (each
   503 starts the hold again, and the lowest such ceiling of a hold counts);
-  after a hold without one it grows past it again, a call a window.
+  after a hold without one it grows past it again, a call a window. The
+  calls of one burst the server refused count as not held (`_learn`); and
+  the other engines hear of the refusal at once (peers.Peers.refused,
+  through their watch) and stop slow start where they stand (`peer_refused`).
 - **Latency** (Vegas): each window (as many answers as the limit, about
   one round trip of every slot) gives a mean call time. The baseline is the
   lowest window mean of the last BASELINE_S. The calls waiting inside the
@@ -48,6 +51,7 @@ docs/concepts/flow-control.md says what an operator sets and sees; docs/performa
 import asyncio
 import logging
 import math
+import random
 import time
 from collections import defaultdict, deque
 
@@ -231,15 +235,24 @@ class FlowControl:
         self.held_until = now + self.hold_s
         self._clamp()
 
-    def peer_refused(self, in_flight):
-        """Another engine was just refused a call here: the server is full. In slow start, stop
-        doubling and keep no more than the `in_flight` calls out now: an engine still doubling
-        took the room the refused engines gave back, and was refused in turn (issue 55)."""
-        if self.adaptive and self.slow_start and self.learned is None:
-            self.slow_start = False
+    def peer_refused(self, in_flight, now):
+        """Another engine was just refused a call here: the server is full. Stop growing, and hold
+        no more than the `in_flight` calls out now as if refused itself; an engine holding a
+        ceiling already holds it longer. An engine still doubling took the room the refused ones
+        gave back and was refused in turn; engines whose holds ran out together probed the server
+        together, four refusals a step (issue 55). So a hold heard of lasts a random 1-1.5x
+        OPENRELAY_CEILING_HOLD_S, past the refused engine's own: one engine probes at a time."""
+        if not self.adaptive:
+            return
+        self.slow_start = False
+        if self.hold_s <= 0:
             self.value = max(float(self.floor), min(self.value, float(in_flight)))
-            self._clamp()
-            self._reset_window()
+        else:
+            if self.learned is None or now >= self.held_until:
+                self.learned = max(self.floor, min(int(self.value), in_flight))
+            self.held_until = max(self.held_until, now + self.hold_s * random.uniform(1.0, 1.5))
+        self._clamp()
+        self._reset_window()
 
     def release(self, now):
         """A hold that saw no refusal ends: the limit grows past its ceiling again, a call a window
