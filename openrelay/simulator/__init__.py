@@ -69,7 +69,9 @@ Answers
   below 0.01 (derived from a hash of the input); no `usage`, as OpenAI's.
 - embeddings: unit-length float vectors derived from a hash of each input
   (string or list of strings, or token arrays), 16 dimensions unless
-  `dimensions` says otherwise; `encoding_format: "base64"` is honoured.
+  `dimensions` says otherwise; `encoding_format: "base64"` is honoured. An
+  answer of a million numbers or more (2,048 x 3,072: ~130 MB of JSON) is
+  built in a child process, so the server answers other calls meanwhile.
 
 Tool calls
 ----------

@@ -459,6 +459,24 @@ def answer_embeddings(body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def embedding_numbers(body: dict[str, Any]) -> int:
+    """How many numbers an embeddings answer carries (inputs x dimensions; 0 for a body it refuses)."""
+    inputs, dimensions = body.get("input"), body.get("dimensions") or DEFAULT_EMBEDDING_DIMENSIONS
+    if not isinstance(dimensions, int) or not isinstance(inputs, list):
+        return 0
+    return len(inputs) * dimensions
+
+
+def built_apart(answer: Any, body: dict[str, Any]) -> tuple[bytes | None, Any, tuple[str, str | None] | None]:
+    """`answer(body)` as its JSON text, in a child process (server.ModelServer._built): (text, its
+    usage, None), or (None, None, (message, param)) for a body it refuses."""
+    try:
+        payload = answer(body)
+    except BadRequest as exc:
+        return None, None, (str(exc), exc.param)
+    return orjson.dumps(payload), payload.get("usage"), None
+
+
 def embedding_vector(item: str | list[Any], dimensions: int) -> list[float]:
     """A unit vector whose components come from a hash of the input."""
     seed = item.encode() if isinstance(item, str) else orjson.dumps(item)

@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import multiprocessing
 import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -32,7 +34,9 @@ from openrelay.simulator.answers import (
     answer_embeddings,
     answer_moderations,
     answer_responses,
+    built_apart,
     count_tokens,
+    embedding_numbers,
     error_envelope,
 )
 from openrelay.simulator.bodies import (
@@ -62,6 +66,12 @@ from openrelay.simulator.metrics import PROMETHEUS_CONTENT_TYPE, render_metrics
 from openrelay.simulator.state import SimulatorState
 
 MODELS_CREATED = 1_700_000_000
+# An answer carrying this many numbers or more is built in a child process (`ModelServer._built`). Built
+# on the loop, one embeddings answer of 2,048 x 3,072 held every other call for 12-13 s on a loaded
+# machine (and 16 of them, one after another, ~200 s): another organization's small calls beside them
+# took 34 s to be answered (issue 55, bench row 15), where a real server answers them at once.
+HEAVY_NUMBERS = 1_000_000
+BUILDERS = 2  # child processes building heavy answers (started at the first one)
 
 
 # ---------------------------------------------------------------- responses
@@ -69,6 +79,13 @@ MODELS_CREATED = 1_700_000_000
 
 def json_response(payload: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
     return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json", headers=headers)
+
+
+def _answer_response(payload: Any, built: bytes | None) -> web.Response:
+    """A 200 with the answer: its JSON text when it was built apart (ModelServer._built)."""
+    if built is None:
+        return json_response(payload)
+    return web.Response(body=built, content_type="application/json")
 
 
 def failure_response(config: SimulatorConfig, status: int, model: Any = None) -> web.Response:
@@ -118,6 +135,7 @@ class ModelEndpoint:
     # The request type the provider publishes (openrelay.lib.request_schemas): a body a real server refuses
     # is refused here too, 400 in the endpoint's envelope, so no test passes on a body no server would take.
     schema: RequestSchema | None = None
+    numbers_of: Callable[[dict[str, Any]], int] | None = None  # body -> numbers its answer carries (None: few)
 
 
 MODEL_ENDPOINTS = {
@@ -125,7 +143,9 @@ MODEL_ENDPOINTS = {
     "/v1/completions": ModelEndpoint(
         completion_text, answer_completion, completion_prefix_text, request_schemas.COMPLETIONS
     ),
-    "/v1/embeddings": ModelEndpoint(embedding_text, answer_embeddings, schema=request_schemas.EMBEDDINGS),
+    "/v1/embeddings": ModelEndpoint(
+        embedding_text, answer_embeddings, schema=request_schemas.EMBEDDINGS, numbers_of=embedding_numbers
+    ),
     "/v1/responses": ModelEndpoint(response_text, answer_responses, response_prefix_text, request_schemas.RESPONSES),
     "/v1/moderations": ModelEndpoint(moderation_text, answer_moderations, schema=request_schemas.MODERATIONS),
     "/v1/messages": ModelEndpoint(messages_text, answer_messages, messages_text, request_schemas.MESSAGES),
@@ -140,6 +160,7 @@ class ModelServer:
         self.state = SimulatorState(config)
         self.capacity = CapacityModel(config)
         self._parked: set[asyncio.Task[Any]] = set()
+        self._builders: ProcessPoolExecutor | None = None  # heavy answers' child processes (`_built`)
 
     async def model_call(self, request: web.Request) -> web.StreamResponse:
         self.state.entered(request.remote)
@@ -177,7 +198,7 @@ class ModelServer:
         if outcome == ANSWER and self.config.slots:
             return await self._answer_in_a_slot(endpoint, body, text)
         if outcome == ANSWER:
-            return self._answer(endpoint, body)
+            return await self._answer(endpoint, body)
         if outcome == FAIL:
             assert status is not None  # choose_outcome gives every FAIL its status
             return failure_response(self.config, status, body.get("model"))
@@ -194,17 +215,38 @@ class ModelServer:
                 draw = seeded_draw(self.config.seed, body_hash, seen)
         return choose_outcome(self.config, directives, seen, draw)
 
-    def _answer(self, endpoint: ModelEndpoint, body: dict[str, Any]) -> web.Response:
+    async def _answer(self, endpoint: ModelEndpoint, body: dict[str, Any]) -> web.Response:
         try:
-            return json_response(endpoint.answer(body))
+            payload, built = await self._built(endpoint, body)
         except BadRequest as exc:
             return json_response(error_envelope(400, str(exc), exc.param), 400)
+        return _answer_response(payload, built)
+
+    async def _built(self, endpoint: ModelEndpoint, body: dict[str, Any]) -> tuple[dict[str, Any], bytes | None]:
+        """The answer's payload, and None; or, for an answer of HEAVY_NUMBERS or more, built apart in a
+        child process so this loop answers every other call meanwhile: its JSON text, and a payload
+        holding only its usage (what the capacity model reads; embeddings carry no cached tokens to
+        report). Raises BadRequest."""
+        if endpoint.numbers_of is None or endpoint.numbers_of(body) < HEAVY_NUMBERS:
+            return endpoint.answer(body), None
+        if self._builders is None:
+            # spawn: a fork of this process would copy its loop and sockets into the child.
+            self._builders = ProcessPoolExecutor(BUILDERS, mp_context=multiprocessing.get_context("spawn"))
+        loop = asyncio.get_running_loop()
+        text, usage, refused = await loop.run_in_executor(self._builders, built_apart, endpoint.answer, body)
+        if refused is not None:
+            raise BadRequest(*refused)
+        return {"usage": usage}, text
+
+    async def close_builders(self, _app: web.Application) -> None:
+        if self._builders is not None:
+            self._builders.shutdown(wait=False, cancel_futures=True)
 
     async def _answer_in_a_slot(self, endpoint: ModelEndpoint, body: dict[str, Any], text: str) -> web.Response:
         # The answer is known before the slot (a 400 never queues); the slot
         # only decides when it goes out and how much of the prompt was cached.
         try:
-            payload = endpoint.answer(body)
+            payload, built = await self._built(endpoint, body)
         except BadRequest as exc:
             return json_response(error_envelope(400, str(exc), exc.param), 400)
         prompt_tokens, completion_tokens = usage_counts(payload)
@@ -222,7 +264,7 @@ class ModelServer:
             headers = {"Retry-After": f"{retry_after:g}"}
             return json_response(error_envelope(503, str(exc)), 503, headers=headers)
         report_cached_tokens(payload, cached)
-        return json_response(payload)
+        return _answer_response(payload, built)
 
     async def _drop(self, request: web.Request) -> web.StreamResponse:
         # abort() rather than close(): no graceful shutdown, the client sees
@@ -375,6 +417,7 @@ def build_app(config: SimulatorConfig | None = None) -> web.Application:
         app.router.add_post("/v1/chat/completions/input_tokens", server.chat_input_tokens)
     app.router.add_route("*", "/{tail:.*}", server.not_found)
     app.on_shutdown.append(server.wake_parked)
+    app.on_cleanup.append(server.close_builders)
     # Built before the server answers (seconds, once a process: the SDKs' import and pydantic's schemas), so
     # no request waits for it: a first call's latency is the simulator's, as tests of timeouts expect.
     for endpoint in MODEL_ENDPOINTS.values():

@@ -5,6 +5,7 @@ whose result the database refuses fails alone, and another organization's batch 
 Full size (16 embeddings answers of ~130 MB under the default budget) is tests/perf's bench row.
 """
 
+import asyncio
 import logging
 import threading
 import time
@@ -236,3 +237,47 @@ def test_another_orgs_batch_flows_while_a_big_flush_cannot_land(transactional_db
     big.refresh_from_db()
     assert (big.completed_count, big.failed_count) == (4, 0)
     assert len(read_lines(big.output_file)) == 4
+
+
+def test_an_answer_waiting_for_room_gives_its_slot_to_another_orgs_call():
+    """Issue 55, bench row 15: a call whose big answer waited for room in the answer budget (room
+    that comes back only when a big flush lands, a minute on a loaded machine) kept its slot at
+    the deployment all along, and flow control took the wait for the server's latency; another
+    organization's small calls waited behind it. Driven with one slot: alice's first answer fills
+    the budget (not flushed), her second waits for room, and bob's call must get the slot."""
+    from batches.engine.calls.caller import ModelCaller, Upstream
+    from batches.engine.fairness import Ticket
+
+    big = {"model": MODEL, "input": [f"text {n}" for n in range(INPUTS)], "dimensions": DIMENSIONS}
+    answers = budget.Budget(8 * MB)  # one ~5.6 MB answer fits, two don't
+    alice, bob = Ticket(1, organization_id=1), Ticket(2, organization_id=2)
+
+    async def held_call(caller, ticket, body, endpoint, holding):
+        budget.current.set(holding)  # the record's (its own task's context), as lanes.Lanes._slot sets it
+        return await caller.call(endpoint, body, ticket)
+
+    async def scenario(base_url):
+        upstream = Upstream(base_url, MODEL, "", 1)
+        async with ModelCaller([upstream], time_limit_s=60, retries=0) as caller:
+            first, second = budget.Holding(answers), budget.Holding(answers)
+            assert (await held_call(caller, alice, big, EMBEDDINGS, first)).ok
+            waiting = asyncio.create_task(held_call(caller, alice, big, EMBEDDINGS, second))
+            deadline = time.monotonic() + 30
+            while not answers.waiting:
+                assert time.monotonic() < deadline and not waiting.done(), "alice's second answer never waited"
+                await asyncio.sleep(0.01)
+            small = asyncio.create_task(
+                held_call(caller, bob, chat("q"), "/v1/chat/completions", budget.Holding(answers))
+            )
+            # Before: bob's call waited for the slot until alice's first answer was flushed.
+            done, _ = await asyncio.wait([small], timeout=10)
+            assert small in done, "bob's call waited behind an answer waiting for room"
+            assert small.result().ok and not waiting.done()
+            assert upstream.in_use == 0  # the waiting answer holds no slot; bob's went back
+            first.release()  # flushed: alice's second answer is read
+            result = await asyncio.wait_for(waiting, 30)
+            assert result.ok and len(result.body["data"]) == INPUTS
+            assert upstream.in_use == 0 and alice.calls == 0 and bob.calls == 0
+
+    with run_in_thread(SimulatorConfig()) as sim:
+        asyncio.run(scenario(sim.base_url))

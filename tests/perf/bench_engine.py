@@ -54,7 +54,8 @@ The measurements of issue 12 and the engine's (targets in TARGETS):
 15. big answers (issue 42, only with --only big_answers): 16 embeddings answers of 2,048 x 3,072 floats
     (~134 MB of JSON each) on the 2-worker cluster with the default answer
     budget and flush size, organization B's 20 records beside them: all
-    finish, the largest cluster process's peak RSS, B's create -> completed.
+    finish, the largest cluster process's peak RSS, B's create -> completed,
+    and again for a batch of B's created while one of A's answers is flushed.
 19. first batch (issue 55): a fresh default 2-worker cluster's first batch of the
     plain records against its next ones: the cluster's CPU a record (from the OS).
 21. windows (issue 52, `--only windows`): orgs A and B queue 3,000 records each on 24 h, then org C
@@ -1496,9 +1497,15 @@ class Bench:
             batch, _, answered = self.api.create(file_id, endpoint="/v1/embeddings")
             small, _, small_answered = self.api_b.create(small_file)
             small_row = self.wait_done(small["id"], 600)
+            # B again, once a big answer is being written: the first of B's batches is done before A's
+            # answers come back (they take the simulator seconds each to build).
+            flushing = self._big_flush_running(batch["id"], 1800)
+            later, _, later_answered = self.api_b.create(small_file)
+            later_row = self.wait_done(later["id"], 600)
             row = self.wait_done(batch["id"], 3600)
         self.stack.stop_cluster(cluster)
         took, small_took = row["completed_at"] - answered, small_row["completed_at"] - small_answered
+        later_took = later_row["completed_at"] - later_answered
         peak_gb = rss.largest_mb / 1024
         self.rows["big_answers"] = Row(
             "big_answers",
@@ -1507,12 +1514,37 @@ class Bench:
             f"{sc.fair_records} records",
             f"{row['completed']}/{sc.big_answers} in {took:.0f} s, largest process {peak_gb:.2f} GB",
             TARGETS["big_answers"],
-            row["completed"] == sc.big_answers and peak_gb < 2 and small_took < 10,
-            f"B's create answer -> completed {small_took:.2f} s; 2-worker cluster, default budget and "
+            row["completed"] == sc.big_answers and peak_gb < 2 and max(small_took, later_took) < 10,
+            f"B's create answer -> completed {small_took:.2f} s beside A's start, {later_took:.2f} s created "
+            f"while {flushing}; 2-worker cluster, default budget and "
             f"flush size (before them: workers at 7.8 and 6.8 GB, 0 of 16 in 10 minutes)",
-            {"seconds": took, "peak_gb": peak_gb, "b_seconds": small_took},
+            {"seconds": took, "peak_gb": peak_gb, "b_seconds": small_took, "b_flushing_seconds": later_took},
         )
-        self.report(f"15: {row['completed']} big answers in {took:.0f} s, peak {peak_gb:.2f} GB; B {small_took:.2f} s")
+        self.report(
+            f"15: {row['completed']} big answers in {took:.0f} s, peak {peak_gb:.2f} GB; B {small_took:.2f} s, "
+            f"B during a flush {later_took:.2f} s"
+        )
+
+    def _big_flush_running(self, public_id, timeout_s):
+        """Wait until one of the batch's answers is written and the next big flush runs (PostgreSQL: a
+        statement writing response bodies active for 0.5 s or more); what was seen."""
+        deadline = time.monotonic() + timeout_s
+        while self.stack.db.batch(public_id)["completed"] < 1:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no answer of {public_id} written in {timeout_s} s")
+            time.sleep(0.1)
+        if self.stack.db.vendor != "postgresql":
+            return "A's first answer was written"
+        deadline = min(deadline, time.monotonic() + 300)
+        while time.monotonic() < deadline:
+            running = self.stack.db.query(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' "
+                "AND query ILIKE '%%response_body%%' AND now() - query_start > interval '0.5 seconds'"
+            )[0][0]
+            if running:
+                return "a big flush was running"
+            time.sleep(0.05)
+        return "A's first answer was written (no big flush seen)"
 
     # 16, 17: output contracts (issue 38)
     def contracts_reask(self):

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from openrelay.lib import children
-from openrelay.simulator.answers import arguments_from_schema
+from openrelay.simulator.answers import arguments_from_schema, count_tokens
 from openrelay.simulator.cli import add_arguments, config_from_options
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.directives import parse_fault_directives
@@ -159,6 +159,47 @@ def test_it_honours_embedding_dimensions_and_base64(client):
     ).json()["data"][0]["embedding"]
     unpacked = struct.unpack("<64f", base64.b64decode(packed))
     assert all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7) for a, b in zip(unpacked, vector))
+
+
+def test_a_heavy_answer_is_built_apart_and_other_calls_are_answered_meanwhile(sim, client):
+    """Issue 55, bench row 15: an embeddings answer of 2,048 x 3,072 was built on the server's loop,
+    12-13 s on a loaded machine, and every other call waited for it (another organization's small
+    calls took 34 s). Built in a child process, it holds no one; and it is the answer the loop builds."""
+    inputs = [f"heavy {n}" for n in range(1_200)]  # 3.7 M numbers (HEAVY_NUMBERS: 1 M), ~75 MB of JSON
+    heavy: dict = {}
+
+    def ask_heavy():
+        with httpx.Client(base_url=sim.base_url, timeout=120) as http:
+            heavy["answer"] = http.post("/embeddings", json={"model": "emb", "input": inputs, "dimensions": 3072})
+        heavy["done"] = time.monotonic()
+
+    asker = threading.Thread(target=ask_heavy)
+    asker.start()
+    try:
+        deadline = time.monotonic() + 30
+        while sim.request_count < 1:
+            assert time.monotonic() < deadline, "the heavy request never reached the server"
+            time.sleep(0.01)
+        sent = time.monotonic()
+        chat = client.post(
+            "/chat/completions",
+            json={"model": "sim-model", "messages": [{"role": "user", "content": "hi"}]},
+            timeout=120,
+        )
+        answered = time.monotonic()
+    finally:
+        asker.join(120)
+    assert chat.status_code == 200
+    # Before: the chat waited the whole build of the heavy answer (seconds), answered just before it.
+    assert answered - sent < 1.0, f"a small call waited {answered - sent:.2f} s behind a heavy answer"
+    assert answered < heavy["done"]
+    answer = heavy["answer"].json()
+    assert len(answer["data"]) == 1_200
+    assert answer["usage"]["prompt_tokens"] == sum(count_tokens(item) for item in inputs)
+    small = client.post("/embeddings", json={"model": "emb", "input": inputs[-2:], "dimensions": 3072}).json()
+    assert [item["embedding"] for item in answer["data"][-2:]] == [item["embedding"] for item in small["data"]]
+    refused = client.post("/embeddings", json={"model": "emb", "input": [*inputs[:-1], ""], "dimensions": 3072})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "input"
 
 
 def test_it_lists_models(client):

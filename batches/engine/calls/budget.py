@@ -15,6 +15,14 @@ and answers without a length (chunked), are counted but never wait: another
 organization's ordinary answers go through while big ones queue. A record's
 bytes are held until its outcome is flushed (Holding.release, by the engine).
 
+An answer that waits for room has been answered: the server's work is done and its bytes wait
+in its socket. Its call gives its slot at the gate back then (`waits`, set by
+calls.caller.ModelCaller.call for each attempt), and the wait is not taken for the server's
+latency. Held to the end of the call, the slots went to answers waiting for a big flush to land
+(a minute on the loaded machine), flow control took the wait for a queue in the server and cut
+the deployment's limit towards its floor, and another organization's small calls waited behind
+them (issue 55, bench row 15).
+
 Everything runs on the engine's event loop thread: no locks.
 """
 
@@ -28,6 +36,8 @@ SMALL_BYTES = 1024 * 1024  # answers up to this never wait (they are counted)
 
 # The Holding of the record whose task is running: the transport takes answer bytes into it.
 current: contextvars.ContextVar[Holding | None] = contextvars.ContextVar("answer_holding", default=None)
+# The call in flight's: the transport calls it when the call's answer begins to wait for room.
+waits: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("answer_waits", default=None)
 
 
 class Budget:

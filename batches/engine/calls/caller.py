@@ -27,7 +27,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from batches import endpoints, tallies
-from batches.engine.calls import answer_text, messages
+from batches.engine.calls import answer_text, budget, messages
 from batches.engine.calls.flow import FlowControl, MetricsReader
 from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
@@ -295,6 +295,29 @@ class Upstream:
         return found
 
 
+class _Slot:
+    """A call's slot at the gate, given back once: when the call ends, or before, when its answer
+    has to wait for room in the answer budget (budget.waits): the server has answered,
+    and the slot goes to the next call in turn order (another organization's, perhaps)."""
+
+    __slots__ = ("answered_at", "gate", "held", "ticket", "upstream")
+
+    def __init__(self, gate, ticket, upstream):
+        self.gate, self.ticket, self.upstream = gate, ticket, upstream
+        self.held = True
+        self.answered_at = None  # when its answer began to wait for room
+
+    def answered(self):
+        if self.answered_at is None:
+            self.answered_at = time.monotonic()
+        self.give_back()
+
+    def give_back(self):
+        if self.held:
+            self.held = False
+            self.gate.release(self.ticket, self.upstream)
+
+
 class ModelCaller:
     """Calls one model through its deployments, over keep-alive connections to each.
 
@@ -398,6 +421,8 @@ class ModelCaller:
         while True:
             upstream = await self.gate.acquire(ticket)
             sent, sent_with = time.monotonic(), upstream.in_use
+            slot = _Slot(self.gate, ticket, upstream)
+            waits = budget.waits.set(slot.answered)  # its answer waits for room: the slot goes back (budget.py)
             try:
                 if self.fence is not None and not self.fence.fresh():
                     await self.fence.wait_fresh()  # a poll is due: its read stops a cancelled batch's calls
@@ -415,15 +440,19 @@ class ModelCaller:
                     self._check_leased()
                 result = await self._attempt(upstream, endpoint, body)
             except BaseException:
-                self.gate.release(ticket, upstream)
+                slot.give_back()
                 raise
+            finally:
+                budget.waits.reset(waits)
             now = time.monotonic()
-            # Before the slot goes back, so the gate hands out slots by the limit it leads to.
+            # Before the slot goes back, so the gate hands out slots by the limit it leads to. An
+            # answer that waited for room in the answer budget took the server until it came.
             if result.overload or (result.kind == "response" and result.status_code in OVERLOAD_STATUSES):
                 upstream.overloaded(sent, now, result.status_code, sent_with)
             elif result.kind == "response":
-                upstream.observed(now - sent, upstream.in_use, now)
-            self.gate.release(ticket, upstream)
+                answered = slot.answered_at or now
+                upstream.observed(answered - sent, upstream.in_use, answered)
+            slot.give_back()
             tallies.call(upstream.deployment_id, result, now - sent)
             # A 503 that says when to come back is an overloaded server, like a 429; without
             # Retry-After it is a failed one (a proxy whose backend is down answers so).

@@ -312,6 +312,7 @@ class _Connection(asyncio.Protocol):
         self.holding: budget.Holding | None = None  # the record's, for the exchange in flight
         self.reserved = 0  # budget bytes taken for the answer in flight
         self.waiting_room: Callable[[], None] | None = None  # a queued budget take (reading paused)
+        self.on_wait: Callable[[], None] | None = None  # the call's, told when its answer waits (budget.waits)
         self._reset()
 
     def _reset(self) -> None:
@@ -395,6 +396,8 @@ class _Connection(asyncio.Protocol):
             return
         self.transport.pause_reading()
         self.read_at = 0.0  # waiting for room is not a silent server: cut_idle passes it by
+        if self.on_wait is not None:
+            self.on_wait()  # answered: the call's slot at the gate goes back now (budget.py)
 
     def on_body(self, body: bytes) -> None:
         self.wire_bytes += len(body)
@@ -436,6 +439,7 @@ class _Connection(asyncio.Protocol):
         self.reusable = False
         self._reset()
         self.holding = budget.current.get()
+        self.on_wait = budget.waits.get()
         self.transport.write(request)
         return await waiter
 
