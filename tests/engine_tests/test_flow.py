@@ -114,6 +114,19 @@ def test_every_503_of_a_burst_counts_the_lowest_is_the_ceiling():
     assert flow.learned == 11
 
 
+def test_the_refusals_of_one_burst_are_not_counted_as_held():
+    """Issue 55: slow start's last doubling sent four calls at once with 8 in flight, and the server
+    refused all four: it held 4, not the 7 each refusal alone says (4 engines summed 28 on 16 slots
+    and sawed into 503s until their ceilings came down: 36 refusals where one engine drew 15)."""
+    flow = FlowControl(256, start=8, hold_s=30)
+    for sent_at in (1.0, 1.001, 1.002, 1.003):
+        flow.overloaded(sent_at=sent_at, now=1.04, status=503, sent_with=8)
+    assert flow.learned == 4 and flow.limit == 4
+    # A refusal once the burst is over counts only itself.
+    flow.overloaded(sent_at=2.0, now=2.01, status=503, sent_with=4)
+    assert flow.learned == 3
+
+
 def test_without_a_hold_a_503_only_backs_off():
     flow = FlowControl(64, start=20, hold_s=0)
     flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=20)
@@ -310,3 +323,28 @@ def test_server_figures_are_read_from_vllm_and_llamacpp_pages():
     assert read_metrics(LLAMACPP) == (2.0, 4.0, None)
     assert read_metrics("# nothing here\nprocess_cpu_seconds_total 3\n") is None
     assert read_metrics("not { prometheus") is None
+
+
+def test_another_engines_refusal_holds_the_calls_in_flight_as_a_ceiling():
+    flow = FlowControl(256, start=8, hold_s=30)
+    flow.peer_refused(in_flight=6, now=1.0)
+    assert not flow.slow_start and flow.limit == 6 and flow.learned == 6
+    assert 31.0 <= flow.held_until <= 46.0  # longer than the refused engine's own hold: one probes at a time
+    answer_window(flow, 0.2, now=2)
+    assert flow.limit == 6  # held, as if refused itself
+    answer_window(flow, 0.2, now=flow.held_until + 1)
+    assert flow.limit == 7  # then a call a window
+
+
+def test_another_engines_refusal_holds_a_held_ceiling_longer():
+    flow = FlowControl(256, start=8, hold_s=30)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=9)
+    flow.peer_refused(in_flight=3, now=20.0)
+    assert flow.limit == 8 and flow.learned == 8  # its own refusal told it where it stands
+    assert flow.held_until >= 50.0
+
+
+def test_without_a_hold_another_engines_refusal_only_stops_growth():
+    flow = FlowControl(256, start=8, hold_s=0)
+    flow.peer_refused(in_flight=6, now=1.0)
+    assert not flow.slow_start and flow.limit == 6 and flow.learned is None

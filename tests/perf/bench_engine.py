@@ -207,9 +207,11 @@ class Scale:
     big_answers: int = 16
     big_answer_inputs: int = 2_048
     quick: bool = False
+    # Row 18's runs to make (bench_flow.refusal_runs): terms such as q0 2c latency after; empty: all 24.
+    refusals: tuple = ()
 
     @classmethod
-    def make(cls, quick=False, records=None):
+    def make(cls, quick=False, records=None, refusals=()):
         if quick:
             scale = cls(
                 big=500,
@@ -229,6 +231,7 @@ class Scale:
             )
         else:
             scale = cls()
+        scale.refusals = tuple(refusals or ())
         if records:
             factor = records / scale.big
             scale.big = records
@@ -1609,12 +1612,28 @@ def machine():
     )
 
 
-def run(quick=False, records=None, database_url=None, redis_url=None, report=print, web_server="uvicorn", only=None):
+def refusal_runs(terms):
+    """Row 18's runs that `--refusals` names (bench_flow.refusal_runs): ValueError names a term it does not know."""
+    from tests.perf.bench_flow import refusal_runs
+
+    return refusal_runs(terms)
+
+
+def run(
+    quick=False,
+    records=None,
+    database_url=None,
+    redis_url=None,
+    report=print,
+    web_server="uvicorn",
+    only=None,
+    refusals=(),
+):
     """Run every measurement in throwaway state; return (rows, facts)."""
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request under Django's logging
-    scale = Scale.make(quick=quick, records=records)
+    scale = Scale.make(quick=quick, records=records, refusals=refusals)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="openrelay-bench-") as tmp:
         stack = Stack(Path(tmp), database_url, redis_url, report, web_server)

@@ -175,6 +175,7 @@ class Upstream:
         self.allotted = self.concurrency
         self.share = self.flow.limit
         self.part = 0  # the engine's split of max_concurrency, published before it becomes the share
+        self.on_refused = None  # called with the upstream when a 503 teaches a ceiling afresh (peers.Peers.refused)
         self.published = False
         self.in_use = 0
         self.healthy = True
@@ -222,7 +223,15 @@ class Upstream:
         self.share = self.flow.limit
 
     def overloaded(self, sent_at, now, status=None, sent_with=None):
+        learned = self.flow.learned
         self.flow.overloaded(sent_at, now, status, sent_with)
+        self.share = self.flow.limit
+        if learned is None and self.flow.learned is not None and self.on_refused is not None:
+            self.on_refused(self)
+
+    def peer_refused(self):
+        """Another engine was just refused a call here (flow.FlowControl.peer_refused)."""
+        self.flow.peer_refused(self.in_use, time.monotonic())
         self.share = self.flow.limit
 
     @property

@@ -12,7 +12,10 @@ limit between a floor and that part, from what the server's answers say:
   the calls this engine had in flight when it sent the refused one, less
   one. The limit stays at or under it for OPENRELAY_CEILING_HOLD_S (each
   503 starts the hold again, and the lowest such ceiling of a hold counts);
-  after a hold without one it grows past it again, a call a window.
+  after a hold without one it grows past it again, a call a window. The
+  calls of one burst the server refused count as not held (`_learn`); and
+  the other engines hear of the refusal at once (peers.Peers.refused,
+  through their watch) and stop slow start where they stand (`peer_refused`).
 - **Latency** (Vegas): each window (as many answers as the limit, about
   one round trip of every slot) gives a mean call time. The baseline is the
   lowest window mean of the last BASELINE_S. The calls waiting inside the
@@ -53,6 +56,7 @@ docs/concepts/flow-control.md says what an operator sets and sees; docs/performa
 import asyncio
 import logging
 import math
+import random
 import time
 from collections import defaultdict, deque
 
@@ -79,6 +83,8 @@ MIN_QUEUE_DELAY_S = 0.05
 SLOW_START_NOISE_S = 0.02
 SLOW_START_SAMPLES = 8  # answers of a window that may end slow start before the window does
 REFUSED = 503  # a full queue: the status whose calls in flight teach a ceiling
+BURST_S = 2.0  # refusals this recent may have been in flight when another was sent (a burst)
+BURST_MAX = 64  # and at most this many of them are weighed against each other
 METRICS_EVERY_S = 0.5
 METRICS_TIMEOUT_S = 2.0
 METRICS_RETRY_S = 60.0  # a server with no usable /metrics is asked again this much later
@@ -122,6 +128,7 @@ class FlowControl:
         self.hold_s = hold_s  # how long a 503's ceiling holds (0: none is learned)
         self.learned = None  # the calls in flight past which the server refused, while held
         self.held_until = -math.inf
+        self.refusals = deque()  # (sent at, calls in flight then, answered at) of the hold's recent 503s
         self.value = float(self.ceiling if start is None or not adaptive else start)
         self.start = self.value  # where it started (the engine's part of the deployment's start)
         self.slow_start = True
@@ -211,7 +218,7 @@ class FlowControl:
             held = self.learned is not None and now < self.held_until
             cut = cut and held and sent_with <= self.learned
             self.slow_start = False
-            self._learn(sent_with - 1, now)
+            self._learn(sent_at, sent_with, now)
         if cut:
             self.slow_start = False
             self.value *= BACKOFF
@@ -220,16 +227,47 @@ class FlowControl:
         if cut or status == REFUSED:
             self._reset_window()
 
-    def _learn(self, calls, now):
-        """A refused call: `calls` in flight were all the server would take beside the other engines'.
-        Every refusal of a burst says so (the burst that slow start's last doubling sends), not
-        only the first, so the lowest of a hold is kept."""
+    def _learn(self, sent_at, sent_with, now):
+        """A refused call: the calls in flight when it was sent, less itself, were all the server would
+        take beside the other engines'. Every refusal of a burst says so (the burst that slow start's
+        last doubling sends), not only the first, so the lowest of a hold is kept; and the calls of
+        a burst were in flight when the later ones were sent, though the server held none of them:
+        each counts only the calls in flight at its sending that were not refused (four of eight
+        refused at once left a ceiling of 7 each, 28 where 4 engines had 16 slots: issue 55)."""
+        refusals = self.refusals
         if self.learned is None or now >= self.held_until:
-            self.learned = max(self.floor, calls)
-        else:
-            self.learned = max(self.floor, min(self.learned, calls))
+            self.learned = None
+            refusals.clear()
+        while refusals and (now - refusals[0][2] > BURST_S or len(refusals) >= BURST_MAX):
+            refusals.popleft()
+        refusals.append((sent_at, sent_with, now))
+        calls = min(
+            with_ - 1 - sum(1 for other in refusals if other is not refusal and other[0] <= sent < other[2])
+            for refusal in refusals
+            for sent, with_, _ in [refusal]
+        )
+        self.learned = max(self.floor, calls if self.learned is None else min(self.learned, calls))
         self.held_until = now + self.hold_s
         self._clamp()
+
+    def peer_refused(self, in_flight, now):
+        """Another engine was just refused a call here: the server is full. Stop growing, and hold
+        no more than the `in_flight` calls out now as if refused itself; an engine holding a
+        ceiling already holds it longer. An engine still doubling took the room the refused ones
+        gave back and was refused in turn; engines whose holds ran out together probed the server
+        together, four refusals a step (issue 55). So a hold heard of lasts a random 1-1.5x
+        OPENRELAY_CEILING_HOLD_S, past the refused engine's own: one engine probes at a time."""
+        if not self.adaptive:
+            return
+        self.slow_start = False
+        if self.hold_s <= 0:
+            self.value = max(float(self.floor), min(self.value, float(in_flight)))
+        else:
+            if self.learned is None or now >= self.held_until:
+                self.learned = max(self.floor, min(int(self.value), in_flight))
+            self.held_until = max(self.held_until, now + self.hold_s * random.uniform(1.0, 1.5))
+        self._clamp()
+        self._reset_window()
 
     def release(self, now):
         """A hold that saw no refusal ends: the limit grows past its ceiling again, a call a window
