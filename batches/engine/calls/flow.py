@@ -18,7 +18,8 @@ limit between a floor and that part, from what the server's answers say:
   through their watch) and stop slow start where they stand (`peer_refused`).
 - **Latency** (Vegas): each window (as many answers as the limit, about
   one round trip of every slot) gives a mean call time. The baseline is the
-  lowest window mean of the last BASELINE_S. The calls waiting inside the
+  lowest window mean of the last BASELINE_S (or of 40 call times, up to
+  5 minutes: `_baseline_life`). The calls waiting inside the
   server are estimated as in flight x (1 - baseline / mean) (Little's law:
   the share of a call's time it did not run); the limit is held so that
   at most OPENRELAY_QUEUE_LINE of the calls in flight (at least one) wait:
