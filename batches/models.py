@@ -307,6 +307,12 @@ class Engine(models.Model):
     # {deployment id: [calls in flight, calls answered in the last minute, of which failed]},
     # published with the heartbeat: the operator page sums the live engines' rows.
     calls = models.JSONField(default=dict)
+    # {deployment id: when a server there last refused this engine a call (a 503) after none had,
+    # epoch seconds}, and the latest of them: the other engines watch `refused_at` (every
+    # runner.WATCH_S) and stop slow start there at once, not after a doubling of their own into
+    # the same full server (issue 55). Null: none yet (and a previous release's rows).
+    refused = models.JSONField(null=True, blank=True)
+    refused_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self):
         return self.owner

@@ -14,6 +14,7 @@ catalog; a deployment another engine found failing is taken out here too
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -35,6 +36,7 @@ from openrelay.core.models import DeploymentHealth
 logger = logging.getLogger("openrelay.engine")
 
 HEARTBEAT_S = 0.5  # how often engines count each other and publish what they hold
+REFUSAL_NEWS_S = 5.0  # another engine's refusal older than this when heard is no news
 DEPLOYMENTS_EVERY_S = 2.0  # how often the lanes re-read their deployments from the catalog
 
 
@@ -74,6 +76,10 @@ class Peers:
         self.freed: dict[int, int] = {}  # batch pk -> sent records dead engines left, not yet handed on (take_freed)
         self.others: set[str] = set()  # the other live engines, as the last beat found them
         self.absorbing: defaultdict[int, int] = defaultdict(int)  # deployment pk -> calls of engines gone, ours now
+        self.told: dict[int, float] = {}  # deployment pk -> when a server there last refused us after none had
+        self.tell_refusals = False  # `told` changed since it was saved for the others
+        self.hear_refusals = False  # another engine was refused a call (runner.Engine._watch)
+        self.heard: dict[int, float] = {}  # deployment pk -> the latest refusal of another engine acted on
 
     def set_caps(self, rows):
         """The organizations' caps of the batches the poll read (`rows`), this engine's part of each."""
@@ -142,6 +148,7 @@ class Peers:
                     # 16 each sent 32, a 16-slot server's whole queue (issue 55).
                     start=max(1, split(self.config.concurrency_start, self.rank + index, self.engines)),
                 )
+                upstream.on_refused = self.refused
             upstream.concurrency = max(1, row["max_concurrency"])
             # Offset by the deployment's place, so the engines that take one slot more
             # are not the same ones on every deployment; never more than the others
@@ -244,6 +251,37 @@ class Peers:
                 if absorbing.get(upstream.deployment_id):
                     upstream.absorb(absorbing[upstream.deployment_id])  # within the new part, set just now
             lane.gate.dispatch()
+
+    def refused(self, upstream):
+        """A server refused this engine a call (a 503) where none had for a hold (flow.FlowControl):
+        the others hear it at once (`share_refusals`, their watch) and stop slow start there. Each
+        engine found the server's edge on its own before, and one still doubling took the room the
+        refused ones gave back: 17 refusals in its burst, 38 in all, where the 503s should be a few
+        (issue 55, four engines on a 16-slot server without a queue)."""
+        if upstream.deployment_id is not None:
+            self.told[upstream.deployment_id] = time.time()
+            self.tell_refusals = True
+            self.wake()
+
+    async def share_refusals(self):
+        """Save this engine's refusals for the others (their watch reads `Engine.refused_at`), and
+        act on theirs: every upstream of a deployment another engine was refused at since stops
+        slow start, with no more calls than it has in flight (flow.FlowControl.peer_refused)."""
+        if self.tell_refusals:
+            self.tell_refusals = False
+            await self.db(store.tell_refused, self.owner, dict(self.told))
+        if not self.hear_refusals:
+            return
+        self.hear_refusals = False
+        now = time.time()
+        for pk, when in (await self.db(store.refusals, self.owner)).items():
+            if when <= self.heard.get(pk, 0.0) or now - when > REFUSAL_NEWS_S:
+                continue
+            self.heard[pk] = when
+            for lane in self.lanes.values():
+                for upstream in lane.gate.upstreams:
+                    if upstream.deployment_id == pk:
+                        upstream.peer_refused()
 
     def free_calls(self, lane):
         """The calls this engine will have free on `lane` once the shares are split again (a take-over

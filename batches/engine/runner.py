@@ -85,6 +85,7 @@ class Engine:
         self.poll_now = False
         self.beat_now = False  # an engine left (the watch saw their count fall): beat now, not in 0.5 s
         self.engine_count = None  # the engines' rows, as the watch last counted them
+        self.refused_seen = None  # the other engines' latest refusal, as the watch last read it
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{secrets.token_hex(4)}"
         self.liveness = liveness.Liveness(self.owner)
         self.leases = leases.Leases(self.owner, self.config.lease_s)
@@ -208,6 +209,8 @@ class Engine:
                 await self._heartbeat()
             if self.peers.resuming:
                 await self._take_over()
+            if self.peers.tell_refusals or self.peers.hear_refusals:
+                await self.peers.share_refusals()
             if now - last_deployments >= DEPLOYMENTS_EVERY_S:
                 last_deployments = now
                 await self.peers.refresh_deployments()
@@ -355,10 +358,11 @@ class Engine:
         """Poll at once when a batch is created: its first call goes out within ~WATCH_S,
         not a poll and a loop's sleep later. Beat at once when an engine's row goes (another
         engine reaped a dead one, or one stopped): this engine's part of what it left is claimed
-        now (`_take_over`), not at the next beat or a batch's 1 s look for expired leases."""
+        now (`_take_over`), not at the next beat or a batch's 1 s look for expired leases. Hear at
+        once when another engine was refused a call (Peers.share_refusals)."""
         while not self.stopping:
             await asyncio.sleep(WATCH_S)
-            newest, engines = await self.db(store.watched)
+            newest, engines, refused = await self.db(store.watched, self.owner)
             if newest != self.newest_batch:
                 if self.newest_batch is not None:
                     self.poll_now = True
@@ -368,6 +372,11 @@ class Engine:
                 self.beat_now = True
                 self._wake()
             self.engine_count = engines
+            if refused is not None and refused != self.refused_seen:
+                # Another engine was just refused a call (a 503) somewhere: stop slow start there now.
+                self.refused_seen = refused
+                self.peers.hear_refusals = True
+                self._wake()
 
     def _begin_stop(self):
         if self.stopping:

@@ -442,15 +442,36 @@ class CompiledValues:
 _ACTIVE_BATCHES = CompiledValues(_active_batches_query)
 
 
-def watched():
-    """(the newest batch's id, the engines' rows): engines watch these to start a new batch at
-    once and to claim their part of what an engine that left held (a primary-key index lookup and
-    a count of a few rows, one statement, ~30 us)."""
+def watched(owner=None):
+    """(the newest batch's id, the engines' rows, the other engines' latest refusal): engines watch
+    these to start a new batch at once, to claim their part of what an engine that left held, and
+    to stop slow start where another engine was just refused (`refusals`) (primary-key index
+    lookups over a few rows, one statement, ~30 us)."""
+    engines = _q(Engine._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT (SELECT MAX(id) FROM {_q(Batch._meta.db_table)}), (SELECT COUNT(*) FROM {_q(Engine._meta.db_table)})"
+            f"SELECT (SELECT MAX(id) FROM {_q(Batch._meta.db_table)}), (SELECT COUNT(*) FROM {engines}), "
+            f"(SELECT MAX(refused_at) FROM {engines} WHERE owner <> %s)",
+            [owner or ""],
         )
         return tuple(cursor.fetchone())
+
+
+def tell_refused(owner, refused):
+    """This engine's {deployment pk: when a server there last refused it a call after none had, epoch
+    seconds}, for the other engines' watch (Engine.refused)."""
+    Engine.objects.filter(owner=owner).update(
+        refused={str(pk): when for pk, when in refused.items()}, refused_at=timezone.now()
+    )
+
+
+def refusals(owner):
+    """{deployment pk: the latest refusal there of the other engines (epoch seconds)}."""
+    latest = {}
+    for refused in Engine.objects.exclude(owner=owner).exclude(refused=None).values_list("refused", flat=True):
+        for pk, when in (refused or {}).items():
+            latest[int(pk)] = max(when, latest.get(int(pk), when))
+    return latest
 
 
 def deployments(model_ids):

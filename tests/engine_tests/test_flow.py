@@ -1,6 +1,8 @@
 """The adaptive limit's rules, one reaction at a time (batches.engine.calls.flow), and the server figures it reads."""
 
-from batches.engine.calls.flow import BACKOFF, FlowControl, read_metrics
+import pytest
+
+from batches.engine.calls.flow import BACKOFF, BASELINE_CALLS, BASELINE_MAX_S, FlowControl, read_metrics
 
 
 def answer_window(flow, seconds, now, filled=True):
@@ -112,6 +114,19 @@ def test_every_503_of_a_burst_counts_the_lowest_is_the_ceiling():
     assert flow.learned == 11
 
 
+def test_the_refusals_of_one_burst_are_not_counted_as_held():
+    """Issue 55: slow start's last doubling sent four calls at once with 8 in flight, and the server
+    refused all four: it held 4, not the 7 each refusal alone says (4 engines summed 28 on 16 slots
+    and sawed into 503s until their ceilings came down: 36 refusals where one engine drew 15)."""
+    flow = FlowControl(256, start=8, hold_s=30)
+    for sent_at in (1.0, 1.001, 1.002, 1.003):
+        flow.overloaded(sent_at=sent_at, now=1.04, status=503, sent_with=8)
+    assert flow.learned == 4 and flow.limit == 4
+    # A refusal once the burst is over counts only itself.
+    flow.overloaded(sent_at=2.0, now=2.01, status=503, sent_with=4)
+    assert flow.learned == 3
+
+
 def test_without_a_hold_a_503_only_backs_off():
     flow = FlowControl(64, start=20, hold_s=0)
     flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=20)
@@ -186,6 +201,96 @@ def test_off_the_limit_is_the_ceiling_whatever_the_answers():
     assert flow.limit == 32
 
 
+def queueing_server_limits(start, slots=4, call_s=0.3, minutes=10):
+    """The limit, window after window, against a server that queues without end past its `slots` (llama.cpp
+    defers what its slots can't take): a window of L calls in flight takes max(call_s, L x call_s / slots)
+    (Little's law: the slots finish slots / call_s calls a second)."""
+    flow, now, limits = FlowControl(256, start=start), 0.0, []
+    while now < minutes * 60:
+        calls = flow.limit
+        seconds = max(call_s, calls * call_s / slots)
+        for _ in range(max(1, calls)):
+            flow.observe(seconds, calls, now)
+        now += seconds
+        limits.append(calls)
+    return limits
+
+
+def test_long_calls_probe_less_often_and_still_hold_the_line():
+    """A drain probe costs about a call time at half the limit: with 10 s calls, one a minute was ~8% of the
+    calls. The baseline of long calls lives BASELINE_CALLS call times (up to BASELINE_MAX_S), so an hour holds
+    ~12 probes, not 60; and a start above the slots, whose first baseline is queued, still comes down to the line."""
+    probes = []
+
+    class Counted(FlowControl):
+        def _start_probe(self, now):
+            probes.append(now)
+            super()._start_probe(now)
+
+    flow, now, limits = Counted(256, start=16), 0.0, []
+    while now < 3600:
+        calls = flow.limit
+        seconds = max(10.0, calls * 10.0 / 4)
+        for _ in range(max(1, calls)):
+            flow.observe(seconds, calls, now)
+        now += seconds
+        limits.append(calls)
+    assert max(limits[-20:]) <= 7, limits[-20:]
+    assert 2 <= len(probes) <= 3600 / min(BASELINE_CALLS * 10, BASELINE_MAX_S) + 1, probes
+
+
+@pytest.mark.parametrize("start", [2, 16])
+def test_the_line_holds_against_a_server_that_queues_without_end(start):
+    limits = queueing_server_limits(start)
+    # 4 slots and a line of a quarter of the calls in flight: 5-6 in flight, 7 with the growth of a window.
+    assert max(limits[-50:]) <= 7, limits[-50:]
+
+
+def held_at_the_line(now=0.0):
+    """A limit of 8 out of slow start whose baseline (0.2 s) was measured at `now`."""
+    flow = FlowControl(128, start=8)
+    flow.overloaded(sent_at=now, now=now)
+    answer_window(flow, 0.2, now=now)
+    flow.value = 8.0
+    flow._clamp()
+    return flow
+
+
+def test_a_drain_probe_halves_the_limit_for_one_window_before_the_baseline_ages_out():
+    """Issue 55: with every window queued, the lowest mean aged out each minute and the baseline rose
+    to a queued mean. Before it ages out, one window runs at half the limit; its mean is the new
+    baseline, and the limit before it comes back."""
+    flow = held_at_the_line()
+    answer_window(flow, 0.28, now=30, filled=False)  # queued (1.4x): the baseline is not yet due
+    assert flow.limit == 8 and flow.probe is None
+    answer_window(flow, 0.28, now=59.5, filled=False)  # the baseline (0 s) ages out within two windows
+    assert flow.limit == 4 and flow.probe is not None
+    for _ in range(8):  # answers of calls sent before the probe: they queued, and don't count
+        flow.observe(0.28, 8, 59.7)
+    assert flow.probe is not None
+    answer_window(flow, 0.25, now=60)  # the probe's window, sent at 59.75: a fresh baseline
+    assert flow.probe is None and flow.limit == 8
+    assert list(flow.means) == [(0, 0.2), (60, 0.25)]  # the next baseline: not the queued 0.28 s
+
+
+def test_no_drain_probe_while_a_window_near_the_baseline_keeps_it_fresh():
+    flow = held_at_the_line()
+    answer_window(flow, 0.22, now=30, filled=False)  # 20 ms over the baseline: no queue, a candidate
+    answer_window(flow, 0.28, now=59.5, filled=False)
+    assert flow.probe is None and flow.limit == 8
+    answer_window(flow, 0.28, now=61, filled=False)  # the baseline is 0.22 s now (from 30 s): still fresh
+    assert flow.probe is None and flow.limit == 8
+
+
+def test_an_overload_during_a_drain_probe_is_not_undone_by_it():
+    flow = held_at_the_line()
+    answer_window(flow, 0.28, now=59.5, filled=False)
+    assert flow.limit == 4
+    flow.overloaded(sent_at=59.6, now=59.8)
+    answer_window(flow, 0.25, now=60, filled=False)
+    assert flow.probe is None and flow.limit == int(4 * BACKOFF)
+
+
 def test_the_floor_holds():
     flow = FlowControl(64, start=4, floor=3)
     for step in range(10):
@@ -218,3 +323,28 @@ def test_server_figures_are_read_from_vllm_and_llamacpp_pages():
     assert read_metrics(LLAMACPP) == (2.0, 4.0, None)
     assert read_metrics("# nothing here\nprocess_cpu_seconds_total 3\n") is None
     assert read_metrics("not { prometheus") is None
+
+
+def test_another_engines_refusal_holds_the_calls_in_flight_as_a_ceiling():
+    flow = FlowControl(256, start=8, hold_s=30)
+    flow.peer_refused(in_flight=6, now=1.0)
+    assert not flow.slow_start and flow.limit == 6 and flow.learned == 6
+    assert 31.0 <= flow.held_until <= 46.0  # longer than the refused engine's own hold: one probes at a time
+    answer_window(flow, 0.2, now=2)
+    assert flow.limit == 6  # held, as if refused itself
+    answer_window(flow, 0.2, now=flow.held_until + 1)
+    assert flow.limit == 7  # then a call a window
+
+
+def test_another_engines_refusal_holds_a_held_ceiling_longer():
+    flow = FlowControl(256, start=8, hold_s=30)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=9)
+    flow.peer_refused(in_flight=3, now=20.0)
+    assert flow.limit == 8 and flow.learned == 8  # its own refusal told it where it stands
+    assert flow.held_until >= 50.0
+
+
+def test_without_a_hold_another_engines_refusal_only_stops_growth():
+    flow = FlowControl(256, start=8, hold_s=0)
+    flow.peer_refused(in_flight=6, now=1.0)
+    assert not flow.slow_start and flow.limit == 6 and flow.learned is None

@@ -216,6 +216,43 @@ def test_the_start_is_split_over_the_live_engines(alice, model, adaptive):
     assert sorted(opened) == [8, 8], opened  # was [16, 16]
 
 
+def test_a_refusal_one_engine_meets_stops_the_others_slow_start_at_once(alice, model, adaptive):
+    """Issue 55: each engine found the server's edge on its own, and one still doubling took the room
+    the refused engines gave back (17 refusals in its burst, 38 in all, on four engines). A 503 that
+    teaches one engine a ceiling is saved for the others (Engine.refused_at), whose watch hears it:
+    they stop doubling and hold where they stand. 3 s calls: no answer comes back to end slow start
+    meanwhile."""
+    import time
+
+    from tests.engine_tests.test_shares import Engines, _peak_tracking_simulator
+    from tests.helpers import chat as record
+    from tests.helpers import make_batch, wait_for
+
+    adaptive.OPENRELAY_CONCURRENCY_START = 16
+    with _peak_tracking_simulator(3000) as sim:
+        model.deployments.update(base_url=sim.base_url, max_concurrency=64)
+        with Engines(2) as engines:
+            wait_for(lambda: all(e.peers.engines == 2 for e in engines.engines), 30, "the engines to see each other")
+            make_batch(alice.org, [record(f"r{i}") for i in range(64)])
+
+            def upstream(engine):
+                lanes = list(engine.peers.lanes.values())
+                return next(iter(lanes[0].upstreams.values()), None) if lanes else None
+
+            wait_for(lambda: all(upstream(e) is not None and upstream(e).in_use for e in engines.engines), 30, "calls")
+            refused, other = (upstream(e) for e in engines.engines)
+            assert other.flow.slow_start and other.flow.learned is None
+            now = time.monotonic()
+            engines.engines[0].loop.call_soon_threadsafe(refused.overloaded, now, now, 503, refused.in_use + 1)
+            heard = time.monotonic()
+            wait_for(lambda: not other.flow.slow_start, 2.5, "the other engine to stop slow start")
+            heard = time.monotonic() - heard
+            assert refused.flow.learned is not None
+            # Told, not refused (this server refuses nothing): it holds what it had out.
+            assert other.flow.learned is not None and other.share <= other.in_use
+    assert heard < 2.5, heard  # well before its 3 s calls could answer
+
+
 async def _until(check, seconds=10.0):
     deadline = asyncio.get_running_loop().time() + seconds
     while not check():

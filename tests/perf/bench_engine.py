@@ -153,6 +153,7 @@ TARGETS = {
     "contracts_throughput": ">= 0.95x",
     "reuse": "calls = distinct requests, every line",
     "windows": "every deadline met",
+    "llamacpp_flow": ">= 95% of max, none failed",
 }
 
 
@@ -177,11 +178,13 @@ PARTS = {
     "estimate": ("estimates",),
     "reuse": ("reuse",),
     "windows": ("windows",),
+    "llamacpp": ("llamacpp_flow",),
 }
 # Parts a run without --only leaves out: big_answers takes ~20 minutes and ~7 GB at full size;
 # contracts (issue 38) runs 120,000 records at full size; refusals (issue 55) 24 runs, ~20 minutes;
-# takeover (issue 55) five kills of a cluster, ~5 minutes.
-OPT_IN = ("big_answers", "contracts", "refusals", "takeover")
+# takeover (issue 55) five kills of a cluster, ~5 minutes; llamacpp (issue 55) needs a built llama-server
+# (tests/real/llamacpp_build.py), eight runs, ~10 minutes.
+OPT_IN = ("big_answers", "contracts", "refusals", "takeover", "llamacpp")
 
 
 @dataclass
@@ -204,9 +207,11 @@ class Scale:
     big_answers: int = 16
     big_answer_inputs: int = 2_048
     quick: bool = False
+    # Row 18's runs to make (bench_flow.refusal_runs): terms such as q0 2c latency after; empty: all 24.
+    refusals: tuple = ()
 
     @classmethod
-    def make(cls, quick=False, records=None):
+    def make(cls, quick=False, records=None, refusals=()):
         if quick:
             scale = cls(
                 big=500,
@@ -226,6 +231,7 @@ class Scale:
             )
         else:
             scale = cls()
+        scale.refusals = tuple(refusals or ())
         if records:
             factor = records / scale.big
             scale.big = records
@@ -1473,6 +1479,12 @@ class Bench:
 
         TakeoverRuns(self).takeover()
 
+    # 22: flow control against a real llama.cpp server (issue 55), skipped when none is built
+    def llamacpp_flow(self):
+        from tests.perf.bench_llamacpp import LlamaRuns
+
+        LlamaRuns(self).run()
+
     # 15: big answers (issue 42: two workers reached 7.8 and 6.8 GB, 0 of 16 finished in 10 minutes)
     def big_answers(self):
         """16 embeddings answers of 2,048 x 3,072 floats on the default 2-worker cluster with the
@@ -1600,12 +1612,28 @@ def machine():
     )
 
 
-def run(quick=False, records=None, database_url=None, redis_url=None, report=print, web_server="uvicorn", only=None):
+def refusal_runs(terms):
+    """Row 18's runs that `--refusals` names (bench_flow.refusal_runs): ValueError names a term it does not know."""
+    from tests.perf.bench_flow import refusal_runs
+
+    return refusal_runs(terms)
+
+
+def run(
+    quick=False,
+    records=None,
+    database_url=None,
+    redis_url=None,
+    report=print,
+    web_server="uvicorn",
+    only=None,
+    refusals=(),
+):
     """Run every measurement in throwaway state; return (rows, facts)."""
     import logging
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # no line per request under Django's logging
-    scale = Scale.make(quick=quick, records=records)
+    scale = Scale.make(quick=quick, records=records, refusals=refusals)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="openrelay-bench-") as tmp:
         stack = Stack(Path(tmp), database_url, redis_url, report, web_server)
@@ -1645,16 +1673,15 @@ def render(rows, facts, console=None):
     for column in ("#", "measurement", "result", "target", "", "detail"):
         table.add_column(column, overflow="fold")
     for row in rows:
-        verdict = "PASS" if row.passed else "MISS"
-        table.add_row(
-            str(row.number),
-            row.name,
-            row.result,
-            row.target,
-            f"[green]{verdict}[/]" if row.passed else f"[red]{verdict}[/]",
-            row.detail,
-        )
+        verdict = _verdict(row)
+        colour = {"PASS": "green", "MISS": "red"}.get(verdict, "yellow")
+        table.add_row(str(row.number), row.name, row.result, row.target, f"[{colour}]{verdict}[/]", row.detail)
     console.print(table)
+
+
+def _verdict(row):
+    """PASS, MISS, or SKIP for a run that could not measure here (row 22 without a built llama-server)."""
+    return "SKIP" if row.passed is None else "PASS" if row.passed else "MISS"
 
 
 def _title(facts):
@@ -1669,10 +1696,7 @@ def _title(facts):
 def markdown(rows, facts):
     lines = [f"{_title(facts)}", "", "| # | measurement | result | target | | detail |", "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(
-            f"| {row.number} | {row.name} | {row.result} | {row.target} | "
-            f"{'PASS' if row.passed else 'MISS'} | {row.detail} |"
-        )
+        lines.append(f"| {row.number} | {row.name} | {row.result} | {row.target} | {_verdict(row)} | {row.detail} |")
     return "\n".join(lines)
 
 

@@ -75,3 +75,20 @@ def test_bench_steps_follow_only():
     assert names == ["end_to_end", "scale_out", "fairness", "many_batches"]
     assert [step.__name__ for step in bench.steps()][:2] == ["upload_and_create", "big_run_and_rss"]
     assert "big_answers" not in [step.__name__ for step in bench.steps()]  # opt-in: --only big_answers
+
+
+def test_bench_refusals_picks_a_part_of_row_18():
+    from tests.perf.bench_flow import refusal_runs
+
+    assert len(refusal_runs()) == 24
+    assert refusal_runs(["q0", "2c", "after"]) == [("no queue", 0, "", 2, "after"), ("no queue", 0, "vllm", 2, "after")]
+    assert {run[1] for run in refusal_runs(["q0", "q64", "vllm"])} == {0, 64}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "bench", "--only", "refusals", "--refusals", "q0", "noqueue"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert "not noqueue" in result.stderr

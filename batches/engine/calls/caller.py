@@ -175,6 +175,7 @@ class Upstream:
         self.allotted = self.concurrency
         self.share = self.flow.limit
         self.part = 0  # the engine's split of max_concurrency, published before it becomes the share
+        self.on_refused = None  # called with the upstream when a 503 teaches a ceiling afresh (peers.Peers.refused)
         self.published = False
         self.in_use = 0
         # No call goes past the adaptive limit before this (time.monotonic): one that did was
@@ -225,8 +226,19 @@ class Upstream:
         self.share = self.flow.limit
 
     def overloaded(self, sent_at, now, status=None, sent_with=None):
+        learned = self.flow.learned
         self.flow.overloaded(sent_at, now, status, sent_with)
         self.share = self.flow.limit
+        if learned is None and self.flow.learned is not None and self.on_refused is not None:
+            self.on_refused(self)
+
+    def peer_refused(self):
+        """Another engine was just refused a call here (flow.FlowControl.peer_refused): the server is
+        full, so no call goes past the limit here either for a while (refused_past_limit)."""
+        now = time.monotonic()
+        self.flow.peer_refused(self.in_use, now)
+        self.share = self.flow.limit
+        self.refused_past_limit(now)
 
     def refused_past_limit(self, now):
         """A call sent past the adaptive limit (fairness.EXPRESS_CALLS) drew an overload answer: the

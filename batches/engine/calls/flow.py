@@ -12,7 +12,10 @@ limit between a floor and that part, from what the server's answers say:
   the calls this engine had in flight when it sent the refused one, less
   one. The limit stays at or under it for OPENRELAY_CEILING_HOLD_S (each
   503 starts the hold again, and the lowest such ceiling of a hold counts);
-  after a hold without one it grows past it again, a call a window.
+  after a hold without one it grows past it again, a call a window. The
+  calls of one burst the server refused count as not held (`_learn`); and
+  the other engines hear of the refusal at once (peers.Peers.refused,
+  through their watch) and stop slow start where they stand (`peer_refused`).
 - **Latency** (Vegas): each window (as many answers as the limit, about
   one round trip of every slot) gives a mean call time. The baseline is the
   lowest window mean of the last BASELINE_S. The calls waiting inside the
@@ -21,9 +24,14 @@ limit between a floor and that part, from what the server's answers say:
   at most OPENRELAY_QUEUE_LINE of the calls in flight (at least one) wait:
   it shrinks by what waits past that, and grows only while less waits. A mean
   above OPENRELAY_LATENCY_TOLERANCE x the baseline cuts harder, to where
-  calls would not queue. The limit grows by doubling while it has never
-  been cut (slow start), then by one a window; it only grows while calls
-  actually fill it.
+  calls would not queue (or to the line, if lower). The limit grows by
+  doubling while it has never been cut (slow start), then by one a window;
+  it only grows while calls actually fill it. A drain probe keeps the
+  baseline unqueued: when it is about to age out and no window since came
+  near it, the limit is held at half for one window (BBR's ProbeRTT), whose
+  mean is a fresh baseline, then restored; without it, against a server that
+  queues without end past its slots, the baseline rose to a queued mean each
+  minute and the limit with it (4 slots: 52 in flight after 10 minutes).
 - **The server's own figures**, when GET /metrics answers (vLLM:
   `vllm:num_requests_waiting`, `vllm:num_requests_running`, KV-cache usage;
   llama.cpp: `llamacpp:requests_deferred`, `llamacpp:requests_processing`):
@@ -48,6 +56,7 @@ docs/concepts/flow-control.md says what an operator sets and sees; docs/performa
 import asyncio
 import logging
 import math
+import random
 import time
 from collections import defaultdict, deque
 
@@ -59,6 +68,13 @@ logger = logging.getLogger("openrelay.engine")
 BACKOFF = 0.7  # an overload signal multiplies the limit by this
 SLOW_START_EXIT = 1.25  # slow start ends once calls take this much over their baseline
 BASELINE_S = 60.0  # the latency baseline is the lowest window mean this recent
+# ... or this many call times, if longer, up to BASELINE_MAX_S: a drain probe (`_start_probe`) renews an
+# old baseline at the cost of about a call time at half the limit, so a baseline of long calls lives
+# longer (calls of 10 s: a probe every 300 s, ~2.5% of the calls; every 60 s it was ~8%). The cap: a
+# baseline learned queued (a start above the slots) is only renewed by a probe, and each halves the queue.
+BASELINE_CALLS = 40
+BASELINE_MAX_S = 300.0
+PROBE_SHARE = 0.5  # a drain probe holds the limit at this share of itself for one window
 # Below this, a rise in call time is noise, not a queue: a fast server's calls take
 # 1-10 ms, and their mean doubles with scheduling jitter alone.
 MIN_QUEUE_DELAY_S = 0.05
@@ -67,6 +83,8 @@ MIN_QUEUE_DELAY_S = 0.05
 SLOW_START_NOISE_S = 0.02
 SLOW_START_SAMPLES = 8  # answers of a window that may end slow start before the window does
 REFUSED = 503  # a full queue: the status whose calls in flight teach a ceiling
+BURST_S = 2.0  # refusals this recent may have been in flight when another was sent (a burst)
+BURST_MAX = 64  # and at most this many of them are weighed against each other
 METRICS_EVERY_S = 0.5
 METRICS_TIMEOUT_S = 2.0
 METRICS_RETRY_S = 60.0  # a server with no usable /metrics is asked again this much later
@@ -110,11 +128,13 @@ class FlowControl:
         self.hold_s = hold_s  # how long a 503's ceiling holds (0: none is learned)
         self.learned = None  # the calls in flight past which the server refused, while held
         self.held_until = -math.inf
+        self.refusals = deque()  # (sent at, calls in flight then, answered at) of the hold's recent 503s
         self.value = float(self.ceiling if start is None or not adaptive else start)
         self.start = self.value  # where it started (the engine's part of the deployment's start)
         self.slow_start = True
         self.cut_at = -math.inf  # when the limit was last cut (time.monotonic): older calls don't cut again
         self.means = deque()  # (when, window mean): the baseline's candidates, oldest (and lowest) first
+        self.probe = None  # (when a drain probe began, the limit it restores) while one runs
         self.server = None  # (when, waiting, running, kv usage) from /metrics
         self.steered_at = -math.inf  # the reading the limit last moved by: each moves it once
         self._clamp()
@@ -158,6 +178,8 @@ class FlowControl:
         """An answer that took `seconds`, with `in_flight` calls (this one included) at the deployment."""
         if not self.adaptive:
             return
+        if self.probe is not None and now - seconds < self.probe[0]:
+            return  # sent before the drain probe: it queued behind the limit the probe lowered
         self.window_calls += 1
         self.window_seconds += seconds
         self.window_in_flight += in_flight
@@ -196,7 +218,7 @@ class FlowControl:
             held = self.learned is not None and now < self.held_until
             cut = cut and held and sent_with <= self.learned
             self.slow_start = False
-            self._learn(sent_with - 1, now)
+            self._learn(sent_at, sent_with, now)
         if cut:
             self.slow_start = False
             self.value *= BACKOFF
@@ -205,16 +227,47 @@ class FlowControl:
         if cut or status == REFUSED:
             self._reset_window()
 
-    def _learn(self, calls, now):
-        """A refused call: `calls` in flight were all the server would take beside the other engines'.
-        Every refusal of a burst says so (the burst that slow start's last doubling sends), not
-        only the first, so the lowest of a hold is kept."""
+    def _learn(self, sent_at, sent_with, now):
+        """A refused call: the calls in flight when it was sent, less itself, were all the server would
+        take beside the other engines'. Every refusal of a burst says so (the burst that slow start's
+        last doubling sends), not only the first, so the lowest of a hold is kept; and the calls of
+        a burst were in flight when the later ones were sent, though the server held none of them:
+        each counts only the calls in flight at its sending that were not refused (four of eight
+        refused at once left a ceiling of 7 each, 28 where 4 engines had 16 slots: issue 55)."""
+        refusals = self.refusals
         if self.learned is None or now >= self.held_until:
-            self.learned = max(self.floor, calls)
-        else:
-            self.learned = max(self.floor, min(self.learned, calls))
+            self.learned = None
+            refusals.clear()
+        while refusals and (now - refusals[0][2] > BURST_S or len(refusals) >= BURST_MAX):
+            refusals.popleft()
+        refusals.append((sent_at, sent_with, now))
+        calls = min(
+            with_ - 1 - sum(1 for other in refusals if other is not refusal and other[0] <= sent < other[2])
+            for refusal in refusals
+            for sent, with_, _ in [refusal]
+        )
+        self.learned = max(self.floor, calls if self.learned is None else min(self.learned, calls))
         self.held_until = now + self.hold_s
         self._clamp()
+
+    def peer_refused(self, in_flight, now):
+        """Another engine was just refused a call here: the server is full. Stop growing, and hold
+        no more than the `in_flight` calls out now as if refused itself; an engine holding a
+        ceiling already holds it longer. An engine still doubling took the room the refused ones
+        gave back and was refused in turn; engines whose holds ran out together probed the server
+        together, four refusals a step (issue 55). So a hold heard of lasts a random 1-1.5x
+        OPENRELAY_CEILING_HOLD_S, past the refused engine's own: one engine probes at a time."""
+        if not self.adaptive:
+            return
+        self.slow_start = False
+        if self.hold_s <= 0:
+            self.value = max(float(self.floor), min(self.value, float(in_flight)))
+        else:
+            if self.learned is None or now >= self.held_until:
+                self.learned = max(self.floor, min(int(self.value), in_flight))
+            self.held_until = max(self.held_until, now + self.hold_s * random.uniform(1.0, 1.5))
+        self._clamp()
+        self._reset_window()
 
     def release(self, now):
         """A hold that saw no refusal ends: the limit grows past its ceiling again, a call a window
@@ -272,12 +325,16 @@ class FlowControl:
         self.release(now)
         filled = self.window_peak >= self._limit  # the limit, not the work, held calls back
         baseline = self._baseline(mean, now)
-        if self.server is not None and now - self.server[0] <= METRICS_FRESH_S:
+        if self.probe is not None:
+            self._end_probe()
+        elif self.server is not None and now - self.server[0] <= METRICS_FRESH_S:
             if self.slow_start and mean - baseline > MIN_QUEUE_DELAY_S and mean > SLOW_START_EXIT * baseline:
                 self.slow_start = False  # calls begin to wait before the next reading says so
             if self.server[0] > self.steered_at:  # a window is shorter than a reading's interval
                 self.steered_at = self.server[0]
                 self._steer_by_server(filled)
+        elif not self.slow_start and self._baseline_expires(mean, now):
+            self._start_probe(now)
         else:
             self._steer_by_latency(mean, baseline, in_flight, filled)
         self._clamp()
@@ -294,9 +351,50 @@ class FlowControl:
         while means and means[-1][1] >= mean:
             means.pop()
         means.append((now, mean))
-        while now - means[0][0] > BASELINE_S:
+        life = self._baseline_life(mean)
+        while now - means[0][0] > life:
             means.popleft()
         return means[0][1]
+
+    @staticmethod
+    def _baseline_life(mean):
+        """How long a window's mean may stay the baseline: BASELINE_S, or BASELINE_CALLS calls' time up
+        to BASELINE_MAX_S."""
+        return max(BASELINE_S, min(BASELINE_CALLS * mean, BASELINE_MAX_S))
+
+    def _baseline_expires(self, mean, now):
+        """The baseline's window ages out about when a probe could replace it (two windows of
+        `mean` from now: one drains the calls sent before it, one measures), and no window since
+        came within MIN_QUEUE_DELAY_S of it (`means` rises from the baseline: the next is the
+        lowest since)."""
+        (when, baseline), means = self.means[0], self.means
+        if now - when + 2 * mean < self._baseline_life(mean):
+            return False
+        return len(means) < 2 or means[1][1] - baseline > MIN_QUEUE_DELAY_S
+
+    def _start_probe(self, now):
+        """Hold the limit at PROBE_SHARE of itself for one window, so that window runs unqueued and
+        its mean is a fresh baseline (BBR's ProbeRTT, at half the window as BBRv2's).
+
+        Against a server that queues without end past its slots (llama.cpp, Ollama, vLLM without
+        a queue limit), no window runs unqueued once the limit is past the slots: each minute the
+        lowest mean aged out, the baseline rose to a queued mean and the limit grew again (a model
+        of 4 slots: 52 calls in flight after 10 minutes from a start of 2, 110 from 16, where the
+        line means 5-6). Half: held at the line, a quarter of the calls wait and the rest run, so
+        half of them all runs unqueued; from a queued baseline each probe halves what queues. The
+        cost: one window a minute with half the slots busy (calls of 0.3 s: 0.25%; longer calls probe
+        less often: BASELINE_CALLS),
+        and none while a window near the baseline keeps it fresh."""
+        self.probe = (now, self.value)
+        self.value = max(self.floor, self.value * PROBE_SHARE)
+
+    def _end_probe(self):
+        """The probe's window is in (`_baseline` took its mean): back to the limit before it, unless
+        an overload cut the limit meanwhile (then it grows back from there)."""
+        began, value = self.probe
+        self.probe = None
+        if self.cut_at < began:
+            self.value = value
 
     def _steer_by_latency(self, mean, baseline, in_flight, filled):
         queueing = mean - baseline > MIN_QUEUE_DELAY_S
@@ -305,9 +403,13 @@ class FlowControl:
             self.slow_start = False
         waiting, line = self.waiting(mean, baseline, in_flight)
         if mean > self.tolerance * baseline and queueing:
-            # Calls queue in the server: shrink towards where they would take `tolerance` x the baseline.
+            # Calls queue in the server: shrink towards where they would take `tolerance` x the baseline,
+            # or to the line if that is lower (just past the tolerance, its cut is nil: a probe's fresh
+            # baseline at half the limit read 2.0x and left a limit of 14 against 4 slots).
             self.slow_start = False
-            self.value = max(self.value * BACKOFF, self.value * self.tolerance * baseline / mean)
+            self.value = max(
+                self.value * BACKOFF, min(self.value * self.tolerance * baseline / mean, self.value - (waiting - line))
+            )
         elif waiting > line:
             # Past the line: take back what waits beyond it (at most a backoff's worth a window).
             self.slow_start = False

@@ -58,12 +58,21 @@ class Command(BaseCommand):
             "concurrency), prefix (14: prefix-aware dispatch), "
             "reuse (19: identical records run once); opt-in: big_answers (15), contracts (16, 17: output "
             "contracts), refusals (18: flow control's 503s at the defaults, before beside after), takeover (20: "
-            "kill -9 of one of two clusters, the worst re-send of its calls in flight)",
+            "kill -9 of one of two clusters, the worst re-send of its calls in flight), llamacpp (22: flow control "
+            "against a real llama.cpp server; skipped until tests/real/llamacpp_build.py has built one)",
+        )
+        parser.add_argument(
+            "--refusals",
+            nargs="+",
+            default=(),
+            metavar="TERM",
+            help="with --only refusals: only row 18's runs these terms name, e.g. q0 2c (the server without a "
+            "queue, two clusters); a server q0, q16 or q64, a path latency or vllm, 1c or 2c, before or after",
         )
         parser.add_argument("--markdown", action="store_true", help="print the table as markdown (docs/performance.md)")
         parser.add_argument("--json", default=None, metavar="PATH", help="also write the rows and facts as JSON")
 
-    def handle(self, quick, records, database_url, redis_url, web_server, only, markdown, json, **options):
+    def handle(self, quick, records, database_url, redis_url, web_server, only, refusals, markdown, json, **options):
         try:
             from tests.perf import bench_engine
         except ImportError as exc:
@@ -71,6 +80,10 @@ class Command(BaseCommand):
         unknown = set(only or ()) - set(bench_engine.PARTS)
         if unknown:
             raise CommandError(f"--only takes {', '.join(bench_engine.PARTS)}; not {', '.join(sorted(unknown))}.")
+        try:
+            bench_engine.refusal_runs(refusals)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
         if records is not None and records < 10:
             raise CommandError("--records must be at least 10.")
         if redis_url and not database_url:
@@ -90,6 +103,7 @@ class Command(BaseCommand):
             report=report,
             web_server=web_server,
             only=only,
+            refusals=refusals,
         )
         if markdown:
             self.stdout.write(bench_engine.markdown(rows, facts))
