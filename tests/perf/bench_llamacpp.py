@@ -159,27 +159,15 @@ class LlamaRuns:
         from tests.perf.bench_engine import _free_port
 
         port = _free_port()
-        argv = [
-            binary,
-            "-m",
-            model,
-            "--host",
-            "127.0.0.1",
-            "--port",
-            port,
-            "-c",
-            SLOTS * SLOT_CONTEXT,
-            "-np",
-            SLOTS,
-            "-t",
-            THREADS,
-            "--metrics",
-            "--cache-ram",
-            0,  # llama.cpp's host prompt cache (8 GiB by default) would serve a prompt seen before
-        ]
+        import llamacpp_build  # on sys.path since `built` found the binary
+
+        # --cache-ram 0: llama.cpp's host prompt cache (8 GiB by default) would serve a prompt seen before.
+        argv = llamacpp_build.server_argv(
+            binary, model, port, slots=SLOTS, slot_context=SLOT_CONTEXT, threads=THREADS, extra=("--cache-ram", 0)
+        )
         if prefix:
             argv += ["--api-prefix", prefix]
-        process = self.stack.spawn(f"llama-server{prefix.replace('/', '-')}", [str(a) for a in argv])
+        process = self.stack.spawn(f"llama-server{prefix.replace('/', '-')}", argv)
         base = f"http://127.0.0.1:{port}{prefix}"
         wait_http(process, f"{base}/health")
         deadline = time.monotonic() + 120

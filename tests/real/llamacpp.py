@@ -106,23 +106,8 @@ def tiny_model(cache):
 def llama_server(cache, work):
     binary, model = llamacpp_build.server_binary(cache), tiny_model(cache)
     port = free_port()
-    argv = [
-        binary,
-        "-m",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-c",
-        str(2 * SLOT_CONTEXT),
-        "-np",
-        "2",
-        "--metrics",
-        "-t",
-        "1",
-    ]
-    with process(["nice", "-n", "19", *map(str, argv)], work / "llama-server.log"):
+    argv = llamacpp_build.server_argv(binary, model, port, slots=2, slot_context=SLOT_CONTEXT)
+    with process(["nice", "-n", "19", *argv], work / "llama-server.log"):
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: answers(f"{base}/health"), "llama-server")
         yield base, model

@@ -88,6 +88,14 @@ def tool_python(cache=None):
     return python
 
 
+def server_argv(binary, model, port, *, slots, slot_context=256, threads=1, extra=()):
+    """llama-server's command line as the project's real runs start it: `slots` slots of `slot_context`
+    tokens each, `threads` compute threads (fixed, so its share of the machine is), `--metrics`."""
+    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", port, "-c", slots * slot_context]
+    argv += ["-np", slots, "-t", threads, "--metrics", *extra]
+    return [str(arg) for arg in argv]
+
+
 if __name__ == "__main__":
     print(server_binary())
     print(tool_python())
