@@ -213,6 +213,10 @@ class CallGate:
             False: {},
         }
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
+        # When each organization was last given a slot (a count of grants): among those tied for the
+        # fewest calls, the one served least recently goes next (`_fewest_calls`).
+        self.org_served = {}
+        self._grants = 0
         self.deadlines = {}  # batch pk -> Ticket of the batches with a need (deadline_need)
         # The seconds a call holds a slot, measured (Little's law: slot-seconds / calls finished); None: not yet.
         self.call_s = None
@@ -366,15 +370,22 @@ class CallGate:
             self.org_calls[ticket.organization_id] = calls
         else:
             del self.org_calls[ticket.organization_id]
+            if not self._waits(ticket.organization_id):
+                self.org_served.pop(ticket.organization_id, None)  # gone from this model: forget it
         self.caps.give(ticket.organization_id)
         if self.waiting:
             self.dispatch()
+
+    def _waits(self, organization_id):
+        return organization_id in self._queues[False] or organization_id in self._queues[True]
 
     def _take(self, ticket, upstream):
         self._clock(1, 0)
         upstream.in_use += 1
         ticket.calls += 1
         self.org_calls[ticket.organization_id] += 1
+        self._grants += 1
+        self.org_served[ticket.organization_id] = self._grants
         self.caps.take(ticket.organization_id)
 
     def dispatch(self):
@@ -458,18 +469,22 @@ class CallGate:
 
     def _fewest_calls(self, *waiting):
         """The waiting organization (not at its cap) with the fewest calls in flight on this model, or
-        None: `turn`'s first key.
+        None: `turn`'s first key. Ties go to the one served least recently, so organizations tied for
+        one free slot take turns: by the dicts' order, the first kept every slot (issue 55: another
+        sent nothing for 12 s beside a deadline batch holding the rest of the model).
 
         A plain loop: this runs on every slot's release, and with one
         organization waiting (the common case) it is a lookup or two.
         """
-        allows, calls = self.caps.allows, self.org_calls
-        best, fewest = None, None
+        allows, calls, served = self.caps.allows, self.org_calls, self.org_served
+        best, fewest, best_served = None, None, 0
         for orgs in waiting:
             for org in orgs:
                 if not allows(org):
                     continue
                 n = calls.get(org, 0)
                 if fewest is None or n < fewest:
-                    best, fewest = org, n
+                    best, fewest, best_served = org, n, served.get(org, 0)
+                elif n == fewest and (last := served.get(org, 0)) < best_served:
+                    best, best_served = org, last
         return best

@@ -115,6 +115,38 @@ def test_the_gate_puts_expedited_first_only_within_an_organizations_fair_share()
     asyncio.run(scenario())
 
 
+def test_organizations_tied_for_fewest_calls_take_turns():
+    """Two organizations with nothing in flight, one slot between them (a deadline batch held the rest):
+    each freed slot goes to the one served least recently. Ties went to the first in the gate's dicts,
+    and org A sent 0 calls for 12 s while B took every slot (issue 55: test_deadlines, 36 vs 363)."""
+
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        gate.upstreams = [_Slot(1)]
+        a, b = Ticket(1, 100), Ticket(2, 200)
+        order = []
+
+        async def wait(ticket, name):
+            upstream = await gate.acquire(ticket)
+            order.append(name)
+            return ticket, upstream
+
+        first = await gate.acquire(b)  # b is served first, so b's waiters enter the gate's dicts first
+        granted = {f"b{i}": asyncio.create_task(wait(b, f"b{i}")) for i in range(3)}
+        granted.update({f"a{i}": asyncio.create_task(wait(a, f"a{i}")) for i in range(3)})
+        await asyncio.sleep(0)
+        held = (b, first)
+        for _ in range(6):
+            gate.release(*held)
+            await asyncio.sleep(0)
+            held = granted[order[-1]].result()  # the one just granted holds the slot now
+        gate.release(*held)
+        assert order == ["a0", "b0", "a1", "b1", "a2", "b2"]
+        assert gate.in_use == 0 and gate.waiting == 0
+
+    asyncio.run(scenario())
+
+
 def test_a_cancelled_waiter_gives_nothing_away():
     async def scenario():
         gate = CallGate(OrgCaps())
