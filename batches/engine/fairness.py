@@ -283,13 +283,18 @@ class CallGate:
 
     def _express_upstream(self, organization_id):
         """A healthy deployment the organization's call may go to past the adaptive limit, or None:
-        it has no call in flight on this model (so one such call an organization at most), the
-        deployment has fewer than EXPRESS_CALLS past its limit, is under this engine's part of
-        max_concurrency (the operator's ceiling), and has not refused one lately (`express_from`).
+        it has no call in flight on this model (so one such call an organization at most), no batch
+        behind its deadline waits here, and the deployment has fewer than EXPRESS_CALLS past its
+        limit, is under this engine's part of max_concurrency (the operator's ceiling) and has not
+        refused one lately (`express_from`).
 
         Its calls past the limit are not the limit's: flow control does not learn from them
         (batches.engine.calls.caller.ModelCaller.call)."""
         if self.org_calls.get(organization_id) or not self.caps.allows(organization_id):
+            return None
+        if self.deadlines and self._most_behind() is not None:
+            # A batch behind its deadline waits here: the slots that free go to it first, and a
+            # call past the limit would take one (issue 55: test_deadlines' urgent batch expired).
             return None
         best, past, now = None, EXPRESS_CALLS, None
         for upstream in self.upstreams:

@@ -382,6 +382,37 @@ def test_an_organizations_first_call_goes_past_the_adaptive_limit_held_by_anothe
     asyncio.run(scenario())
 
 
+def test_no_call_goes_past_the_limit_while_a_batch_behind_its_deadline_waits():
+    """A batch behind its deadline takes the slots that free first, up to the deadlines' part of
+    the model (deadline_cap); a call past the limit would take one of them (issue 55:
+    test_deadlines' urgent batch expired with express calls)."""
+
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        deployment = _Deployment(share=4, allotted=32)
+        gate.upstreams = [deployment]
+        urgent, b, a = Ticket(1, 100), Ticket(2, 200), Ticket(3, 300)
+        urgent.need = 8  # more than the model: it stays behind
+        held = [await gate.acquire(urgent)] + [await gate.acquire(b) for _ in range(3)]
+        more = [asyncio.create_task(gate.acquire(urgent)) for _ in range(3)]
+        a_first = asyncio.create_task(gate.acquire(a))
+        await asyncio.sleep(0)
+        assert not a_first.done() and deployment.in_use == 4  # none past the limit meanwhile
+        gate.release(b, held.pop())
+        await asyncio.sleep(0)
+        assert more[0].done() and not a_first.done()  # the deadline's batch first
+        gate.release(b, held.pop())
+        await asyncio.sleep(0)
+        # The deadline's batch holds its part of the model (3 of 4): the others go on, and A's
+        # first call may go past the limit again.
+        assert more[1].done() and a_first.done() and not more[2].done()
+        assert deployment.in_use == 5
+        more[2].cancel()
+        await asyncio.gather(more[2], return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
 def test_no_call_goes_past_the_engines_part_of_max_concurrency_or_a_refusing_deployment():
     async def scenario():
         gate = CallGate(OrgCaps())
