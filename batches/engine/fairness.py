@@ -284,7 +284,7 @@ class CallGate:
     def _express_upstream(self, organization_id):
         """A healthy deployment the organization's call may go to past the adaptive limit, or None:
         it has no call in flight on this model (so one such call an organization at most), no batch
-        behind its deadline waits here, and the deployment has fewer than EXPRESS_CALLS past its
+        with a deadline to meet runs here (`deadlines`), and the deployment has fewer than EXPRESS_CALLS past its
         limit, is under this engine's part of max_concurrency (the operator's ceiling) and has not
         refused one lately (`express_from`).
 
@@ -292,9 +292,11 @@ class CallGate:
         (batches.engine.calls.caller.ModelCaller.call)."""
         if self.org_calls.get(organization_id) or not self.caps.allows(organization_id):
             return None
-        if self.deadlines and self._most_behind() is not None:
-            # A batch behind its deadline waits here: the slots that free go to it first, and a
-            # call past the limit would take one (issue 55: test_deadlines' urgent batch expired).
+        if self.deadlines:
+            # A batch with a deadline to meet runs here: the slots that free are paid to calls past
+            # the limit first, so each would take one from it. Barred only while it was behind,
+            # others' calls went past the limit whenever it reached its part (deadline_cap), and
+            # under load (the limit shrunk under max_concurrency) it expired (issue 55, test_deadlines).
             return None
         best, past, now = None, EXPRESS_CALLS, None
         for upstream in self.upstreams:

@@ -40,7 +40,8 @@ def test_a_short_window_finishes_in_time_while_the_others_keep_progressing(model
         after = [_done(batch) for batch in slack]
 
     urgent.refresh_from_db()
-    assert urgent.status == "completed" and urgent.completed_count == URGENT_RECORDS
+    seen = (urgent.status, urgent.completed_count, before, after)
+    assert urgent.status == "completed" and urgent.completed_count == URGENT_RECORDS, seen
     took = (urgent.finalizing_at - urgent.created_at).total_seconds()
     assert took < WINDOW_S, took
     progressed = [later - earlier for earlier, later in zip(before, after, strict=True)]

@@ -382,10 +382,11 @@ def test_an_organizations_first_call_goes_past_the_adaptive_limit_held_by_anothe
     asyncio.run(scenario())
 
 
-def test_no_call_goes_past_the_limit_while_a_batch_behind_its_deadline_waits():
-    """A batch behind its deadline takes the slots that free first, up to the deadlines' part of
-    the model (deadline_cap); a call past the limit would take one of them (issue 55:
-    test_deadlines' urgent batch expired with express calls)."""
+def test_no_call_goes_past_the_limit_while_a_batch_with_a_deadline_runs():
+    """The slots that free pay calls past the limit back first, so each takes one from a batch with
+    a deadline to meet: barred only while it was behind, others' first calls went past the limit
+    each time it reached its part of the model (deadline_cap), and under load it expired (issue 55:
+    test_deadlines)."""
 
     async def scenario():
         gate = CallGate(OrgCaps())
@@ -399,16 +400,31 @@ def test_no_call_goes_past_the_limit_while_a_batch_behind_its_deadline_waits():
         await asyncio.sleep(0)
         assert not a_first.done() and deployment.in_use == 4  # none past the limit meanwhile
         gate.release(b, held.pop())
-        await asyncio.sleep(0)
-        assert more[0].done() and not a_first.done()  # the deadline's batch first
         gate.release(b, held.pop())
         await asyncio.sleep(0)
-        # The deadline's batch holds its part of the model (3 of 4): the others go on, and A's
-        # first call may go past the limit again.
-        assert more[1].done() and a_first.done() and not more[2].done()
-        assert deployment.in_use == 5
-        more[2].cancel()
-        await asyncio.gather(more[2], return_exceptions=True)
+        # The deadline's batch took the freed slots up to its part of the model (3 of 4), and A's
+        # first call still waits within the limit.
+        assert more[0].done() and more[1].done() and not a_first.done()
+        assert deployment.in_use == 4
+        gate.release(b, held.pop())
+        await asyncio.sleep(0)
+        assert a_first.done() and not more[2].done()  # past its part, the others go on: A first
+        assert deployment.in_use == 4
+
+        # No deadline left to meet: an organization's first call goes past the limit again.
+        urgent.need = 0
+        gate.release(urgent, more[0].result())  # a call of a batch without a need clears it
+        await asyncio.sleep(0)
+        assert more[2].done()
+        c = Ticket(4, 400)
+        c_first = await asyncio.wait_for(gate.acquire(c), 1)
+        assert c_first is deployment and deployment.in_use == 5
+        for task in (more[1], more[2]):
+            gate.release(urgent, task.result())
+        gate.release(a, a_first.result())
+        gate.release(c, c_first)
+        gate.release(urgent, held.pop())
+        assert deployment.in_use == 0 and gate.waiting == 0
 
     asyncio.run(scenario())
 
