@@ -45,6 +45,15 @@ from batches.engine import prefixes
 # calls wait at the head of their batch's line, not behind the records claimed since.
 first_in_line = ContextVar("first_in_line", default=False)
 
+# Calls past a deployment's adaptive limit at once (an engine's), each the first call of an organization
+# with none in flight on the model, so one tenant's slow calls, holding the whole limit, never hold
+# another's first call (issue 55: 15-60 s behind 134 MB embeddings answers). Two, not one: two
+# tenants arriving together both go at once; and few, as flow control holds the limit where the
+# server's line is short: every call past it waits in that line or is refused (then none goes past
+# for EXPRESS_PAUSE_S). The engine's part of max_concurrency is never passed.
+EXPRESS_CALLS = 2
+EXPRESS_PAUSE_S = 30.0
+
 # Calls a gate times before it trusts its measured seconds a call (`CallGate.call_s`), then each sample's.
 CALL_SAMPLE = 32
 
@@ -187,6 +196,10 @@ class CallGate:
     and `healthy`) the call is to use; `release` gives the slot back and
     hands it to the fairest waiter. A deployment out of the rotation
     (unhealthy) offers no slots; its calls in flight finish where they are.
+
+    An organization with no call in flight on the model may send one past
+    a deployment's adaptive limit (`_express_upstream`, EXPRESS_CALLS): the
+    slots that free then pay the calls past it back before anyone's next.
     """
 
     def __init__(self, caps):
@@ -200,6 +213,10 @@ class CallGate:
             False: {},
         }
         self.org_calls = defaultdict(int)  # calls in flight on this model, by organization
+        # When each organization was last given a slot (a count of grants): among those tied for the
+        # fewest calls, the one served least recently goes next (`_fewest_calls`).
+        self.org_served = {}
+        self._grants = 0
         self.deadlines = {}  # batch pk -> Ticket of the batches with a need (deadline_need)
         # The seconds a call holds a slot, measured (Little's law: slot-seconds / calls finished); None: not yet.
         self.call_s = None
@@ -264,6 +281,31 @@ class CallGate:
                     best, room = upstream, free
         return best
 
+    def _express_upstream(self, organization_id):
+        """A healthy deployment the organization's call may go to past the adaptive limit, or None:
+        it has no call in flight on this model (so one such call an organization at most), no batch
+        behind its deadline waits here, and the deployment has fewer than EXPRESS_CALLS past its
+        limit, is under this engine's part of max_concurrency (the operator's ceiling) and has not
+        refused one lately (`express_from`).
+
+        Its calls past the limit are not the limit's: flow control does not learn from them
+        (batches.engine.calls.caller.ModelCaller.call)."""
+        if self.org_calls.get(organization_id) or not self.caps.allows(organization_id):
+            return None
+        if self.deadlines and self._most_behind() is not None:
+            # A batch behind its deadline waits here: the slots that free go to it first, and a
+            # call past the limit would take one (issue 55: test_deadlines' urgent batch expired).
+            return None
+        best, past, now = None, EXPRESS_CALLS, None
+        for upstream in self.upstreams:
+            over = upstream.in_use - upstream.share
+            if not upstream.healthy or over < 0 or over >= past or upstream.in_use >= upstream.allotted:
+                continue
+            now = time.monotonic() if now is None else now
+            if now >= upstream.express_from:
+                best, past = upstream, over
+        return best
+
     async def acquire(self, ticket):
         key = prefixes.current_key.get()
         if ticket.need:
@@ -271,7 +313,7 @@ class CallGate:
         elif self.deadlines:
             self.deadlines.pop(ticket.batch_pk, None)
         if not self.waiting and self.caps.allows(ticket.organization_id):
-            upstream = self._free_upstream(key)
+            upstream = self._free_upstream(key) or self._express_upstream(ticket.organization_id)
             if upstream is not None:
                 self._take(ticket, upstream)
                 return upstream
@@ -297,8 +339,9 @@ class CallGate:
         else:
             queue.append(entry)
         self.waiting += 1
-        if self._free_upstream() is not None:
-            # Room, but others wait (capped organizations): this waiter may be next.
+        if self._free_upstream() is not None or self._express_upstream(ticket.organization_id) is not None:
+            # Room, but others wait (capped organizations, or the limit is full and this organization
+            # has no call in flight): this waiter may be next.
             self.dispatch()
         try:
             return await future
@@ -332,37 +375,57 @@ class CallGate:
             self.org_calls[ticket.organization_id] = calls
         else:
             del self.org_calls[ticket.organization_id]
+            if not self._waits(ticket.organization_id):
+                self.org_served.pop(ticket.organization_id, None)  # gone from this model: forget it
         self.caps.give(ticket.organization_id)
         if self.waiting:
             self.dispatch()
+
+    def _waits(self, organization_id):
+        return organization_id in self._queues[False] or organization_id in self._queues[True]
 
     def _take(self, ticket, upstream):
         self._clock(1, 0)
         upstream.in_use += 1
         ticket.calls += 1
         self.org_calls[ticket.organization_id] += 1
+        self._grants += 1
+        self.org_served[ticket.organization_id] = self._grants
         self.caps.take(ticket.organization_id)
 
     def dispatch(self):
         """Hand free slots to waiters in `turn` order: the organization with the fewest calls on this
         model (within its cap), then its expedited batches, then its batch with the fewest calls."""
         while self.waiting:
-            if self._free_upstream() is None:
-                return
-            entry = self._next()
-            if entry is None:
-                return  # every waiter's organization is at its cap
+            if self._free_upstream() is not None:
+                entry = self._next()
+                if entry is None:
+                    return  # every waiter's organization is at its cap
+            else:
+                entry = self._next_express()
+                if entry is None:
+                    return
             future, ticket, key, _ = entry
             if future.done():
                 continue  # its task was cancelled; its own handler finds nothing left to forget
-            upstream = self._free_upstream(key)
+            upstream = self._free_upstream(key) or self._express_upstream(ticket.organization_id)
             self._take(ticket, upstream)
             future.set_result(upstream)
 
     def _next(self):
         """The next waiter by `turn`: a batch behind its deadline (`_most_behind`), else the organization
         first (`_fewest_calls`), then its batch."""
-        best = (self._most_behind() if self.deadlines else None) or self._fairest()
+        return self._pop((self._most_behind() if self.deadlines else None) or self._fairest())
+
+    def _next_express(self):
+        """With the limit full: the next waiter by `turn` if its organization has no call in flight
+        and a deployment has room past the limit (`_express_upstream`), else None."""
+        org = self._fewest_calls(self._queues[True], self._queues[False])
+        if org is None or self._express_upstream(org) is None:
+            return None
+        return self._pop(self._fairest(org))
+
+    def _pop(self, best):
         if best is None:
             return None
         expedited, org, batch_pk = best
@@ -377,9 +440,11 @@ class CallGate:
                 del orgs[org]
         return entry
 
-    def _fairest(self):
-        """(expedited, organization, batch pk) of the next waiter by `turn` without deadlines."""
-        org = self._fewest_calls(self._queues[True], self._queues[False])
+    def _fairest(self, org=None):
+        """(expedited, organization, batch pk) of the next waiter by `turn` without deadlines (of `org`'s
+        batches if given)."""
+        if org is None:
+            org = self._fewest_calls(self._queues[True], self._queues[False])
         if org is None:
             return None
         best, best_turn = None, None
@@ -409,18 +474,22 @@ class CallGate:
 
     def _fewest_calls(self, *waiting):
         """The waiting organization (not at its cap) with the fewest calls in flight on this model, or
-        None: `turn`'s first key.
+        None: `turn`'s first key. Ties go to the one served least recently, so organizations tied for
+        one free slot take turns: by the dicts' order, the first kept every slot (issue 55: another
+        sent nothing for 12 s beside a deadline batch holding the rest of the model).
 
         A plain loop: this runs on every slot's release, and with one
         organization waiting (the common case) it is a lookup or two.
         """
-        allows, calls = self.caps.allows, self.org_calls
-        best, fewest = None, None
+        allows, calls, served = self.caps.allows, self.org_calls, self.org_served
+        best, fewest, best_served = None, None, 0
         for orgs in waiting:
             for org in orgs:
                 if not allows(org):
                     continue
                 n = calls.get(org, 0)
                 if fewest is None or n < fewest:
-                    best, fewest = org, n
+                    best, fewest, best_served = org, n, served.get(org, 0)
+                elif n == fewest and (last := served.get(org, 0)) < best_served:
+                    best, best_served = org, last
         return best

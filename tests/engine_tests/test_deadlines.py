@@ -44,9 +44,11 @@ def test_a_short_window_finishes_in_time_while_the_others_keep_progressing(model
     took = (urgent.finalizing_at - urgent.created_at).total_seconds()
     assert took < WINDOW_S, took
     progressed = [later - earlier for earlier, later in zip(before, after, strict=True)]
-    # A and B kept progressing while C ran: each at least a twentieth of what C did. (How the slots C leaves
-    # split between A and B varies run to run: 277/287, 417/132, 100/402 were seen.)
+    # A and B kept progressing while C ran: each at least a twentieth of what C did, and they shared
+    # the slots C left evenly. (With ties going to the gate's first organization, one of them took
+    # every slot for seconds on end: 36/363 and 43/375 were seen.)
     assert all(n >= URGENT_RECORDS // 20 for n in progressed), progressed
+    assert min(progressed) >= max(progressed) / 2, progressed
     # C took more than its even third of the model: deadline-first, not fair shares, finished it.
     assert URGENT_RECORDS > sum(progressed) / 2, (progressed, took)
     print(

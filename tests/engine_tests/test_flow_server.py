@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from batches.engine.calls.caller import ModelCaller, Upstream
+from batches.engine.fairness import Ticket
 from openrelay.simulator.config import SimulatorConfig
 from openrelay.simulator.server import run_in_thread
 
@@ -250,3 +251,66 @@ def test_a_refusal_one_engine_meets_stops_the_others_slow_start_at_once(alice, m
             # Told, not refused (this server refuses nothing): it holds what it had out.
             assert other.flow.learned is not None and other.share <= other.in_use
     assert heard < 2.5, heard  # well before its 3 s calls could answer
+
+
+async def _until(check, seconds=10.0):
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "not in time"
+        await asyncio.sleep(0.01)
+
+
+def test_another_organizations_first_call_does_not_wait_for_one_holding_the_limit(adaptive):
+    """Issue 55 item 6 (bench row 15): org A's slow calls held the whole adaptive limit (4-9 of the
+    engine's 32) and org B's first call waited until one of them ended (15-60 s). Now it goes past
+    the limit at once, and flow control does not take it for a raised limit."""
+    adaptive.OPENRELAY_CONCURRENCY_START = 4
+    a, b = Ticket(1, 100), Ticket(2, 200)
+
+    async def go(base_url):
+        upstream = Upstream(base_url, "m", "", 32)
+        async with ModelCaller([upstream], time_limit_s=60, retries=8) as caller:
+            slow = [
+                asyncio.create_task(caller.call("/v1/chat/completions", chat(f"a{i} [[latency:8000]]"), a))
+                for i in range(6)
+            ]
+            await _until(lambda: upstream.in_use == 4)  # A's calls fill the limit
+            started = asyncio.get_running_loop().time()
+            first = await caller.call("/v1/chat/completions", chat("b0"), b)
+            took = asyncio.get_running_loop().time() - started
+            assert first.ok and not any(task.done() for task in slow)  # before any of A's calls ended
+            assert took < 2.0, took
+            assert upstream.share == 4  # its answer (5 in flight) did not grow the limit
+            for task in slow:
+                task.cancel()
+            await asyncio.gather(*slow, return_exceptions=True)
+
+    with run_in_thread(SimulatorConfig(record=False)) as server:
+        asyncio.run(go(server.base_url))
+
+
+def test_a_server_that_refuses_past_its_slots_is_sent_one_call_past_the_limit_and_teaches_nothing(adaptive):
+    """A call past the limit that is refused stops such calls for EXPRESS_PAUSE_S: the next waits for
+    a slot of the limit (it does not hammer the server), and the limit learns no ceiling from it."""
+    adaptive.OPENRELAY_CONCURRENCY_START = 4
+    adaptive.OPENRELAY_CEILING_HOLD_S = 600
+    a, b = Ticket(1, 100), Ticket(2, 200)
+
+    async def go(server):
+        upstream = Upstream(server.base_url, "m", "", 32)
+        async with ModelCaller([upstream], time_limit_s=60, retries=50) as caller:
+            slow = [
+                asyncio.create_task(caller.call("/v1/chat/completions", chat(f"a{i} [[tokens:1500]]"), a))
+                for i in range(4)
+            ]
+            await _until(lambda: upstream.in_use == 4 and server.stats()["running"] == 4)
+            first = asyncio.create_task(caller.call("/v1/chat/completions", chat("b0 [[tokens:5]]"), b))
+            await _until(lambda: server.stats()["rejected"] == 1)
+            assert upstream.flow.learned is None and upstream.share == 4  # the 503 taught no ceiling
+            assert (await first).ok  # sent again in a slot of the limit once one of A's calls ended
+            assert all(result.ok for result in await asyncio.gather(*slow))
+            assert server.stats()["rejected"] == 1  # not sent past the limit again meanwhile
+            assert upstream.flow.learned is None
+
+    with capacity_server(slots=4, queue_limit=0) as server:
+        asyncio.run(go(server))

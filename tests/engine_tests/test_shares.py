@@ -3,11 +3,13 @@ expedited before standard, organization caps, and tools that hang."""
 
 import asyncio
 import threading
+import time
 
 import pytest
 from aiohttp import web
 from django.db import connections
 
+from batches.engine import fairness
 from batches.engine.fairness import CallGate, OrgCaps, Ticket, split
 from batches.engine.runner import Engine
 from batches.models import Batch
@@ -28,7 +30,8 @@ def test_split_adds_up_to_the_whole_and_differs_by_at_most_one():
 
 class _Slot:
     def __init__(self, share):
-        self.share, self.in_use, self.healthy = share, 0, True
+        self.share = self.allotted = share  # not adaptive: no room past the limit
+        self.in_use, self.healthy, self.express_from = 0, True, 0.0
 
 
 def test_the_gate_serves_organizations_evenly_expedited_first_and_within_caps():
@@ -108,6 +111,38 @@ def test_the_gate_puts_expedited_first_only_within_an_organizations_fair_share()
         for task in waiters:
             task.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_organizations_tied_for_fewest_calls_take_turns():
+    """Two organizations with nothing in flight, one slot between them (a deadline batch held the rest):
+    each freed slot goes to the one served least recently. Ties went to the first in the gate's dicts,
+    and org A sent 0 calls for 12 s while B took every slot (issue 55: test_deadlines, 36 vs 363)."""
+
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        gate.upstreams = [_Slot(1)]
+        a, b = Ticket(1, 100), Ticket(2, 200)
+        order = []
+
+        async def wait(ticket, name):
+            upstream = await gate.acquire(ticket)
+            order.append(name)
+            return ticket, upstream
+
+        first = await gate.acquire(b)  # b is served first, so b's waiters enter the gate's dicts first
+        granted = {f"b{i}": asyncio.create_task(wait(b, f"b{i}")) for i in range(3)}
+        granted.update({f"a{i}": asyncio.create_task(wait(a, f"a{i}")) for i in range(3)})
+        await asyncio.sleep(0)
+        held = (b, first)
+        for _ in range(6):
+            gate.release(*held)
+            await asyncio.sleep(0)
+            held = granted[order[-1]].result()  # the one just granted holds the slot now
+        gate.release(*held)
+        assert order == ["a0", "b0", "a1", "b1", "a2", "b2"]
+        assert gate.in_use == 0 and gate.waiting == 0
 
     asyncio.run(scenario())
 
@@ -292,3 +327,114 @@ def test_a_deadline_needs_the_calls_that_finish_it_by_half_its_window():
     assert deadline_need(3000, 86000, 86400, 0.1, 2) == 0  # a 24 h batch: less than a call, no need
     assert deadline_need(1000, 40, 40, None, 2) == 0  # no measured pace yet
     assert (deadline_cap(4), deadline_cap(1), deadline_cap(0)) == (3, 1, 0)
+
+
+class _Deployment:
+    """A deployment as the gate sees it: the adaptive limit (`share`) under this engine's part of
+    max_concurrency (`allotted`)."""
+
+    def __init__(self, share, allotted):
+        self.share, self.allotted, self.in_use, self.healthy = share, allotted, 0, True
+        self.express_from = 0.0
+
+
+def test_an_organizations_first_call_goes_past_the_adaptive_limit_held_by_anothers_slow_calls():
+    """Issue 55 item 6 (bench row 15): org A's slow calls held the whole adaptive limit (4-9 of
+    the engine's 32) and B's first call waited for one of them to end (15-60 s)."""
+
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        deployment = _Deployment(share=4, allotted=32)
+        gate.upstreams = [deployment]
+        a, b, c, d = Ticket(1, 100), Ticket(2, 200), Ticket(3, 300), Ticket(4, 400)
+        slow = [await gate.acquire(a) for _ in range(4)]  # A's slow calls fill the limit; none ends
+        a_more = asyncio.create_task(gate.acquire(a))
+        await asyncio.sleep(0)
+        assert not a_more.done()  # A, with calls in flight, waits within the limit as before
+
+        b_first = await asyncio.wait_for(gate.acquire(b), 1)  # at once, before any of A's calls ends
+        assert b_first is deployment
+        b_second = asyncio.create_task(gate.acquire(b))
+        await asyncio.sleep(0)
+        assert not b_second.done()  # one call past the limit an organization, no more
+        c_first = await asyncio.wait_for(gate.acquire(c), 1)
+        d_first = asyncio.create_task(gate.acquire(d))
+        await asyncio.sleep(0)
+        assert not d_first.done()  # the calls past the limit are few (EXPRESS_CALLS)
+        assert deployment.in_use - deployment.share == fairness.EXPRESS_CALLS == 2
+
+        # The slots that free pay back the calls past the limit first, then go round robin as
+        # before: the fewest calls first (D's first call came past the limit too).
+        gate.release(a, slow.pop())
+        await asyncio.sleep(0)
+        assert d_first.done() and not b_second.done() and not a_more.done()
+        gate.release(c, c_first)
+        gate.release(a, slow.pop())
+        await asyncio.sleep(0)
+        assert deployment.in_use == deployment.share and not b_second.done()  # paid back, nothing more
+        gate.release(d, d_first.result())
+        await asyncio.sleep(0)
+        assert b_second.done() and not a_more.done()  # B (1 call) before A (2 calls)
+        assert deployment.in_use == deployment.share
+        a_more.cancel()
+        await asyncio.gather(a_more, return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_no_call_goes_past_the_limit_while_a_batch_behind_its_deadline_waits():
+    """A batch behind its deadline takes the slots that free first, up to the deadlines' part of
+    the model (deadline_cap); a call past the limit would take one of them (issue 55:
+    test_deadlines' urgent batch expired with express calls)."""
+
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        deployment = _Deployment(share=4, allotted=32)
+        gate.upstreams = [deployment]
+        urgent, b, a = Ticket(1, 100), Ticket(2, 200), Ticket(3, 300)
+        urgent.need = 8  # more than the model: it stays behind
+        held = [await gate.acquire(urgent)] + [await gate.acquire(b) for _ in range(3)]
+        more = [asyncio.create_task(gate.acquire(urgent)) for _ in range(3)]
+        a_first = asyncio.create_task(gate.acquire(a))
+        await asyncio.sleep(0)
+        assert not a_first.done() and deployment.in_use == 4  # none past the limit meanwhile
+        gate.release(b, held.pop())
+        await asyncio.sleep(0)
+        assert more[0].done() and not a_first.done()  # the deadline's batch first
+        gate.release(b, held.pop())
+        await asyncio.sleep(0)
+        # The deadline's batch holds its part of the model (3 of 4): the others go on, and A's
+        # first call may go past the limit again.
+        assert more[1].done() and a_first.done() and not more[2].done()
+        assert deployment.in_use == 5
+        more[2].cancel()
+        await asyncio.gather(more[2], return_exceptions=True)
+
+    asyncio.run(scenario())
+
+
+def test_no_call_goes_past_the_engines_part_of_max_concurrency_or_a_refusing_deployment():
+    async def scenario():
+        gate = CallGate(OrgCaps())
+        full = _Deployment(share=4, allotted=4)  # the limit is the operator's ceiling: no room past it
+        gate.upstreams = [full]
+        a, b = Ticket(1, 100), Ticket(2, 200)
+        held = [await gate.acquire(a) for _ in range(4)]
+        waiter = asyncio.create_task(gate.acquire(b))
+        await asyncio.sleep(0)
+        assert not waiter.done() and full.in_use == 4
+        gate.release(a, held.pop())
+        await asyncio.sleep(0)
+        assert waiter.done()
+
+        refusing = _Deployment(share=4, allotted=32)
+        refusing.express_from = time.monotonic() + 60  # it refused a call past the limit lately
+        gate.upstreams = [refusing]
+        held = [await gate.acquire(a) for _ in range(4)]
+        waiter = asyncio.create_task(gate.acquire(Ticket(3, 300)))
+        await asyncio.sleep(0)
+        assert not waiter.done() and refusing.in_use == 4
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+
+    asyncio.run(scenario())

@@ -15,41 +15,16 @@ engine process's RSS and its growth over its RSS before the first one, as x the 
 import argparse
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 import orjson
 import psutil
 
 from tests.perf.bench_engine import MODEL_ZERO, Bench, Scale, Stack
+from tests.perf.common import PeakRss
 
 MB = 2**20
 DIMENSIONS = 3072
-
-
-class WorkerRss:
-    """The peak RSS of one process, sampled every 20 ms in a thread."""
-
-    def __init__(self, pid):
-        self.process = psutil.Process(pid)
-        self.peak = self.process.memory_info().rss
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-
-    def _loop(self):
-        while not self._stop.wait(0.02):
-            try:
-                self.peak = max(self.peak, self.process.memory_info().rss)
-            except psutil.Error:
-                return
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 def write_embeddings(path, answers, inputs):
@@ -79,7 +54,7 @@ def measure(stack, bench, args):
     print(
         f"budget {args.budget_mb} MB, {args.answers} answers of {args.inputs} x {DIMENSIONS}; idle {idle / MB:.0f} MB"
     )
-    with WorkerRss(worker.pid) as rss:
+    with PeakRss(worker.pid, every_s=0.02) as rss:
         for run in range(args.repeat):
             batch, _, answered = bench.api.create(file_id, endpoint="/v1/embeddings")
             row = bench.wait_done(batch["id"], 1800)

@@ -81,7 +81,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -95,7 +94,7 @@ import psutil
 
 from openrelay.lib import children
 from tests.perf import bench_estimate
-from tests.perf.common import wait_http
+from tests.perf.common import PeakTreeRss, Sampler, wait_http
 
 ROOT = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -447,55 +446,7 @@ class RedisDatabase:
         self.client.close()
 
 
-class PeakRss:
-    """Samples the RSS of a process tree in a thread; per-process peaks and the growth of the largest."""
-
-    def __init__(self, pid, every_s=0.01):
-        self.root = psutil.Process(pid)
-        self.every_s = every_s
-        self.peaks = {}
-
-    def _tree(self):
-        try:
-            return [self.root, *self.root.children(recursive=True)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def _sample(self):
-        for process in self._tree():
-            try:
-                rss = process.memory_info().rss
-            except psutil.Error:
-                continue
-            self.peaks[process.pid] = max(self.peaks.get(process.pid, 0), rss)
-
-    def __enter__(self):
-        self.start = self.root.memory_info().rss
-        self._stop = threading.Event()
-        self._sample()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-        return self
-
-    def _loop(self):
-        while not self._stop.wait(self.every_s):
-            self._sample()
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-
-    @property
-    def growth_mb(self):
-        return (self.peaks.get(self.root.pid, self.start) - self.start) / MB
-
-    @property
-    def largest_mb(self):
-        return max(self.peaks.values(), default=0) / MB
-
-
-class DatabaseCpu:
+class DatabaseCpu(Sampler):
     """CPU seconds the PostgreSQL backends of the benchmark's own database spend while it runs
     (0.0 on SQLite), from the OS: a thread samples them every SAMPLE_S, since a backend that
     ends (the web process opens one per request) takes its time with it.
@@ -510,35 +461,26 @@ class DatabaseCpu:
     SAMPLE_S = 0.1
 
     def __init__(self, db):
+        super().__init__(self.SAMPLE_S)
         self.title = f" {db.name} " if db.vendor == "postgresql" else None
         # The bench's own connection (it polls the batch's row every 50 ms) is not the gateway's.
         self.own = db.conn.info.backend_pid if self.title is not None and db.conn is not None else None
-        self.first: dict[int, float] = {}  # backend pid -> its CPU when first seen
+        self.first: dict[int, float] | None = None  # backend pid -> its CPU at entry (a backend new since: 0)
         self.last: dict[int, float] = {}
-        self.stopped = threading.Event()
-        self.thread = None
 
     def __enter__(self):
-        if self.title is not None:
-            self._sample(first=True)
-            self.thread = threading.Thread(target=self._run, daemon=True)
-            self.thread.start()
-        return self
+        return super().__enter__() if self.title is not None else self  # SQLite: nothing to sample
 
     def __exit__(self, *exc):
-        if self.thread is not None:
-            self.stopped.set()
-            self.thread.join()
-            self._sample()
+        if self.title is not None:
+            super().__exit__(*exc)
 
     def seconds(self):
-        return sum(cpu - self.first.get(pid, 0.0) for pid, cpu in self.last.items())
+        first = self.first or {}
+        return sum(cpu - first.get(pid, 0.0) for pid, cpu in self.last.items())
 
-    def _run(self):
-        while not self.stopped.wait(self.SAMPLE_S):
-            self._sample()
-
-    def _sample(self, first=False):
+    def sample(self):
+        seen = {}
         for process in psutil.process_iter(["name", "cmdline"]):
             try:
                 if (
@@ -551,10 +493,10 @@ class DatabaseCpu:
                 t = process.cpu_times()
             except psutil.Error:
                 continue
-            cpu = t.user + t.system
-            if first:
-                self.first[process.pid] = cpu
-            self.last[process.pid] = cpu
+            seen[process.pid] = t.user + t.system
+        if self.first is None:
+            self.first = seen
+        self.last.update(seen)
 
 
 def cpu_seconds(pids):
@@ -894,13 +836,13 @@ class Bench:
         size = write_input(path, sc.big, sc.line_bytes, MODEL_ZERO, fail_every=100)
         bare_parse(path)  # warm the page cache
         parse_s = min(bare_parse(path) for _ in range(3))
-        with PeakRss(self.stack.web.pid) as upload_rss:
+        with PeakTreeRss(self.stack.web.pid) as upload_rss:
             file_id, upload_s = self.api.upload(path)
         # A fresh web process for the create, so its RSS growth is the create's
         # own and not memory the upload left behind.
         self.stack.stop(self.stack.web)
         self.connect(self.stack.start_web())
-        with PeakRss(self.stack.web.pid) as create_rss:
+        with PeakTreeRss(self.stack.web.pid) as create_rss:
             batch, sent, answered = self.api.create(file_id)
         create_s = answered - sent
         assert batch["request_counts"]["total"] == sc.big, batch
@@ -936,7 +878,7 @@ class Bench:
         self.release_shared()
         cluster = self.stack.start_cluster(2)
         started = time.time()
-        with PeakRss(cluster.pid) as big_rss:
+        with PeakTreeRss(cluster.pid) as big_rss:
             row = self.wait_done(self.big_batch, self._deadline(sc.big, 300))
         self.stack.stop_cluster(cluster)
         finalize_s = row["completed_at"] - row["finalizing_at"]
@@ -960,7 +902,7 @@ class Bench:
 
         _, small_file = self.file("small.jsonl", sc.small, MODEL_ZERO, line_bytes=sc.line_bytes, fail_every=100)
         cluster = self.stack.start_cluster(2)
-        with PeakRss(cluster.pid) as small_rss:
+        with PeakTreeRss(cluster.pid) as small_rss:
             batch, _, _ = self.api.create(small_file)
             self.wait_done(batch["id"], self._deadline(sc.small, 100))
         self.stack.stop_cluster(cluster)
@@ -1400,14 +1342,14 @@ class Bench:
         _, file_id = self.file("many.jsonl", sc.many_records, MODEL_150)
         cluster = self.stack.start_cluster(2)
         self.warm()
-        with PeakRss(cluster.pid) as one_rss:
+        with PeakTreeRss(cluster.pid) as one_rss:
             batch, _, _ = self.api.create(file_id)
             self.wait_done(batch["id"], 60)
         self.stack.stop_cluster(cluster)
 
         cluster = self.stack.start_cluster(2)
         self.warm()
-        with PeakRss(cluster.pid) as many_rss:
+        with PeakTreeRss(cluster.pid) as many_rss:
             with ThreadPoolExecutor(MANY_CREATORS) as pool:
                 created = list(pool.map(lambda _: self.api.create(file_id), range(sc.many_batches)))
             total = sc.many_batches * sc.many_records
@@ -1502,7 +1444,7 @@ class Bench:
         _, small_file = self.file("big-answers-b.jsonl", sc.fair_records, MODEL_ZERO, api=self.api_b)
         cluster = self.stack.start_cluster(2)
         self.warm()
-        with PeakRss(cluster.pid, every_s=0.05) as rss:
+        with PeakTreeRss(cluster.pid, every_s=0.05) as rss:
             batch, _, answered = self.api.create(file_id, endpoint="/v1/embeddings")
             small, _, small_answered = self.api_b.create(small_file)
             small_row = self.wait_done(small["id"], 600)

@@ -19,14 +19,13 @@ import asyncio
 import os
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 
 from tests.perf.bench_flow import REFUSAL_WORKERS, _write
-from tests.perf.common import wait_http
+from tests.perf.common import Sampler, wait_http
 
 SLOTS = 4
 THREADS = 1  # llama-server's compute threads: fixed, so the server's share of the 2 cores is too
@@ -85,32 +84,26 @@ def read_line(text):
     return found.get("llamacpp:requests_deferred"), found.get("llamacpp:requests_processing")
 
 
-class LineSampler:
-    """The server's own line, read every SAMPLE_EVERY_S in a thread until stopped: (deferred, processing)."""
+class LineSampler(Sampler):
+    """The server's own line, read every SAMPLE_EVERY_S while the run goes: (deferred, processing)."""
 
     def __init__(self, metrics_url):
+        super().__init__(SAMPLE_EVERY_S)
         self.url = metrics_url
         self.samples = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
+        self.client = httpx.Client(timeout=5)
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+        super().__exit__(*exc)
+        self.client.close()
 
-    def _run(self):
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.wait(SAMPLE_EVERY_S):
-                try:
-                    deferred, processing = read_line(client.get(self.url).text)
-                except httpx.HTTPError:
-                    continue
-                if deferred is not None and processing is not None:
-                    self.samples.append((deferred, processing))
+    def sample(self):
+        try:
+            deferred, processing = read_line(self.client.get(self.url).text)
+        except httpx.HTTPError:
+            return
+        if deferred is not None and processing is not None:
+            self.samples.append((deferred, processing))
 
     def figures(self):
         """What the server kept while it worked (samples with a slot busy): mean and most deferred, mean busy."""

@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 import orjson
 
-from tests.perf.bench_engine import PeakRss, Stack
+from tests.perf.bench_engine import Stack
+from tests.perf.common import PeakTreeRss
 
 MB = 2**20
 UPSTREAM = "sim-upstream"
@@ -133,7 +134,7 @@ class Run:
 
     def at_the_limit(self, records, request_bytes):
         requests = message_requests(records, MESSAGES_MODEL, request_bytes)
-        with PeakRss(self.stack.web.pid) as rss:
+        with PeakTreeRss(self.stack.web.pid) as rss:
             public_id, took, size = self.create_messages(requests)
         del requests
         self.report(

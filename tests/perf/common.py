@@ -12,32 +12,90 @@ import psutil
 MB = 2**20
 
 
-class PeakRss:
-    """Samples a process's RSS in a thread (this one by default); `growth_mb` is the peak minus the RSS at entry."""
+class Sampler:
+    """Calls `sample()` at entry, every `every_s` in a daemon thread while the `with` block runs, and
+    at exit: what the benchmarks watch beside a run (a process's memory, a server's line)."""
 
-    def __init__(self, pid=None, every_s=0.01):
-        self.process = psutil.Process(pid)
+    def __init__(self, every_s):
         self.every_s = every_s
 
+    def sample(self):
+        raise NotImplementedError
+
     def __enter__(self):
-        self.start = self.peak = self.process.memory_info().rss
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self.sample()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
         return self
 
-    def _sample(self):
+    def _loop(self):
         while not self._stop.wait(self.every_s):
-            self.peak = max(self.peak, self.process.memory_info().rss)
+            self.sample()
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.process.memory_info().rss)
+        self.sample()
+
+
+class PeakRss(Sampler):
+    """A process's peak RSS (this one by default); `growth_mb` is the peak minus the RSS at entry. A
+    process that exits keeps the peak it reached."""
+
+    def __init__(self, pid=None, every_s=0.01):
+        super().__init__(every_s)
+        self.process = psutil.Process(pid)
+        self.start = self.peak = self.process.memory_info().rss
+
+    def __enter__(self):
+        self.start = self.peak = self.process.memory_info().rss
+        return super().__enter__()
+
+    def sample(self):
+        try:
+            self.peak = max(self.peak, self.process.memory_info().rss)
+        except psutil.Error:
+            pass
 
     @property
     def growth_mb(self):
         return (self.peak - self.start) / MB
+
+
+class PeakTreeRss(Sampler):
+    """The RSS of a process tree: per-process peaks (`peaks`) and the growth of the largest."""
+
+    def __init__(self, pid, every_s=0.01):
+        super().__init__(every_s)
+        self.root = psutil.Process(pid)
+        self.peaks = {}
+
+    def _tree(self):
+        try:
+            return [self.root, *self.root.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return []
+
+    def sample(self):
+        for process in self._tree():
+            try:
+                rss = process.memory_info().rss
+            except psutil.Error:
+                continue
+            self.peaks[process.pid] = max(self.peaks.get(process.pid, 0), rss)
+
+    def __enter__(self):
+        self.start = self.root.memory_info().rss
+        return super().__enter__()
+
+    @property
+    def growth_mb(self):
+        return (self.peaks.get(self.root.pid, self.start) - self.start) / MB
+
+    @property
+    def largest_mb(self):
+        return max(self.peaks.values(), default=0) / MB
 
 
 def wait_http(process, url, deadline_s=60):

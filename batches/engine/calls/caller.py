@@ -33,7 +33,7 @@ from batches.engine.calls.health import Faults, Health, server_error
 from batches.engine.calls.transport import IdleTimeout, Origin, TransportError
 from batches.engine.calls.usage import Usage  # the engine's modules import it from here too
 from batches.engine.config import EngineConfig
-from batches.engine.fairness import CallGate, Held, OrgCaps, Ticket, first_send
+from batches.engine.fairness import EXPRESS_PAUSE_S, CallGate, Held, OrgCaps, Ticket, first_send
 from openrelay.lib.redaction import redact, redact_json, secrets_of
 
 logger = logging.getLogger("openrelay.engine")
@@ -178,6 +178,9 @@ class Upstream:
         self.on_refused = None  # called with the upstream when a 503 teaches a ceiling afresh (peers.Peers.refused)
         self.published = False
         self.in_use = 0
+        # No call goes past the adaptive limit before this (time.monotonic): one that did was
+        # refused (fairness.CallGate._express_upstream).
+        self.express_from = 0.0
         self.healthy = True
         self.canary = False  # out of the rotation until a neutral request succeeds (health.Health)
         self.health_seen_at = None  # when this engine last changed or read the deployment's health
@@ -230,9 +233,18 @@ class Upstream:
             self.on_refused(self)
 
     def peer_refused(self):
-        """Another engine was just refused a call here (flow.FlowControl.peer_refused)."""
-        self.flow.peer_refused(self.in_use, time.monotonic())
+        """Another engine was just refused a call here (flow.FlowControl.peer_refused): the server is
+        full, so no call goes past the limit here either for a while (refused_past_limit)."""
+        now = time.monotonic()
+        self.flow.peer_refused(self.in_use, now)
         self.share = self.flow.limit
+        self.refused_past_limit(now)
+
+    def refused_past_limit(self, now):
+        """A call sent past the adaptive limit (fairness.EXPRESS_CALLS) drew an overload answer: the
+        server holds no more than the limit's calls, so none goes past it for EXPRESS_PAUSE_S. The
+        limit does not move: its own calls were taken, and they go on teaching it (FlowControl)."""
+        self.express_from = now + EXPRESS_PAUSE_S
 
     @property
     def settings(self):
@@ -421,6 +433,9 @@ class ModelCaller:
         while True:
             upstream = await self.gate.acquire(ticket)
             sent, sent_with = time.monotonic(), upstream.in_use
+            # Sent past the adaptive limit (an organization's first call, fairness.EXPRESS_CALLS):
+            # flow control learns only from the calls its limit let go, not as if it were higher.
+            past_limit = sent_with > upstream.share
             slot = _Slot(self.gate, ticket, upstream)
             waits = budget.waits.set(slot.answered)  # its answer waits for room: the slot goes back (budget.py)
             try:
@@ -448,8 +463,11 @@ class ModelCaller:
             # Before the slot goes back, so the gate hands out slots by the limit it leads to. An
             # answer that waited for room in the answer budget took the server until it came.
             if result.overload or (result.kind == "response" and result.status_code in OVERLOAD_STATUSES):
-                upstream.overloaded(sent, now, result.status_code, sent_with)
-            elif result.kind == "response":
+                if past_limit:
+                    upstream.refused_past_limit(now)
+                else:
+                    upstream.overloaded(sent, now, result.status_code, sent_with)
+            elif result.kind == "response" and not past_limit:
                 answered = slot.answered_at or now
                 upstream.observed(answered - sent, upstream.in_use, answered)
             slot.give_back()
