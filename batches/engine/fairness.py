@@ -368,10 +368,13 @@ class CallGate:
 
     def release(self, ticket, upstream):
         self._clock(0, 1)
-        if not ticket.need and self.deadlines:
-            self.deadlines.pop(ticket.batch_pk, None)  # its deadline no longer needs it first
         upstream.in_use -= 1
         ticket.calls -= 1
+        if self.deadlines and (not ticket.need or not ticket.calls and not self._queued(ticket)):
+            # Its deadline no longer needs it first, or it has nothing here now (a batch that ran
+            # out behind its deadline; its next call puts it back): `deadlines` holds only the
+            # batches that have calls here, which calls past the limit wait for (_express_upstream).
+            self.deadlines.pop(ticket.batch_pk, None)
         calls = self.org_calls[ticket.organization_id] - 1
         if calls:
             self.org_calls[ticket.organization_id] = calls
@@ -382,6 +385,9 @@ class CallGate:
         self.caps.give(ticket.organization_id)
         if self.waiting:
             self.dispatch()
+
+    def _queued(self, ticket):
+        return ticket.batch_pk in self._queues[ticket.expedited].get(ticket.organization_id, ())
 
     def _waits(self, organization_id):
         return organization_id in self._queues[False] or organization_id in self._queues[True]

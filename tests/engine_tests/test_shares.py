@@ -426,6 +426,20 @@ def test_no_call_goes_past_the_limit_while_a_batch_with_a_deadline_runs():
         gate.release(urgent, held.pop())
         assert deployment.in_use == 0 and gate.waiting == 0
 
+        # A deadline batch that ran out here while behind bars nothing once its last call ends.
+        late = Ticket(5, 500)
+        late.need = 8
+        last = await gate.acquire(late)
+        gate.release(late, last)
+        assert not gate.deadlines
+        held = [await gate.acquire(b) for _ in range(4)]
+        d = Ticket(6, 600)
+        d_first = await asyncio.wait_for(gate.acquire(d), 1)  # past the limit again
+        assert deployment.in_use == 5
+        gate.release(d, d_first)
+        for upstream in held:
+            gate.release(b, upstream)
+
     asyncio.run(scenario())
 
 
