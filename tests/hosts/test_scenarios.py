@@ -53,11 +53,17 @@ def client(topology):
     return Client(topology, key)
 
 
-def fault_mid_batch(hosts, client, name, fault, *, records=RECORDS, latency_ms=LATENCY_MS, busy=None):
-    """Runs a batch, calls `fault()` once a quarter of it has finished (and the `busy` host has calls in
-    flight: the fault then catches it holding records), waits for the end, checks.
+def fault_mid_batch(hosts, client, name, strike, hold=None, *, records=RECORDS, latency_ms=LATENCY_MS, busy=None):
+    """Runs a batch, faults it once a quarter of it has finished (and the `busy` host has calls in flight:
+    the fault then catches it holding records), waits for the end, checks.
 
-    Returns the figures and what `fault` returned (its measurements)."""
+    The fault is `strike()`, the moment it happens (a link cut, a process stopped), then `hold()`, what
+    goes on until it ends (a sleep, a restart: its measurements). Returns the batch ended, what the model
+    saw at the fault, and the figures. `at_fault["unsaved"]` is the calls that may be made twice: those
+    the model had counted just after the strike less the records the database held finished just before
+    it. A call in flight is one of them, and so is one answered whose result the engine had not yet
+    written (its trips group results for FLUSH_EVERY_S): a host cut then made 26 calls twice with 16 in
+    flight."""
     batch = client.create(lines(records, latency_ms))
     progress = Progress(client, batch["id"])
     try:
@@ -65,9 +71,12 @@ def fault_mid_batch(hosts, client, name, fault, *, records=RECORDS, latency_ms=L
         if busy:
             address = hosts.address[busy]
             wait_until(lambda: hosts.sim_calls()["in_flight_by_peer"].get(address, 0) >= 4, f"{busy} calling", 60, 0.05)
-        at_fault = hosts.sim_calls()
+        finished = hosts.finished_records(batch["id"])  # read first: a later read could only lower the bound
         moment = time.monotonic()
-        measured = fault()
+        strike()
+        at_fault = hosts.sim_calls()
+        at_fault["unsaved"] = at_fault["total"] - finished
+        measured = hold() if hold else None
         ended = progress.wait_end(DONE_WITHIN_S)
     finally:
         progress.stop()
@@ -75,6 +84,7 @@ def fault_mid_batch(hosts, client, name, fault, *, records=RECORDS, latency_ms=L
         name,
         records,
         in_flight_at_fault=at_fault["in_flight"],
+        unsaved_at_fault=at_fault["unsaved"],
         done_after_fault_s=progress.done_after(moment),
         longest_stall_s=progress.longest_stall_after(moment),
         extra={"status": ended["status"], **(measured or {})},
@@ -106,11 +116,11 @@ def own_run_s(topology, client):
     topology.heal()
     topology.sim_reset()
     started = time.monotonic()
-    ended, at_fault, figures = fault_mid_batch(topology, client, "no fault", lambda: None)
+    ended, _, figures = fault_mid_batch(topology, client, "no fault", lambda: None)
     run_s = round(time.monotonic() - started, 1)
     figures.extra["own_run_s"] = run_s
     assert ended["status"] == "completed"
-    assert_invariants(topology, client, ended, RECORDS, at_fault["in_flight"], figures)
+    assert_invariants(topology, client, ended, RECORDS, 0, figures)  # no fault: no call made twice
     return run_s
 
 
@@ -128,7 +138,7 @@ def test_node_loss_work1_link_cut_mid_batch(hosts, client, own_run_s):
     ended, at_fault, figures = fault_mid_batch(hosts, client, "node loss (work1's link down)", cut, busy="work1")
     hosts.network.heal("work1")
     assert ended["status"] == "completed"
-    assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+    assert_invariants(hosts, client, ended, RECORDS, at_fault["unsaved"], figures)
     assert_done_within_two_leases(figures, own_run_s)
 
 
@@ -144,12 +154,14 @@ def test_partition_work1_cut_from_db_only_stops_calling_the_model(hosts, client,
     def partition():
         hosts.network.drop_between("work1", "db")
         seen["at_cut"] = hosts.sim_calls()["by_peer"].get(work1, 0)
+
+    def go_on():
         time.sleep(LEASE_S)  # the fault goes on: within this lease its calls may still be its own
         seen["lease_later"] = hosts.sim_calls()["by_peer"].get(work1, 0)
 
     try:
         ended, at_fault, figures = fault_mid_batch(
-            hosts, client, "partition (work1 cut from db)", partition, busy="work1"
+            hosts, client, "partition (work1 cut from db)", partition, go_on, busy="work1"
         )
         at_end = calls_settled(hosts)["by_peer"].get(work1, 0)
         figures.extra["work1_calls_after_cut"] = at_end - seen["at_cut"]
@@ -160,7 +172,7 @@ def test_partition_work1_cut_from_db_only_stops_calling_the_model(hosts, client,
     try:
         assert after_lease == 0, f"work1 made {after_lease} model calls more than a lease after it lost the database"
     finally:
-        assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+        assert_invariants(hosts, client, ended, RECORDS, at_fault["unsaved"], figures)
     assert_done_within_two_leases(figures, own_run_s)
 
 
@@ -172,8 +184,11 @@ def test_paused_host_sigstop_then_sigcont(hosts, client, own_run_s):
     seen = {}
 
     def pause():
-        started = time.monotonic()
+        seen["paused"] = time.monotonic()
         hosts.pause("work1")
+
+    def stay_paused():
+        started = seen["paused"]
         fenced_s = fenced_within(hosts, "work1", pause_s)
         time.sleep(max(0.0, pause_s - (time.monotonic() - started)))  # the fault itself
         seen["at_thaw"] = hosts.sim_calls()["by_peer"].get(work1, 0)
@@ -181,7 +196,7 @@ def test_paused_host_sigstop_then_sigcont(hosts, client, own_run_s):
         return {"paused_s": pause_s, "fenced_s": fenced_s}
 
     ended, at_fault, figures = fault_mid_batch(
-        hosts, client, f"paused host (SIGSTOP {pause_s:g} s)", pause, busy="work1"
+        hosts, client, f"paused host (SIGSTOP {pause_s:g} s)", pause, stay_paused, busy="work1"
     )
     after_thaw = calls_settled(hosts)["by_peer"].get(work1, 0) - seen["at_thaw"]
     figures.extra["work1_calls_after_thaw"] = after_thaw
@@ -190,7 +205,7 @@ def test_paused_host_sigstop_then_sigcont(hosts, client, own_run_s):
         # Its leases ran out while it was stopped: whatever it held is another host's now.
         assert after_thaw == 0, f"work1 made {after_thaw} model calls after SIGCONT, its leases long gone"
     finally:
-        assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+        assert_invariants(hosts, client, ended, RECORDS, at_fault["unsaved"], figures)
     fenced_s = figures.extra["fenced_s"]
     assert fenced_s is not None and fenced_s <= 2 * LEASE_S, f"work1 paused, fenced after {fenced_s} s"
     assert_done_within_two_leases(figures, own_run_s)
@@ -199,15 +214,19 @@ def test_paused_host_sigstop_then_sigcont(hosts, client, own_run_s):
 def test_db_restarted_mid_batch(hosts, client):
     """PostgreSQL stopped (fast shutdown: every session cut) and started again mid-batch."""
 
-    def restart():
-        started = time.monotonic()
-        hosts.stop_db()
-        hosts.start_db()
-        return {"db_down_s": round(time.monotonic() - started, 1)}
+    stopped = {}
 
-    ended, at_fault, figures = fault_mid_batch(hosts, client, "db restarted", restart)
+    def stop():
+        stopped["at"] = time.monotonic()
+        hosts.stop_db()
+
+    def start():
+        hosts.start_db()
+        return {"db_down_s": round(time.monotonic() - stopped["at"], 1)}
+
+    ended, at_fault, figures = fault_mid_batch(hosts, client, "db restarted", stop, start)
     assert ended["status"] == "completed"
-    assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+    assert_invariants(hosts, client, ended, RECORDS, at_fault["unsaved"], figures)
 
 
 def test_redis_down_30_s(hosts, client):
@@ -215,16 +234,21 @@ def test_redis_down_30_s(hosts, client):
     engines go on; the batch completes and nothing is counted twice."""
 
     def outage():
-        hosts.processes.pop("redis").stop()
         time.sleep(30)  # the fault itself
         hosts.start_redis()
         return {"redis_down_s": 30}
 
     ended, at_fault, figures = fault_mid_batch(
-        hosts, client, "redis down 30 s", outage, records=2 * RECORDS, latency_ms=3 * LATENCY_MS
+        hosts,
+        client,
+        "redis down 30 s",
+        lambda: hosts.processes.pop("redis").stop(),
+        outage,
+        records=2 * RECORDS,
+        latency_ms=3 * LATENCY_MS,
     )
     assert ended["status"] == "completed"
-    assert_invariants(hosts, client, ended, 2 * RECORDS, at_fault["in_flight"], figures)
+    assert_invariants(hosts, client, ended, 2 * RECORDS, at_fault["unsaved"], figures)
 
 
 def test_s3_down_30_s(hosts, client):
@@ -234,15 +258,16 @@ def test_s3_down_30_s(hosts, client):
     down_s = 30
 
     def outage():
-        hosts.network.cut("s3")
         time.sleep(down_s)  # the fault itself
         hosts.network.heal("s3")
         return {"s3_down_s": down_s}
 
-    ended, at_fault, figures = fault_mid_batch(hosts, client, f"s3 down {down_s} s", outage)
+    ended, at_fault, figures = fault_mid_batch(
+        hosts, client, f"s3 down {down_s} s", lambda: hosts.network.cut("s3"), outage
+    )
     assert ended["status"] == "completed"
     assert ended["request_counts"]["failed"] == 0, ended["request_counts"]
-    assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+    assert_invariants(hosts, client, ended, RECORDS, at_fault["unsaved"], figures)
 
 
 def test_max_concurrency_held_across_both_worker_hosts(hosts, client):
@@ -331,11 +356,15 @@ def test_rolling_deploy_old_and_new_workers_together(hosts, client):
     argv, env = hosts.product("web", "work2", previous)
     hosts.run("work2", "old-web", argv, {**env, "ALLOWED_HOSTS": hosts.address["work2"]}, previous)
 
-    def roll():
-        started = time.monotonic()
+    rolled = {}
+
+    def stop_work1():  # the strike: SIGTERM, and the wait for its records handed back
+        rolled["at"] = time.monotonic()
         hosts.processes.pop("work1").stop(signal.SIGTERM, timeout=45)
+
+    def start_work1():
         hosts.start_worker("work1")
-        return {"work1_replaced_s": round(time.monotonic() - started, 1)}
+        return {"work1_replaced_s": round(time.monotonic() - rolled["at"], 1)}
 
     try:
         for host in WORKERS:
@@ -345,7 +374,12 @@ def test_rolling_deploy_old_and_new_workers_together(hosts, client):
         ended_old = Progress(client, old_web.create(lines(24, 300))["id"]).wait_end(60)
         hosts.sim_reset()  # its calls are not the next batch's
         ended, at_fault, figures = fault_mid_batch(
-            hosts, client, "rolling deploy (work2 and a web old, work1 rolled to new)", roll, busy="work1"
+            hosts,
+            client,
+            "rolling deploy (work2 and a web old, work1 rolled to new)",
+            stop_work1,
+            start_work1,
+            busy="work1",
         )
         old_still = hosts.processes["work2"].release == previous and hosts.processes["work2"].running()
     finally:
@@ -355,4 +389,4 @@ def test_rolling_deploy_old_and_new_workers_together(hosts, client):
     assert old_still, "work2's previous release did not run to the batch's end"
     assert (ended["status"], ended_old["status"]) == ("completed", "completed")
     assert ended_old["request_counts"]["completed"] == 24, ended_old["request_counts"]
-    assert_invariants(hosts, client, ended, RECORDS, at_fault["in_flight"], figures)
+    assert_invariants(hosts, client, ended, RECORDS, at_fault["unsaved"], figures)

@@ -39,6 +39,8 @@ from tests.hosts.netns import Inside, Network, check_namespaces_work, run_prefix
 
 HOSTS = {"db": 2, "redis": 3, "s3": 4, "web": 5, "model": 7, "ops": 9, "work1": 11, "work2": 12}
 WORKERS = ("work1", "work2")
+# A record's statuses once it is done (batches.models.RecordStatus): what the invariants and the faults count.
+FINISHED_RECORDS = ("succeeded", "failed", "expired", "cancelled")
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 BUCKET = "openrelay-files"
 S3_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "hosts", "AWS_SECRET_ACCESS_KEY": "hosts-secret"}
@@ -324,6 +326,14 @@ class Topology:
                 return connection.execute(query, params).fetchall()
 
         return self.ops(run)
+
+    def finished_records(self, batch_id: str) -> int:
+        """The records of batch `batch_id` (its public id) finished in the database, by a read of its own."""
+        query = (
+            "SELECT count(*) FROM batches_record r JOIN batches_batch b ON r.batch_id = b.id "
+            "WHERE b.public_id = %s AND r.status = ANY(%s)"
+        )
+        return self.sql(query, batch_id, list(FINISHED_RECORDS))[0][0]
 
     def sim_calls(self) -> dict[str, Any]:
         return self.ops(lambda: httpx.get(self.model_url + "/_sim/calls", timeout=10).json())
