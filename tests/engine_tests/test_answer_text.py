@@ -62,3 +62,50 @@ def test_an_answer_whose_choices_are_big_is_parsed(monkeypatch):
     monkeypatch.setattr(answer_text, "SMALL_FIELD", 10)
     text = orjson.dumps({"choices": [{"message": {"content": "x" * 50}}], "usage": {"prompt_tokens": 1}})
     assert answer_text.read(text) is None
+
+
+def big(value: bytes) -> bytes:
+    """An answer whose `data` is `value`, past SMALL_FIELD (padded with valid numbers), so it is kept as text."""
+    pad = b",".join([b"0.125"] * (answer_text.SMALL_FIELD // 5))
+    return b'{"object":"list","data":[' + pad + b"," + value + b',{"s":"x"}],"model":"m","usage":{"prompt_tokens":1}}'
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"1.2.3",  # two decimal points
+        b"-",  # a sign alone
+        b"01",  # a leading zero
+        b".5",  # no digit before the point
+        b"1e",  # an exponent without digits
+        b"tru",  # a literal cut short
+        b"nulll",
+        b"1 2",  # two numbers without a comma
+        b'"a\\qb"',  # an escape JSON does not have
+    ],
+)
+def test_a_big_field_with_a_token_json_does_not_allow_is_left_to_the_parser(value):
+    # Kept as text, it would reach the result file as a line no JSON reader takes (the caller
+    # parses instead, and a body that is not JSON is the call's error).
+    text = big(value)
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(text)
+    assert answer_text.read(text) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"-0.5e-3", b"1E+9", b"true", b"false", b"null", b"[[1, 2], [3]]", b'{"k": [0, -1]}', b'"a\\"b\\\\c\\u00e9"'],
+)
+def test_a_big_field_of_json_tokens_is_kept(value):
+    text = big(value)
+    kept = answer_text.read(text)
+    assert kept is not None and "data" not in kept.head
+    assert orjson.loads(kept.text) == orjson.loads(text)
+
+
+def test_tokens_are_checked_in_runs_across_their_cuts(monkeypatch):
+    # Runs of a few bytes: every cut falls between tokens, never inside one.
+    monkeypatch.setattr(answer_text, "TOKEN_RUN", 7)
+    assert answer_text.read(big(b"[123456789, -2.5e10, [true, null]], 42")) is not None
+    assert answer_text.read(big(b"[123456789, -2.5e10, [true, nul]], 42")) is None

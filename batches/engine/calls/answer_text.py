@@ -9,12 +9,14 @@ is its received bytes until the flush sends them as they are.
 
 `read` walks the text's strings with bytes.find (C speed) and counts brackets between them, so
 it finds the top-level fields without building the big ones, and parses only the small ones
-(`head`: usage, model, object...). What it checks is the shape, not every number: the text is
-ASCII without control characters (so one line of a JSONL result file), its strings end, its
-brackets balance, it is one object of "key": value fields, and what lies between strings is
-only JSON's number, literal and punctuation characters. Anything else (non-ASCII, whitespace
-other than spaces, a big `choices`, too many strings to walk quickly) returns None: the caller
-parses the answer as before.
+(`head`: usage, model, object...). It checks the shape: the text is ASCII without control
+characters (so one line of a JSONL result file), its strings end, its brackets balance, it is one
+object of "key": value fields, and what lies between strings is only JSON's number, literal and
+punctuation characters. The big fields' tokens are checked too (`_tokens_valid`), so a server's
+`1.2.3`, `-` or `tru` never reaches a result file as a line no JSON reader takes; the small fields
+are parsed whole. Anything else (non-ASCII, whitespace other than spaces, a big `choices`, too
+many strings to walk quickly, a token JSON does not allow) returns None: the caller parses the
+answer as before, and a body that is not JSON is the call's error.
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ _VISIBLE_ASCII = bytes(range(0x20, 0x7F))
 # what is left is short), then brackets and the letters of true, false and null.
 _NUMBERS = b"0123456789+-.eE,: "
 _BRACKETS_AND_LITERALS = b"[]{}truefalsn"
+# The tokens of a big field are checked by orjson in runs of this many bytes, cut at commas: one run's
+# floats (~50,000, ~2 MB) at a time, where parsing the field whole held 1.6x its bytes (134 MB: 200+ MB).
+TOKEN_RUN = 1024 * 1024
+# Brackets and the colon become spaces, so that what is left between strings is a list of tokens
+# separated by commas and spaces, which orjson reads as an array's items.
+_AS_SPACES = bytes.maketrans(b"[]{}:", b"     ")
 
 
 class AnswerText:
@@ -81,7 +89,7 @@ def read(text: bytes | bytearray) -> AnswerText | None:
     head, spans = {}, {}
     for key, (value_start, value_end) in fields.items():
         if value_end - value_start > SMALL_FIELD:
-            if key in READ_FIELDS:
+            if key in READ_FIELDS or not _tokens_valid(text, value_start, value_end):
                 return None
             continue
         try:
@@ -143,6 +151,59 @@ def _fields(text, start, end):
     elif text[start:end].strip(b" "):
         return None
     return fields
+
+
+def _tokens_valid(text, start, end):
+    """Whether the numbers and literals of text[start:end] (a field's value whose shape `_fields`
+    checked) are JSON's, and its strings' escapes too: the value is walked string by string, and
+    what lies between is handed to orjson a TOKEN_RUN at a time as an array's items. Measured on
+    an embeddings answer of 2,048 x 3,072 floats (124 MB): 0.32 s of CPU on top of the shape's
+    0.22 s, and no rise in the traced peak (parsing it whole: 1.13 s, 1.6x its bytes). A valid value whose
+    items an empty array or object separates (`[1,[],2]`) reads as invalid and is parsed instead."""
+    run: list[bytes] = []
+    size = 0
+    pos = start
+    with memoryview(text) as view:  # released on return: rename_model resizes the text
+        while pos < end:
+            quote = text.find(b'"', pos, end)
+            stop = end if quote == -1 else quote
+            while pos < stop:  # the tokens before the string, in runs cut at commas
+                cut = _run_end(text, pos, stop)
+                tokens = bytes(view[pos:cut]).translate(_AS_SPACES).strip(b" ,")
+                pos = cut
+                if tokens:
+                    run.append(tokens)
+                    size += len(tokens)
+                if size >= TOKEN_RUN:
+                    if not _items_valid(run):
+                        return False
+                    run, size = [], 0
+            if quote == -1:
+                break
+            close = _string_end(text, quote + 1, end)
+            if text.find(b"\\", quote, close) != -1 and not _items_valid([bytes(view[quote : close + 1])]):
+                return False  # an escape: the string is parsed to tell
+            pos = close + 1
+    return _items_valid(run)
+
+
+def _run_end(text, pos, stop):
+    """Where a run of tokens from `pos` ends: `stop`, or after the first comma past TOKEN_RUN bytes."""
+    if stop - pos <= TOKEN_RUN:
+        return stop
+    comma = text.find(b",", pos + TOKEN_RUN, stop)
+    return stop if comma == -1 else comma + 1
+
+
+def _items_valid(run):
+    """Whether the runs of tokens, joined by commas, are the items of a JSON array."""
+    if not run:
+        return True
+    try:
+        orjson.loads(b"[" + b",".join(run) + b"]")
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _value(text, start, stop, ending):
