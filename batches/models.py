@@ -205,7 +205,8 @@ class Record(models.Model):
     lease_owner = models.CharField(max_length=64, blank=True)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # Its holder started it (a model call may be out), written before the record's first call
-    # (batches.engine.trips.SentMarks); a claim clears it. A dead engine's records that are not
+    # (batches.engine.trips.SentMarks), or ahead of its start (at most the engine's calls at the
+    # model of a batch's queued records); a claim clears it. A dead engine's records that are not
     # `sent` go back to pending at its take-over; the sent ones are re-sent first (issue 55).
     sent = models.BooleanField(default=False, db_default=False)  # db_default: a previous release's inserts
 

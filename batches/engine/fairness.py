@@ -103,9 +103,10 @@ def set_needs(runs, rows, engines, now):
 
 
 # Set by the engine for the record a slot starts: marks it sent (batches.engine.trips.SentMarks),
-# or raises checkpoints.LeaseLost if it is no longer this engine's. The record's first call awaits it once it has a
-# slot at the gate, before it goes out (calls.caller.ModelCaller.call), so a record whose call
-# went out is marked on its row; one merely started, waiting at the gate, is not.
+# or finds it marked ahead, or raises checkpoints.LeaseLost if it is no longer this engine's. The
+# record's first call awaits it once it has a slot at the gate, before it goes out
+# (calls.caller.ModelCaller.call), so a record whose call went out is marked on its row; one
+# merely started, waiting at the gate, is not, but for the few marked ahead (SentMarks says how few).
 first_send: ContextVar[Callable[[], Awaitable[None]] | None] = ContextVar("first_send", default=None)
 
 

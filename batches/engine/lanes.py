@@ -278,7 +278,7 @@ class Lanes:
         while work is not None:
             run, record, raw = work
             self.running[task] = (run, record)
-            place_record(record.prefix, record.resumed, functools.partial(self.marks.mark, record.pk))
+            place_record(record.prefix, record.resumed, functools.partial(self.marks.mark, run, record))
             bound = logs.working_on(run.public_id, run.pk, record.line)
             holding = budget.Holding(self.answers)
             budget.current.set(holding)  # the slot's own context: its calls take answer bytes into it

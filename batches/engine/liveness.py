@@ -223,7 +223,8 @@ def take_over(owner, seen_at, now, heirs=None):
         for batch_pk, sent in records.values_list("batch_id", "sent"):
             freed[batch_pk] = freed.get(batch_pk, 0) + sent
         # What it only claimed ahead (never marked sent: batches.engine.trips.SentMarks writes the
-        # mark before a record's first call) is ordinary work again: pending, for any engine, in
+        # mark before a record's first call, and ahead for at most its calls at the model of a
+        # batch's queue, which go first with those in flight) is ordinary work again: pending, for any engine, in
         # line order. Left running with the rest, 65 such records of a kill -9 took the head of
         # the line from the 16 really in flight (issue 55).
         records.filter(sent=False).update(status=RecordStatus.PENDING, lease_owner="", lease_expires_at=None)

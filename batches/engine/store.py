@@ -36,6 +36,7 @@ class ClaimedRecord:
     twins: int = 0  # records waiting for its answer (batches.reuse): its flush settles them
     resumed: bool = False  # claimed because its lease ran out (its engine died)
     prefix: int | None = None  # its prompt prefix's key (batches.engine.prefixes), read with its line
+    ahead: bool = False  # marked sent before its start, not called yet (batches.engine.trips.SentMarks)
 
 
 _RUNNING = RecordStatus.RUNNING.value
@@ -307,8 +308,8 @@ def release(owner, pks):
 
 def mark_sent(owner, pks):
     """Mark records `owner` is about to start as sent (their first model call may go out next);
-    return the pks it still holds. One statement for the group a turn of the loop started
-    (trips.SentMarks): what a take-over reads to tell records in flight from those claimed ahead."""
+    return the pks it still holds. One statement for the group a turn of the loop started and
+    the records they mark ahead (trips.SentMarks): what a take-over reads to tell records in flight from those claimed ahead."""
     if not pks:
         return set()
     table = _q(Record._meta.db_table)

@@ -36,6 +36,9 @@ from files.models import File
 from files.services import open_records
 
 FLUSH_EVERY_S = 0.25
+# The sent marks ahead (SentMarks): the records the model's calls here would start within AHEAD_S
+# (its calls over the seconds a call holds one); slower than one in AHEAD_S, none are marked ahead.
+AHEAD_S = 0.05
 FLUSH_SIZE = 500
 RECHECK_S = 1.0  # a batch with nothing left to claim looks again this often (dead engines' leases run out)
 
@@ -265,10 +268,15 @@ class GroupCommit:
         self.write = write
         self.waiting: dict[int, list[Any]] = {}  # record pk -> [newest value, futures of its waiters]
         self.task: asyncio.Task[None] | None = None
+        self.asked = 0  # groups asked for (each `waiting` that a first join opened) ...
+        self.done = 0  # ... and settled: `behind` waits for the difference
+        self.behind_waiters: list[tuple[int, asyncio.Future[None]]] = []
 
     async def join(self, pk: int, value: Any = None) -> bool:
         """Whether the record was written (False: the write found it no longer held)."""
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        if not self.waiting:
+            self.asked += 1
         entry = self.waiting.get(pk)
         if entry is None:
             self.waiting[pk] = [value, [future]]
@@ -279,6 +287,14 @@ class GroupCommit:
             self.task = asyncio.get_running_loop().create_task(self._drain())
         return await future
 
+    async def behind(self) -> None:
+        """Return once every group asked for so far has settled (written or failed)."""
+        if self.done >= self.asked:
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.behind_waiters.append((self.asked, future))
+        await asyncio.shield(future)
+
     async def _drain(self):
         try:
             while self.waiting:
@@ -287,10 +303,24 @@ class GroupCommit:
                     held = await self.write({pk: value for pk, (value, _) in group.items()})
                 except Exception as exc:  # noqa: BLE001 - every waiter of the group gets the error; the writer goes on
                     _settle(group, exc=exc)
+                    self._settled(self.done + 1)
                     continue
                 _settle(group, held=held)
+                self._settled(self.done + 1)
         finally:
             self.task = None
+            if not self.waiting:
+                self._settled(self.asked)  # cancelled: nothing asked for is in flight any more
+
+    def _settled(self, done):
+        self.done = done
+        waiting = []
+        for target, future in self.behind_waiters:
+            if target > done:
+                waiting.append((target, future))
+            elif not future.done():
+                future.set_result(None)
+        self.behind_waiters = waiting
 
 
 class CheckpointWriter:
@@ -315,27 +345,106 @@ class CheckpointWriter:
 
 class SentMarks:
     """Records marked sent on their rows before their first model call (store.mark_sent),
-    group-committed through the engine's database thread: the slots a turn of the loop starts
-    share one statement.
+    group-committed through the engine's database thread, and marked ahead.
 
     What a take-over needs to know of a dead engine's records, and deterministic: a record whose
     call went out is marked, because the mark landed before the call was made. Told by a
     heartbeat instead (what the engine named waiting or running 0.5 s before it died), a record
     started after the last one read as never sent, and went out again 16.9 s late (issue 55).
-    A start waits one statement on the database thread for it (~1 ms on PostgreSQL, behind the
-    trip in flight at worst)."""
 
-    def __init__(self, engine: CheckpointOwner) -> None:
+    Ahead (issue 55 item 4: a statement every ~10 records was a quarter to a third of the
+    gateway's CPU a record): a record whose first call finds it unmarked asks, in the same
+    statement, for the next records its batch's queue will start here (`_ahead`): as many as
+    the engine's calls at the model start within AHEAD_S (Little's law: its calls over the
+    seconds a call holds one, CallGate.call_s; none below 20 a second: slow calls, whose
+    statements cost little, keep their marks exact), never more marked and queued than the
+    engine's calls at the model (its gate's capacity). Not the batch's starts since its last
+    statement: a slot round of slow calls starts together, a burst no rate. Those go out
+    without a statement of their own, the mark having landed before.
+
+    What that costs, bounded by those marked and never started (at most the engine's calls at
+    the model, a batch): a take-over reads them as in flight and re-sends them first in line
+    with the ones that were, and counts them in what it freed (a survivor's flow control
+    absorbs that many calls, within its new part: peers.Peers.took_over); a host cut from the
+    database may still call them until its leases fall into doubt (half a lease). They are
+    called twice only in such a fault. The model's calls are counted where they go out
+    (tallies.call), never from the marks.
+
+    A dead engine's records (`resumed`) are never marked ahead: they go out in line order
+    (fairness.first_in_line), which their own statements keep. While one of theirs waits for
+    its statement, a record marked ahead waits for it too (`GroupCommit.behind`), so it never
+    overtakes them on the way out: marks that landed sooner let 22-27 go before 8 and 9."""
+
+    def __init__(self, engine: CheckpointOwner, ahead_s: float = AHEAD_S) -> None:
         self.engine = engine
+        self.ahead_s = ahead_s
         self.group = GroupCommit(self._write)
+        self.landing: dict[int, asyncio.Future[bool | None]] = {}  # marked ahead, the statement in flight
+        self.first_in_line = 0  # resumed records waiting for their own statements
 
-    async def mark(self, pk: int) -> None:
-        """Mark the record sent; LeaseLost if it is no longer this engine's (fenced meanwhile)."""
-        if not await self.group.join(pk):
+    async def mark(self, run: Any, record: ClaimedRecord) -> None:
+        """Mark the record sent (or find it marked ahead); LeaseLost if it is no longer this
+        engine's (fenced meanwhile). `run`: its lanes.BatchRun, whose queue it marks ahead in."""
+        if record.ahead:
+            record.ahead = False
+            if self.first_in_line:
+                await self.group.behind()
+            return
+        landing = self.landing.get(record.pk)
+        if landing is not None:
+            held = await asyncio.shield(landing)
+            record.ahead = False
+            if held:
+                return
+            if held is False:
+                raise LeaseLost
+            # None: the statement failed; the record asks for a mark of its own
+        if record.resumed:
+            self.first_in_line += 1
+        try:
+            held = await self.group.join(record.pk, self._ahead(run))
+        finally:
+            if record.resumed:
+                self.first_in_line -= 1
+        if not held:
             raise LeaseLost
 
+    def _ahead(self, run: Any) -> list[ClaimedRecord]:
+        """The records to mark ahead with this start's statement, in the order `run`'s queue
+        starts them: as many as its model's calls here start within `ahead_s`, capped so the ones
+        marked and waiting in its queue stay within the engine's calls at the model."""
+        gate = run.lane.gate
+        room = gate.capacity
+        if not gate.call_s or room * self.ahead_s < gate.call_s:
+            return []  # not measured yet, or fewer than one start in `ahead_s`
+        want = int(room * self.ahead_s / gate.call_s)
+        picked: list[ClaimedRecord] = []
+        for record, _ in run.queue:  # claimed ahead: a few hundred at most, once a statement
+            if record.ahead or record.pk in self.landing:
+                room -= 1
+            elif not record.resumed and len(picked) < want:
+                picked.append(record)
+        picked = picked[: max(0, room)]
+        loop = asyncio.get_running_loop()
+        for record in picked:
+            self.landing[record.pk] = loop.create_future()
+        return picked
+
     async def _write(self, marks):
-        return await self.engine.db(store.mark_sent, self.engine.owner, list(marks))
+        ahead = [record for records in marks.values() for record in records]
+        try:
+            held = await self.engine.db(store.mark_sent, self.engine.owner, [*marks, *(r.pk for r in ahead)])
+        except BaseException:
+            self._landed(ahead, None)
+            raise
+        self._landed(ahead, held)
+        return held
+
+    def _landed(self, ahead, held):
+        for record in ahead:
+            marked = None if held is None else record.pk in held
+            record.ahead = bool(marked)
+            self.landing.pop(record.pk).set_result(marked)
 
 
 def _settle(batch, held=(), exc=None):
