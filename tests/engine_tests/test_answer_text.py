@@ -1,10 +1,15 @@
 """Big answers kept as JSON text (batches.engine.calls.answer_text): what `read` takes, what it
-leaves to the parser, and the rename of `model` in place."""
+leaves to the parser (a malformed token too, through the engine), and the rename of `model` in place."""
 
 import orjson
 import pytest
+from aiohttp import web
 
 from batches.engine.calls import answer_text
+from batches.engine.runner import run_batch
+from openrelay.core.models import Deployment
+from openrelay.simulator.server import AppThread
+from tests.helpers import make_batch, read_lines
 
 EMBEDDINGS = orjson.dumps(
     {
@@ -109,3 +114,31 @@ def test_tokens_are_checked_in_runs_across_their_cuts(monkeypatch):
     monkeypatch.setattr(answer_text, "TOKEN_RUN", 7)
     assert answer_text.read(big(b"[123456789, -2.5e10, [true, null]], 42")) is not None
     assert answer_text.read(big(b"[123456789, -2.5e10, [true, nul]], 42")) is None
+
+
+@pytest.mark.usefixtures("tmp_storage")
+def test_a_big_answer_with_a_malformed_number_fails_its_record_and_every_result_line_is_json(alice, model):
+    # A server whose big embeddings answer carries `1.2.3` for one input, through the engine:
+    # the record fails (a body that is not JSON), its neighbours land, and both files read.
+    floats = b",".join([b"0.125"] * (answer_text.BIG_BYTES // 5))
+
+    async def answer(request):
+        body = await request.json()
+        bad = b",1.2.3" if body["input"] == "bad" else b""
+        data = b'[{"object":"embedding","index":0,"embedding":[' + floats + bad + b"]}]"
+        text = b'{"object":"list","data":' + data + b',"model":"up","usage":{"prompt_tokens":1,"total_tokens":1}}'
+        return web.Response(body=text, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_post("/v1/embeddings", answer)
+    with AppThread(app, name="malformed") as server:
+        Deployment.objects.filter(model=model).update(base_url=f"{server.url}/v1")
+        bodies = [{"model": model.name, "input": text} for text in ("good 1", "bad", "good 2")]
+        batch = make_batch(alice.org, bodies, endpoint="/v1/embeddings")
+        run_batch(batch.pk)
+    batch.refresh_from_db()
+    out, err = read_lines(batch.output_file), read_lines(batch.error_file)  # orjson fails on a bad line
+    assert (batch.completed_count, batch.failed_count) == (2, 1)
+    assert sorted(line["custom_id"] for line in out) == ["req-1", "req-3"]
+    assert [line["custom_id"] for line in err] == ["req-2"]
+    assert len(out[0]["response"]["body"]["data"][0]["embedding"]) == answer_text.BIG_BYTES // 5
