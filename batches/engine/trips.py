@@ -152,7 +152,7 @@ class Trips:
                 first = sorted([item for item in waiting if item[0].resumed] + resumed, key=lambda item: item[0].line)
                 rest = [item for item in waiting if not item[0].resumed]
                 fresh = [item for item in records if not item[0].resumed]
-                run.queue = prefixes.RecordQueue([*first, *rest, *fresh])
+                run.queue = prefixes.RecordQueue([*first, *rest, *fresh], run.queue.marked)
             else:
                 run.queue.extend(records)
             if not run.shared_prefixes and run.queue.shared():
@@ -380,6 +380,7 @@ class SentMarks:
         self.ahead_s = ahead_s
         self.group = GroupCommit(self._write)
         self.landing: dict[int, asyncio.Future[bool | None]] = {}  # marked ahead, the statement in flight
+        self.queued_in: dict[int, set[int]] = {}  # the same records: their queue's `marked`
         self.first_in_line = 0  # resumed records waiting for their own statements
 
     async def mark(self, run: Any, record: ClaimedRecord) -> None:
@@ -414,20 +415,24 @@ class SentMarks:
         starts them: as many as its model's calls here start within `ahead_s`, capped so the ones
         marked and waiting in its queue stay within the engine's calls at the model."""
         gate = run.lane.gate
-        room = gate.capacity
-        if not gate.call_s or room * self.ahead_s < gate.call_s:
+        if not gate.call_s or gate.capacity * self.ahead_s < gate.call_s:
             return []  # not measured yet, or fewer than one start in `ahead_s`
-        want = int(room * self.ahead_s / gate.call_s)
+        queue = run.queue
+        marked = queue.marked
+        want = min(int(gate.capacity * self.ahead_s / gate.call_s), gate.capacity - len(marked))
         picked: list[ClaimedRecord] = []
-        for record, _ in run.queue:  # claimed ahead: a few hundred at most, once a statement
-            if record.ahead or record.pk in self.landing:
-                room -= 1
-            elif not record.resumed and len(picked) < want:
+        if want <= 0:
+            return picked
+        for record, _ in queue:  # past at most the marked ones: they start first
+            if not record.resumed and record.pk not in marked:
                 picked.append(record)
-        picked = picked[: max(0, room)]
+                if len(picked) == want:
+                    break
         loop = asyncio.get_running_loop()
         for record in picked:
+            marked.add(record.pk)
             self.landing[record.pk] = loop.create_future()
+            self.queued_in[record.pk] = marked
         return picked
 
     async def _write(self, marks):
@@ -444,6 +449,9 @@ class SentMarks:
         for record in ahead:
             marked = None if held is None else record.pk in held
             record.ahead = bool(marked)
+            queued_in = self.queued_in.pop(record.pk)
+            if not marked:
+                queued_in.discard(record.pk)  # not marked after all: it asks for a mark of its own
             self.landing.pop(record.pk).set_result(marked)
 
 

@@ -59,6 +59,18 @@ def test_records_claimed_later_join_their_group_while_it_waits_and_a_drained_gro
     assert [first.line] + [queue.popleft()[0].line for _ in range(3)] == [1, 2, 3, 4]
 
 
+def test_the_queue_counts_its_records_marked_ahead_until_they_leave_it():
+    """trips.SentMarks caps the records marked ahead by the queue's `marked`, not a walk of it:
+    a record leaves the count as it leaves the queue, started or given back."""
+    queue = RecordQueue(claimed(i, line(i, "Be brief.")) for i in range(6))
+    queue.marked |= {0, 1, 4}
+    assert queue.popleft()[0].pk == 0 and queue.marked == {1, 4}
+    rebuilt = RecordQueue(list(queue), queue.marked)  # a take-over's records put first keep the count
+    assert rebuilt.popleft()[0].pk == 1 and rebuilt.marked == {4}
+    rebuilt.clear()  # handed back unstarted: no longer this engine's to start
+    assert rebuilt.marked == set()
+
+
 class Deployment:
     def __init__(self, pk, share):
         self.affinity_seed = str(pk).encode()

@@ -153,16 +153,20 @@ def test_a_start_marks_ahead_what_the_models_calls_start_soon_within_the_engines
 
     asyncio.run(start(2))  # the seconds a call holds its slot not measured yet: each its own
     assert engine.statements == [[r.pk] for r in records[:2]] and never_started() == set()
+    assert run.queue.marked == never_started()  # the queue's count of them, read instead of a walk
     run.lane.gate.call_s = 0.05  # 3 calls: 60 a second, 6 in 0.1 s; at most 3 waiting marked
     asyncio.run(start(1))
     assert engine.statements[-1] == [r.pk for r in records[2:6]] and len(never_started()) == 3
+    assert run.queue.marked == never_started()
     asyncio.run(start(3))  # marked ahead: no statement
     assert len(engine.statements) == 3 and never_started() == set()
+    assert run.queue.marked == never_started()  # the queue's count of them, read instead of a walk
     asyncio.run(start(1))
     assert engine.statements[-1] == [r.pk for r in records[6:10]]
     run.lane.gate.call_s = 0.5  # 6 a second: fewer than one in 0.1 s, none ahead
     asyncio.run(start(4))
     assert engine.statements[-1] == [records[10].pk] and never_started() == set()
+    assert run.queue.marked == never_started()  # the queue's count of them, read instead of a walk
 
 
 def test_a_record_marked_ahead_that_another_engine_holds_now_is_not_sent(alice, model, engines):
@@ -187,6 +191,7 @@ def test_a_record_marked_ahead_that_another_engine_holds_now_is_not_sent(alice, 
 
     assert asyncio.run(start()) is True
     assert engine.statements == [[r.pk for r in records], [records[1].pk]]
+    assert run.queue.marked == {records[2].pk}  # the one not marked left the count as it landed
     marked = set(Record.objects.filter(batch=batch, sent=True).values_list("pk", flat=True))
     assert marked == {records[0].pk, records[2].pk}
 
