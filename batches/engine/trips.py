@@ -423,7 +423,7 @@ class SentMarks:
         picked: list[ClaimedRecord] = []
         if want <= 0:
             return picked
-        for record, _ in queue:  # past at most the marked ones: they start first
+        for record, _ in queue:  # the marked ones mostly lead it: the walk stops early
             if not record.resumed and record.pk not in marked:
                 picked.append(record)
                 if len(picked) == want:
