@@ -160,13 +160,13 @@ def test_a_start_marks_ahead_what_the_models_calls_start_soon_within_the_engines
     assert run.queue.marked == never_started()
     asyncio.run(start(3))  # marked ahead: no statement
     assert len(engine.statements) == 3 and never_started() == set()
-    assert run.queue.marked == never_started()  # the queue's count of them, read instead of a walk
+    assert run.queue.marked == never_started()
     asyncio.run(start(1))
     assert engine.statements[-1] == [r.pk for r in records[6:10]]
     run.lane.gate.call_s = 0.5  # 6 a second: fewer than one in 0.1 s, none ahead
     asyncio.run(start(4))
     assert engine.statements[-1] == [records[10].pk] and never_started() == set()
-    assert run.queue.marked == never_started()  # the queue's count of them, read instead of a walk
+    assert run.queue.marked == never_started()
 
 
 def test_a_record_marked_ahead_that_another_engine_holds_now_is_not_sent(alice, model, engines):
