@@ -125,10 +125,7 @@ class Roster:
 
     def hand_back_queued(self):
         """Stopping: forget every record claimed and not started. Returns their pks, to give back."""
-        pks = [record.pk for run in self.batches.values() for record, _ in run.queue]
-        for run in self.batches.values():
-            run.queue.clear()
-        return pks
+        return [pk for run in self.batches.values() for pk in run.hand_back()]
 
     def resume(self, freed):
         """Claim at once what dead engines left of our batches ({batch pk: records freed}: peers.Peers.take_freed)."""
@@ -191,9 +188,7 @@ class Roster:
             return
         run.ticket.held = run.spend is not None and run.spend.paused  # calls waiting at the gate are not sent
         if not run.workable:
-            self.handback += [record.pk for record, _ in run.queue]
-            run.queue.clear()
-            run.resumed_queued = 0
+            self.handback += run.hand_back()
             run.cursor = 0  # resumed, it claims from its first pending line again
         else:
             run.recheck_at = run.expired_check_at = 0.0

@@ -108,6 +108,14 @@ class BatchRun:
             self.target = max(self.target, config.prefix_window)
         self.rate_mark = (now, self.started)
 
+    def hand_back(self):
+        """Forget every record claimed here and not started (held, in doubt, stopping). Returns
+        their pks, for the engine to give back to pending."""
+        pks = [record.pk for record, _ in self.queue]
+        self.queue.clear()
+        self.resumed_queued = 0
+        return pks
+
 
 class Lane:
     """One model in this engine: its caller (gate and deployments), its batches, its slots."""

@@ -240,9 +240,7 @@ class Engine:
                 )
                 in_doubt = True
             for run in self.roster.batches.values():
-                self.handback += [record.pk for record, _ in run.queue]
-                run.queue.clear()
-                run.resumed_queued = 0
+                self.handback += run.hand_back()
             self._wake()
 
     async def _trip(self, claims):
