@@ -1,8 +1,8 @@
-"""Parallel runs with pytest-xdist (`-n 2 --dist loadgroup --no-loadscope-reorder`, as .ci/run runs).
+"""Parallel runs with pytest-xdist (`-n 3 --dist loadgroup --no-loadscope-reorder`, as .ci/run runs).
 
 A pass of the suite keeps one core of the 2-core machine busy about half the time: most tests wait
 on processes they started (clusters, servers, Chromium) or on a scenario's own clock (the 90 s
-outage). Two workers overlap those waits (docs/guides/testing.md has the figures). What that needs:
+outage). Three workers overlap those waits (docs/guides/testing.md has the figures). What that needs:
 
 - Each worker its own data folder (storage, logs, SQLite test database) and its own Redis
   database: a cluster one worker starts must never take the q2 tasks, channel-layer messages or
@@ -11,13 +11,13 @@ outage). Two workers overlap those waits (docs/guides/testing.md has the figures
 - Work units that keep what is shared inside one worker: a test module's tests go to one worker
   together (its module-scoped servers and clusters start once), and so do all the tests of the
   shared running product (`live_stack`), across modules.
-- The longest units first, so neither worker ends the run alone: tests marked `long`, then the
+- The longest units first, so no worker ends the run alone: tests marked `long`, then the
   modules with the most `slow` tests; the units holding an `exclusive` test last, so that test
-  waits for one short test of the other worker, not for a long one.
-- Tests marked `exclusive` (they restart PostgreSQL or Redis, which both workers use, or measure by
-  the clock what a second worker's load skews) run with no test beside them: every test holds a
-  shared lock, an exclusive test waits for the other worker's test to end and holds the lock
-  alone. After one ran, the other worker drops its database connections, which a restart broke.
+  waits for short tests of the other workers, not for long ones.
+- Tests marked `exclusive` (they restart PostgreSQL or Redis, which every worker uses, or measure by
+  the clock what another worker's load skews) run with no test beside them: every test holds a
+  shared lock, an exclusive test waits for the other workers' tests to end and holds the lock
+  alone. After one ran, the other workers drop their database connections, which a restart broke.
 
 Without xdist (`pytest` alone, README's command) none of this applies.
 """
@@ -82,7 +82,7 @@ class _WorkerLock:
     """A readers-writer lock between the workers of one run, on two files (flock).
 
     The gate makes it fair: an exclusive test waiting for the lock holds the gate, so the other
-    worker cannot take the shared lock again and again before it.
+    workers cannot take the shared lock again and again before it.
     """
 
     def __init__(self, folder):
