@@ -71,6 +71,7 @@ class Roster:
         self.close_retries: dict[int, tuple[int, float]] = {}  # batch pk -> (closes failed, when to try again)
         self.announcing: asyncio.Task[Any] | None = None  # the task sending live events, if one is
         self.handback: list[int] = []  # records of batches paused here, to give back (take_handback)
+        self.stopping = False  # the engine stops: no call waiting at the gate is sent (hand_back_queued)
 
     async def poll(self, rows):
         """The running batches as the database has them now (`rows`): start, join, close, drop; and the
@@ -124,7 +125,13 @@ class Roster:
         return pks
 
     def hand_back_queued(self):
-        """Stopping: forget every record claimed and not started. Returns their pks, to give back."""
+        """Stopping: forget every record claimed and not started, and send none of the calls waiting
+        at the gate (each goes back as its slot comes: fairness.Held). Returns the queued pks, to
+        give back. Let out, the calls waiting went out as the calls in flight ended: 58 calls after
+        a SIGTERM with 8 calls in flight an engine and 24 more records waiting at its gate."""
+        self.stopping = True
+        for run in self.batches.values():
+            run.ticket.held = True
         return [pk for run in self.batches.values() for pk in run.hand_back()]
 
     def resume(self, freed):
@@ -186,7 +193,8 @@ class Roster:
         run = self.batches.get(pk)
         if run is None:
             return
-        run.ticket.held = run.spend is not None and run.spend.paused  # calls waiting at the gate are not sent
+        # Calls waiting at the gate are not sent while it is paused, nor once the engine stops.
+        run.ticket.held = self.stopping or (run.spend is not None and run.spend.paused)
         if not run.workable:
             self.handback += run.hand_back()
             run.cursor = 0  # resumed, it claims from its first pending line again

@@ -15,11 +15,15 @@ in q2's queue most of the time.
 
 Stops are clean whichever way they come:
 - q2's own stop (SIGTERM or SIGINT to `qcluster`, what docker, Kubernetes
-  and Ctrl-C send): the sentinel hands each worker a STOP after its current
-  task; the worker's process exits, and before it does, a multiprocessing
-  finalizer stops the engine (Engine.request_stop: calls in flight finish
-  within OPENRELAY_STOP_GRACE_S, the rest is handed back). A recycled
-  worker leaves the same way.
+  and Ctrl-C send): qcluster's handler first raises the cluster's stop flag
+  (announce_stop), which every worker's engine reads at its next watch
+  (within ~50 ms) and stops on (Engine.request_stop: it starts no record,
+  calls in flight finish within OPENRELAY_STOP_GRACE_S, the rest is handed
+  back). Then q2's ordered stop: the sentinel hands each worker a STOP after
+  its current task, 2-4 s later, and the worker's process exits (a
+  multiprocessing finalizer waits for its engine). Until the flag, the
+  engines went on starting records for those 2-4 s (72-160 calls at 40 a
+  second). A recycled worker leaves by the finalizer alone.
 - SIGTERM to a worker process itself (q2's guard does it past a task's
   timeout; systemd's default KillMode and `kill -TERM -- -<pgid>` signal
   every process of the service): the same clean stop, then the process
@@ -32,7 +36,9 @@ worker unblocks it here once its handler is in place.
 """
 
 import asyncio
+import ctypes
 import logging
+import multiprocessing
 import os
 import signal
 import threading
@@ -46,6 +52,28 @@ logger = logging.getLogger("openrelay.engine")
 RESTART_AFTER_S = 1.0
 EXIT_WITHIN_S = 5.0
 _state = {"engine": None, "thread": None, "stopping": False}
+# The cluster's stop flag: shared memory that qcluster's main process creates before it forks the
+# sentinel (which forks the workers), so every worker reads what the main process writes. A flag,
+# not a multiprocessing.Event: setting an Event waits for every sleeper on it to wake, and a
+# killed worker never would (the hang batches/management/commands/qcluster.py describes).
+_cluster_stop = None
+
+
+def share_stop():
+    """In qcluster's main process, before the cluster forks: the flag its workers will read."""
+    global _cluster_stop
+    _cluster_stop = multiprocessing.RawValue(ctypes.c_bool, False)
+
+
+def announce_stop():
+    """In qcluster's main process, at its first SIGTERM or SIGINT: every engine stops starting records."""
+    if _cluster_stop is not None:
+        _cluster_stop.value = True
+
+
+def cluster_stopping():
+    """Whether this worker's cluster is stopping (always False outside a qcluster's workers)."""
+    return _cluster_stop is not None and _cluster_stop.value
 
 
 def on_spawn(sender=None, proc_name="", **kwargs):
@@ -66,8 +94,9 @@ def start():
 def _run():
     from batches.engine.runner import Engine
 
-    while not _state["stopping"]:
-        engine = _state["engine"] = Engine()
+    # A worker q2 brings back while the cluster stops starts no engine.
+    while not (_state["stopping"] or cluster_stopping()):
+        engine = _state["engine"] = Engine(stop_heard=cluster_stopping)
         try:
             asyncio.run(engine.run())
         except Exception:
@@ -75,7 +104,7 @@ def _run():
             logger.exception("the engine stopped on an error; starting a new one")
             time.sleep(RESTART_AFTER_S)
         else:
-            if not _state["stopping"]:
+            if not (_state["stopping"] or cluster_stopping()):
                 logger.error("the engine returned without being asked to stop; starting a new one")
 
 

@@ -76,8 +76,10 @@ class Engine:
     threads, stopping) and the seams the parts are handed (`db`, `_wake`, `_open_run`).
     """
 
-    def __init__(self, only=None, until_closed=False):
+    def __init__(self, only=None, until_closed=False, stop_heard=None):
         self.config = EngineConfig.read()
+        # Whether its process's cluster is stopping (process.cluster_stopping), read at each watch.
+        self.stop_heard = stop_heard
         self.only = set(only) if only is not None else None
         self.until_closed = until_closed
         # An in-process engine watches a few batches: it may look often (tests wait on it).
@@ -360,6 +362,9 @@ class Engine:
         once when another engine was refused a call (Peers.share_refusals)."""
         while not self.stopping:
             await asyncio.sleep(WATCH_S)
+            if self.stop_heard is not None and self.stop_heard():
+                self._begin_stop()  # qcluster heard SIGTERM: nothing new starts here from now on
+                return
             newest, engines, refused = await self.db(store.watched, self.owner)
             if newest != self.newest_batch:
                 if self.newest_batch is not None:

@@ -70,9 +70,9 @@ def test_sigterm_mid_batch_however_it_comes_hands_everything_back(alice, model, 
     """Mid-batch, the group SIGTERM never ended within 60 s; a stop must leave nothing running or
     leased (everything not done pending for the next cluster) and write nothing off."""
     with run_in_thread(SimulatorConfig(latency_ms=400)) as slow:
-        # 40 calls a second. A stop lets about 150 records through (its +40, then q2's ordered stop of
-        # 2-4 s: the engines start records until the sentinel's STOP reaches their worker); at 80 a
-        # second and 600 records, a loaded CI machine finished the batch before the third stop.
+        # 40 calls a second. A stop lets its +40 and the calls in flight through (the engines
+        # started records for q2's ordered stop of 2-4 s too, until the stop flag: about 150 a stop);
+        # at 80 a second and 600 records, a loaded CI machine finished the batch before the third stop.
         model.deployments.update(base_url=slow.base_url, max_concurrency=16)
         batch = make_batch(alice.org, [chat(f"q{i}") for i in range(RECORDS)])
         for stopped, (how, stop) in enumerate(STOPS.items(), start=1):
@@ -96,6 +96,27 @@ def test_sigterm_mid_batch_however_it_comes_hands_everything_back(alice, model, 
         wait_for(lambda: status_of(batch) == "completed", 90, "the batch to complete on a new cluster")
     out, err = assert_exactly_once(batch, RECORDS)
     assert not err
+
+
+@pytest.mark.slow
+def test_sigterm_to_qcluster_alone_starts_no_record_past_it(alice, model, clusters):
+    """django-q2's ordered stop reaches a worker 2-4 s after SIGTERM reaches qcluster alone (the
+    sentinel stops the pusher, then queues a STOP a worker), and its engine went on starting records
+    until then: 80-160 more calls at 40 a second, each a record the stop then waited for or handed
+    back. The first signal now reaches every engine at once (process.announce_stop)."""
+    with run_in_thread(SimulatorConfig(latency_ms=400)) as slow:
+        model.deployments.update(base_url=slow.base_url, max_concurrency=16)
+        batch = make_batch(alice.org, [chat(f"q{i}") for i in range(RECORDS)])
+        cluster = clusters(OPENRELAY_STOP_GRACE_S=GRACE_S)
+        wait_for(lambda: succeeded(batch) >= 40, 30, "progress before SIGTERM")
+        calls_before = slow.request_count
+        cluster.terminate(timeout=GRACE_S + 20)
+        # What an engine may still start: those it started before the signal reached it (its watch
+        # reads the flag every 50 ms: ~2 at 40 a second), never a call round of the deployment (16).
+        started_after = slow.request_count - calls_before
+        assert started_after < 16, f"{started_after} calls after SIGTERM; log:\n{cluster.log_tail()}"
+        left = dict(Record.objects.filter(batch=batch).values_list("status").annotate(n=Count("id")))
+        assert "running" not in left and "failed" not in left, left
 
 
 @pytest.mark.slow
