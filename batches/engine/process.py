@@ -22,8 +22,8 @@ Stops are clean whichever way they come:
   back). Then q2's ordered stop: the sentinel hands each worker a STOP after
   its current task, 2-4 s later, and the worker's process exits (a
   multiprocessing finalizer waits for its engine). Until the flag, the
-  engines went on starting records for those 2-4 s (72-160 calls at 40 a
-  second). A recycled worker leaves by the finalizer alone.
+  engines went on starting records for those 2-4 s (58-72 calls at 40 a
+  second in test_group_stops). A recycled worker leaves by the finalizer alone.
 - SIGTERM to a worker process itself (q2's guard does it past a task's
   timeout; systemd's default KillMode and `kill -TERM -- -<pgid>` signal
   every process of the service): the same clean stop, then the process
