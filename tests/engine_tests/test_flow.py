@@ -2,7 +2,15 @@
 
 import pytest
 
-from batches.engine.calls.flow import BACKOFF, BASELINE_CALLS, BASELINE_MAX_S, FlowControl, read_metrics
+from batches.engine.calls.flow import (
+    BACKOFF,
+    BASELINE_CALLS,
+    BASELINE_MAX_S,
+    BURST_S,
+    FlowControl,
+    peer_limits,
+    read_metrics,
+)
 
 
 def answer_window(flow, seconds, now, filled=True):
@@ -87,20 +95,57 @@ def test_without_a_line_the_tolerance_alone_steers():
     assert flow.limit == before + 1  # 1.5x the baseline, under the tolerance of 2: it grows
 
 
-def test_a_503_teaches_a_ceiling_held_for_the_hold_then_probed_again():
+def test_a_503_teaches_a_ceiling_that_creeps_to_the_next_refusal_then_holds_then_is_probed_again():
     """The calls in flight when a refused call was sent, less one, hold the limit for `hold_s`
-    whatever the answers say; after a hold without a 503 it grows past them again."""
+    whatever the answers say, except for a creep: from a random 1-2x BURST_S after the hold began,
+    the ceiling grows a call a BURST_S until the next refusal, where it goes back (no backoff) and
+    then holds. After a hold without a 503 it grows past the ceiling again, a call a window."""
     flow = FlowControl(64, start=40, hold_s=30)
     flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=20)
-    assert flow.learned == 19
+    assert flow.learned == 19 and flow.news  # a new hold: the other engines hear of it
+    assert 1.0 + BURST_S <= flow.creep_from <= 1.0 + 2 * BURST_S
+    flow.news = False
     assert flow.limit == 19  # the backoff (28) or the ceiling, whichever is lower
-    for step in range(20):  # fast, full windows for most of the hold: no growth past 19
-        answer_window(flow, 0.2, now=2 + step)
+    answer_window(flow, 0.2, now=1.0 + BURST_S - 0.01)  # the burst: held
     assert flow.limit == 19
-    answer_window(flow, 0.2, now=31.5)  # the hold (1.0 + 30) is over: one more a window again
+    flow.overloaded(sent_at=0.9, now=1.3, status=503, sent_with=20)  # one more of the burst
+    assert flow.learned == 18 and not flow.news
+    began = flow.creep_at
+    answer_window(flow, 0.2, now=began)  # the creep: a call
+    assert flow.learned == 19 and flow.limit == 19
+    answer_window(flow, 0.2, now=began + BURST_S / 2)  # at most a call a BURST_S
+    assert flow.learned == 19
+    answer_window(flow, 0.2, now=began + BURST_S)
+    assert flow.learned == 20 and flow.limit == 20
+    flow.overloaded(sent_at=began + 4.5, now=began + 4.5, status=503, sent_with=20)  # the creep met the edge
+    assert flow.learned == 19 and flow.limit == 19 and flow.news  # no backoff; the others hear of it
+    for step in range(20):  # fast, full windows for the rest of the hold: no growth past 19
+        answer_window(flow, 0.2, now=began + 5 + step)
+    assert flow.limit == 19
+    answer_window(flow, 0.2, now=began + 35)  # the hold (30 s from the last 503) is over: one more a window again
     assert flow.learned is None and flow.limit == 20
-    answer_window(flow, 0.2, now=32)
+    answer_window(flow, 0.2, now=began + 35.5)
     assert flow.limit == 21
+
+
+def test_a_refusal_heard_past_the_burst_stops_the_creep_begun_or_not():
+    flow = FlowControl(64, start=16, hold_s=30)
+    flow.overloaded(sent_at=1.0, now=1.0, status=503, sent_with=10)
+    flow.peer_refused(9, now=1.5)  # another engine's refusal of the same burst: the creep still comes
+    began = flow.creep_at
+    answer_window(flow, 0.2, now=began)
+    assert flow.learned == 10
+    flow.peer_refused(10, now=began + 0.5)  # another engine's creep found the edge
+    for step in range(10):
+        answer_window(flow, 0.2, now=began + 1 + step)
+    assert flow.learned == 10 and flow.limit == 10
+    # An engine whose creep had not begun yet does not step into the full server either.
+    other = FlowControl(64, start=16, hold_s=30)
+    other.peer_refused(6, now=1.0)
+    other.peer_refused(6, now=1.0 + BURST_S)  # before its creep (1-2x BURST_S in), past the burst
+    for step in range(10):
+        answer_window(other, 0.2, now=2 + BURST_S + step)
+    assert other.learned == 6
 
 
 def test_every_503_of_a_burst_counts_the_lowest_is_the_ceiling():
@@ -145,6 +190,24 @@ def test_a_held_engine_does_not_level_and_its_ceiling_follows_its_part():
     assert flow.learned == 16
     flow.absorb(4, in_flight=8)  # a dead engine's 4 calls, which the server held too
     assert flow.learned == 20 and flow.limit == 12
+
+
+def test_an_engine_with_no_part_yet_is_no_limit_to_level_with():
+    """Row 18: an engine publishes a limit of 0 until its part of max_concurrency is set, and the
+    others levelled down to it at every start (5 and 10 calls in flight, limits of 2.5 and 5.8)."""
+    live = [("a", {}, {"7": [10, 0, 0, 10]}), ("b", {}, {"7": [0, 0, 0, 0]}), ("c", {}, {"7": [4, 0, 0, 6]})]
+    assert dict(peer_limits(live, "a")) == {7: [6]}
+    assert dict(peer_limits(live[:2], "a")) == {}
+
+
+def test_a_refusal_heard_holds_the_calls_out_even_past_a_limit_just_levelled_down():
+    flow = FlowControl(64, start=16, hold_s=30)
+    flow.level_with(4)  # 16 -> 10, with 16 calls still out
+    assert flow.limit == 10
+    flow.peer_refused(16, now=1.0)
+    assert flow.learned == 16 and flow.limit == 10  # the server holds 16 of its calls
+    answer_window(flow, 0.2, now=1.5)
+    assert flow.limit == 11  # grows back to them, a call a window
 
 
 def test_a_fast_servers_jitter_is_not_a_queue():

@@ -314,3 +314,40 @@ def test_a_server_that_refuses_past_its_slots_is_sent_one_call_past_the_limit_an
 
     with capacity_server(slots=4, queue_limit=0) as server:
         asyncio.run(go(server))
+
+
+def test_an_engine_whose_only_call_is_refused_sends_nothing_more_there_until_it_goes_again(adaptive):
+    """Row 18 (issue 55): an engine held at its floor, 1, while other engines' calls filled a server
+    without a queue sent its waiting calls one after the other as each was refused: four 503s in
+    3 ms, again at each Retry-After. A call refused while it was the engine's only one there keeps
+    its slot through its wait: about one 503 a Retry-After, not one for each waiting call."""
+    adaptive.OPENRELAY_CONCURRENCY_START = 4
+    adaptive.OPENRELAY_CEILING_HOLD_S = 600
+    retry_after = 0.2
+
+    async def go(server):
+        other = Upstream(server.base_url, "m", "", 4)  # another engine, holding every slot for ~3 s
+        ours = Upstream(server.base_url, "m", "", 32)
+        async with (
+            ModelCaller([other], time_limit_s=60, retries=50) as elsewhere,
+            ModelCaller([ours], time_limit_s=60, retries=50) as caller,
+        ):
+            held = [
+                asyncio.create_task(elsewhere.call("/v1/chat/completions", chat(f"a{i} [[tokens:1500]]")))
+                for i in range(4)
+            ]
+            await _until(lambda: server.stats()["running"] == 4)
+            began = asyncio.get_running_loop().time()
+            ours_done = asyncio.create_task(drive(caller, [chat(f"b{i} [[tokens:5]]") for i in range(8)], callers=8))
+            first = await asyncio.gather(*held)
+            refused, took = server.stats()["rejected"], asyncio.get_running_loop().time() - began
+            results = await ours_done
+            assert all(result.ok for result in first + results)
+            # The first round's 4 (the start), then about one a Retry-After while the slots stay full.
+            # Before: every waiting call was refused at each Retry-After, ~8 a wait (~120 here).
+            assert refused <= 4 + took / retry_after + 3, (refused, took)
+            assert ours.flow.learned == 1  # the burst taught it the floor: the server held none of its calls
+
+    config = SimulatorConfig(record=False, decode_ms_per_token=2.0, retry_after_s=retry_after, slots=4, queue_limit=0)
+    with run_in_thread(config) as server:
+        asyncio.run(go(server))

@@ -175,7 +175,7 @@ class Upstream:
         self.allotted = self.concurrency
         self.share = self.flow.limit
         self.part = 0  # the engine's split of max_concurrency, published before it becomes the share
-        self.on_refused = None  # called with the upstream when a 503 teaches a ceiling afresh (peers.Peers.refused)
+        self.on_refused = None  # called with the upstream on a 503 the others should hear of (FlowControl.news)
         self.published = False
         self.in_use = 0
         # No call goes past the adaptive limit before this (time.monotonic): one that did was
@@ -226,11 +226,13 @@ class Upstream:
         self.share = self.flow.limit
 
     def overloaded(self, sent_at, now, status=None, sent_with=None):
-        learned = self.flow.learned
-        self.flow.overloaded(sent_at, now, status, sent_with)
-        self.share = self.flow.limit
-        if learned is None and self.flow.learned is not None and self.on_refused is not None:
-            self.on_refused(self)
+        flow = self.flow
+        flow.overloaded(sent_at, now, status, sent_with)
+        self.share = flow.limit
+        if flow.news:
+            flow.news = False
+            if self.on_refused is not None:
+                self.on_refused(self)
 
     def peer_refused(self):
         """Another engine was just refused a call here (flow.FlowControl.peer_refused): the server is
@@ -470,22 +472,33 @@ class ModelCaller:
             elif result.kind == "response" and not past_limit:
                 answered = slot.answered_at or now
                 upstream.observed(answered - sent, upstream.in_use, answered)
-            slot.give_back()
-            tallies.call(upstream.deployment_id, result, now - sent)
             # A 503 that says when to come back is an overloaded server, like a 429; without
             # Retry-After it is a failed one (a proxy whose backend is down answers so).
             busy_answer = result.status_code == 429 or (result.status_code == 503 and result.retry_after)
-            failure = self.health.judge(self.gate, upstream, result, faults, busy_answer, sent, ticket.organization_id)
-            if failure:
-                await self.health.settled(upstream)  # a run being judged: its verdict decides what counted
-                if faults.count >= POISON_FAILURES:
-                    return _given_up(result, faults, failure)
-                continue  # the gate hands out only healthy deployments: this waits for one
-            if busy_answer and busy < self.retries:
-                busy += 1
-                await asyncio.sleep(self._delay(result, busy))
-                continue
-            return result
+            # A busy answer to the engine's only call there: the server is full of other callers' calls,
+            # and the next call in the slot would be refused too (an engine held at its floor, 1, sent
+            # four in 3 ms, each refused: issue 55). The call keeps its slot through its wait, so the
+            # engine sends nothing more there until this call goes again.
+            if not (busy_answer and sent_with == 1 and busy < self.retries):
+                slot.give_back()
+            try:
+                tallies.call(upstream.deployment_id, result, now - sent)
+                failure = self.health.judge(
+                    self.gate, upstream, result, faults, busy_answer, sent, ticket.organization_id
+                )
+                if failure:
+                    slot.give_back()
+                    await self.health.settled(upstream)  # a run being judged: its verdict decides what counted
+                    if faults.count >= POISON_FAILURES:
+                        return _given_up(result, faults, failure)
+                    continue  # the gate hands out only healthy deployments: this waits for one
+                if busy_answer and busy < self.retries:
+                    busy += 1
+                    await asyncio.sleep(self._delay(result, busy))
+                    continue
+                return result
+            finally:
+                slot.give_back()
 
     def _check_leased(self):
         """Held while the engine's leases are in doubt: another engine may run this record.

@@ -16,6 +16,10 @@ limit between a floor and that part, from what the server's answers say:
   calls of one burst the server refused count as not held (`_learn`); and
   the other engines hear of the refusal at once (peers.Peers.refused,
   through their watch) and stop slow start where they stand (`peer_refused`).
+  Each engine's ceiling is what it had in flight at a different moment of
+  the burst, so their sum can fall short of what the server holds: a random
+  1-2x BURST_S after the hold began, the ceiling creeps up a call a BURST_S
+  until the next refusal (met or heard) finds the edge again (`_creep`).
 - **Latency** (Vegas): each window (as many answers as the limit, about
   one round trip of every slot) gives a mean call time. The baseline is the
   lowest window mean of the last BASELINE_S (or of 40 call times, up to
@@ -100,14 +104,19 @@ KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "llamacpp:k
 
 def peer_limits(live, owner):
     """{deployment pk: the other live engines' adaptive limits there} from the heartbeat's
-    (owner, held, published) rows: what `FlowControl.level_with` moves this engine's limit towards."""
+    (owner, held, published) rows: what `FlowControl.level_with` moves this engine's limit towards.
+
+    An engine publishes a limit of 0 until its part of max_concurrency is set (its first heartbeats):
+    that is no limit to level with. Counted, it halved the others' limits at every start (four engines
+    at a 16-slot server: 2.5 and 5.8 where they had 5 and 10 in flight), and the hold a refusal taught
+    next kept them there (row 18: 73% of the server's rate)."""
     limits = defaultdict(list)
     for peer, _, published in live:
         if peer == owner:
             continue
         for deployment, figures in (published or {}).items():
             limit = Figures.stored(figures).limit
-            if limit is not None:
+            if limit:
                 limits[int(deployment)].append(limit)
     return limits
 
@@ -129,6 +138,11 @@ class FlowControl:
         self.hold_s = hold_s  # how long a 503's ceiling holds (0: none is learned)
         self.learned = None  # the calls in flight past which the server refused, while held
         self.held_until = -math.inf
+        # When the hold began; when its creep begins (`_creep`; inf: no creep this hold), and when it may
+        # take its next step. A refusal (met or heard) past the hold's burst found the edge: no creep.
+        self.hold_began = -math.inf
+        self.creep_from = self.creep_at = math.inf
+        self.news = False  # a refusal the other engines should hear of (peers.Peers.refused)
         self.refusals = deque()  # (sent at, calls in flight then, answered at) of the hold's recent 503s
         self.value = float(self.ceiling if start is None or not adaptive else start)
         self.start = self.value  # where it started (the engine's part of the deployment's start)
@@ -216,7 +230,8 @@ class FlowControl:
             # The server said how many it takes: the limit goes there, not to a backoff under it
             # (which left room for the other engines to grow into and be refused in turn), unless
             # it refused what it took before (its room shrank: back off as well).
-            held = self.learned is not None and now < self.held_until
+            # A creep's step that met the edge (`_creep`) goes back to the ceiling under it: no backoff.
+            held = self.learned is not None and now < self.held_until and now < self.creep_from
             cut = cut and held and sent_with <= self.learned
             self.slow_start = False
             self._learn(sent_at, sent_with, now)
@@ -236,9 +251,12 @@ class FlowControl:
         each counts only the calls in flight at its sending that were not refused (four of eight
         refused at once left a ceiling of 7 each, 28 where 4 engines had 16 slots: issue 55)."""
         refusals = self.refusals
-        if self.learned is None or now >= self.held_until:
+        fresh = self.learned is None or now >= self.held_until
+        if fresh:
             self.learned = None
             refusals.clear()
+        self.news = fresh or now >= self.creep_from  # a new hold, or a creep that found the edge
+        self._refused(now, fresh)
         while refusals and (now - refusals[0][2] > BURST_S or len(refusals) >= BURST_MAX):
             refusals.popleft()
         refusals.append((sent_at, sent_with, now))
@@ -253,7 +271,7 @@ class FlowControl:
 
     def peer_refused(self, in_flight, now):
         """Another engine was just refused a call here: the server is full. Stop growing, and hold
-        no more than the `in_flight` calls out now as if refused itself; an engine holding a
+        the `in_flight` calls out now as if refused itself; an engine holding a
         ceiling already holds it longer. An engine still doubling took the room the refused ones
         gave back and was refused in turn; engines whose holds ran out together probed the server
         together, four refusals a step (issue 55). So a hold heard of lasts a random 1-1.5x
@@ -264,11 +282,39 @@ class FlowControl:
         if self.hold_s <= 0:
             self.value = max(float(self.floor), min(self.value, float(in_flight)))
         else:
-            if self.learned is None or now >= self.held_until:
-                self.learned = max(self.floor, min(int(self.value), in_flight))
+            fresh = self.learned is None or now >= self.held_until
+            if fresh:
+                # What the server holds of this engine's: its calls out, even past a limit that was
+                # just levelled down (which `_clamp` still keeps the limit under, growing back a call a window).
+                self.learned = max(self.floor, in_flight)
+            self._refused(now, fresh)
             self.held_until = max(self.held_until, now + self.hold_s * random.uniform(1.0, 1.5))
         self._clamp()
         self._reset_window()
+
+    def _refused(self, now, fresh):
+        """A refusal, this engine's or another's: a new hold's creep begins a random 1-2x BURST_S
+        later (past the burst; the engines that heard of one refusal together step apart, not four
+        at once into a full server). A refusal BURST_S or more into the hold is no longer its burst's:
+        a creep (this engine's or another's) found the edge, and none goes on this hold. Stopping
+        only a creep under way let each engine that had not begun its own yet step into the full
+        server in turn: four refusals where one told them all."""
+        if fresh:
+            self.hold_began = now
+            self.creep_from = self.creep_at = now + BURST_S * random.uniform(1.0, 2.0)
+        elif now - self.hold_began >= BURST_S:
+            self.creep_from = self.creep_at = math.inf
+
+    def _creep(self, now, filled):
+        """Raise a hold's ceiling by a call, at most one a BURST_S, from a random 1-2x BURST_S after it
+        began until a refusal. Each engine learned its ceiling from what it had in flight when it met or
+        heard of the burst's refusals, moments apart while every engine's calls came and went: measured
+        on four engines at a 16-slot server without a queue, their ceilings added up to 14 (9 once) and
+        held there all run (91% of the server's rate; 73%). The creep finds the missing slots in a few
+        seconds, at the cost of the refusal that ends it; then the hold keeps its ceiling."""
+        if filled and self.learned is not None and now < self.held_until and now >= self.creep_at:
+            self.learned = min(self.learned + 1, max(self.ceiling, self.floor))
+            self.creep_at = now + BURST_S
 
     def release(self, now):
         """A hold that saw no refusal ends: the limit grows past its ceiling again, a call a window
@@ -325,6 +371,7 @@ class FlowControl:
         in_flight = self.window_in_flight / self.window_calls
         self.release(now)
         filled = self.window_peak >= self._limit  # the limit, not the work, held calls back
+        self._creep(now, filled)
         baseline = self._baseline(mean, now)
         if self.probe is not None:
             self._end_probe()
