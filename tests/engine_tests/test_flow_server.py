@@ -351,3 +351,39 @@ def test_an_engine_whose_only_call_is_refused_sends_nothing_more_there_until_it_
     config = SimulatorConfig(record=False, decode_ms_per_token=2.0, retry_after_s=retry_after, slots=4, queue_limit=0)
     with run_in_thread(config) as server:
         asyncio.run(go(server))
+
+
+def test_ceilings_that_sum_short_of_the_servers_slots_creep_up_to_them(adaptive):
+    """Row 18 (issue 55): each engine learns its ceiling from what it had in flight when it met or heard
+    of a burst's refusals, moments apart, and their sum held under the server's slots all run (14 or
+    9 of 16: 91% or 73% of its rate). Two engines here (each hears the other's refusals, as
+    peers.Peers tells them) hold 4 and 1 of 8 slots: their ceilings creep up to the slots, and the
+    refusal that finds the edge stops both creeps."""
+    import time
+
+    adaptive.OPENRELAY_CONCURRENCY_START = 8
+    adaptive.OPENRELAY_CEILING_HOLD_S = 600
+
+    async def go(server):
+        a, b = Upstream(server.base_url, "m", "", 32), Upstream(server.base_url, "m", "", 32)
+        a.on_refused = lambda _: b.peer_refused()
+        b.on_refused = lambda _: a.peer_refused()
+        now = time.monotonic()
+        a.overloaded(now, now, 503, 5)  # A was refused with 5 out: it holds 4, and B, with none out, 1
+        assert (a.flow.learned, b.flow.learned) == (4, 1)
+        async with (
+            ModelCaller([a], time_limit_s=60, retries=50) as first,
+            ModelCaller([b], time_limit_s=60, retries=50) as second,
+        ):
+            results = await asyncio.gather(
+                drive(first, [chat(f"a{i} [[tokens:50]]") for i in range(400)], callers=16),
+                drive(second, [chat(f"b{i} [[tokens:50]]") for i in range(400)], callers=16),
+            )
+        assert all(result.ok for result in results[0] + results[1])
+        held = a.flow.learned + b.flow.learned
+        assert 7 <= held <= 8, (a.flow.learned, b.flow.learned)  # was 5 for the whole hold
+        assert server.stats()["rejected"] <= 4  # the creeps' edge, told to the other: not a stream
+
+    config = SimulatorConfig(record=False, decode_ms_per_token=2.0, retry_after_s=0.2, slots=8, queue_limit=0)
+    with run_in_thread(config) as server:
+        asyncio.run(go(server))
