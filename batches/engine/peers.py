@@ -149,6 +149,13 @@ class Peers:
                     start=max(1, split(self.config.concurrency_start, self.rank + index, self.engines)),
                 )
                 upstream.on_refused = self.refused
+                if time.time() - self.heard.get(row["pk"], -REFUSAL_NEWS_S) <= REFUSAL_NEWS_S:
+                    # Another engine was refused there just before this one opened the deployment:
+                    # it joins held, not in slow start. Heard before it had a lane, the refusal held
+                    # nothing, and an engine that opened its lane 0.3 s after the others' burst sent
+                    # its start into the full server: its own refusal and three of another engine's,
+                    # whose slots it took (row 18).
+                    upstream.peer_refused()
             upstream.concurrency = max(1, row["max_concurrency"])
             # Offset by the deployment's place, so the engines that take one slot more
             # are not the same ones on every deployment; never more than the others

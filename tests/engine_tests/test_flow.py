@@ -411,3 +411,45 @@ def test_without_a_hold_another_engines_refusal_only_stops_growth():
     flow = FlowControl(256, start=8, hold_s=0)
     flow.peer_refused(in_flight=6, now=1.0)
     assert not flow.slow_start and flow.limit == 6 and flow.learned is None
+
+
+def test_a_deployment_opened_just_after_another_engine_was_refused_there_joins_held():
+    """Row 18: an engine that opened its lane 0.3 s after the others' burst of refusals sent its
+    start into the full server (its refusal and three of another engine's, whose slots it took)."""
+    import asyncio
+    import time
+
+    from batches.engine.calls.caller import ModelCaller
+    from batches.engine.config import EngineConfig
+    from batches.engine.fairness import CallGate, OrgCaps
+    from batches.engine.lanes import Lane
+    from batches.engine.peers import REFUSAL_NEWS_S, Peers
+
+    def row(pk):
+        return {
+            "pk": pk,
+            "base_url": "http://127.0.0.1:9/v1",
+            "upstream_model": "m",
+            "model__name": "m",
+            "api_key": "",
+            "messages_api": "translate",
+            "max_concurrency": 64,
+            "health": "healthy",
+            "health_changed_at": None,
+            "last_error": "",
+            "needs_canary": False,
+        }
+
+    async def go():
+        config = EngineConfig.read()
+        peers = Peers(config, "me", None, OrgCaps(), None, lambda: None, lambda: True)
+        peers.heard = {1: time.time() - 1.0, 2: time.time() - REFUSAL_NEWS_S - 1.0}  # 2: old news
+        async with ModelCaller([], time_limit_s=30, retries=1, gate=CallGate(OrgCaps())) as caller:
+            lane = Lane(7, caller, config)
+            peers._reconcile(lane, [row(1), row(2), row(3)])
+            told, old, quiet = (lane.upstreams[pk].flow for pk in (1, 2, 3))
+            assert told.learned == 1 and not told.slow_start  # held at the calls it has out: none, the floor
+            assert old.learned is None and old.slow_start
+            assert quiet.learned is None and quiet.slow_start
+
+    asyncio.run(go())

@@ -39,6 +39,11 @@ from openrelay.lib.redaction import redact, redact_json, secrets_of
 logger = logging.getLogger("openrelay.engine")
 
 MAX_RETRY_AFTER_S = 60.0
+# A call refused again and again while it is the engine's only one at a deployment waits twice as long
+# each time (its slot kept: ModelCaller.call), up to this (or its Retry-After, if longer). The server is
+# full of other engines' calls, whose ceilings hold it so for up to 45 s: at each 1 s Retry-After,
+# one engine held at its floor drew 30 refusals in a 30 s run of row 18 (0.60% of the calls).
+LONE_WAIT_MAX_S = 4.0
 # Answers that tell the adaptive limit (batches.engine.calls.flow) to back off.
 OVERLOAD_STATUSES = (429, 503)
 # A request in flight at this many server failures fails alone: it may be
@@ -181,6 +186,9 @@ class Upstream:
         # No call goes past the adaptive limit before this (time.monotonic): one that did was
         # refused (fairness.CallGate._express_upstream).
         self.express_from = 0.0
+        # Busy answers in a row to a call that was the engine's only one here (ModelCaller.call: each
+        # waits twice as long, LONE_WAIT_MAX_S at most); any other answer ends the row.
+        self.lone_refusals = 0
         self.healthy = True
         self.canary = False  # out of the rotation until a neutral request succeeds (health.Health)
         self.health_seen_at = None  # when this engine last changed or read the deployment's health
@@ -479,7 +487,9 @@ class ModelCaller:
             # and the next call in the slot would be refused too (an engine held at its floor, 1, sent
             # four in 3 ms, each refused: issue 55). The call keeps its slot through its wait, so the
             # engine sends nothing more there until this call goes again.
-            if not (busy_answer and sent_with == 1 and busy < self.retries):
+            lone = busy_answer and sent_with == 1
+            upstream.lone_refusals = upstream.lone_refusals + 1 if lone else 0
+            if not (lone and busy < self.retries):
                 slot.give_back()
             try:
                 tallies.call(upstream.deployment_id, result, now - sent)
@@ -494,7 +504,10 @@ class ModelCaller:
                     continue  # the gate hands out only healthy deployments: this waits for one
                 if busy_answer and busy < self.retries:
                     busy += 1
-                    await asyncio.sleep(self._delay(result, busy))
+                    delay = self._delay(result, busy)
+                    if lone:
+                        delay = min(delay * 2 ** (upstream.lone_refusals - 1), max(delay, LONE_WAIT_MAX_S))
+                    await asyncio.sleep(delay)
                     continue
                 return result
             finally:
