@@ -14,6 +14,7 @@ catalog; a deployment another engine found failing is taken out here too
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
@@ -149,7 +150,7 @@ class Peers:
                     start=max(1, split(self.config.concurrency_start, self.rank + index, self.engines)),
                 )
                 upstream.on_refused = self.refused
-                if time.time() - self.heard.get(row["pk"], -REFUSAL_NEWS_S) <= REFUSAL_NEWS_S:
+                if time.time() - self.heard.get(row["pk"], -math.inf) <= REFUSAL_NEWS_S:
                     # Another engine was refused there just before this one opened the deployment:
                     # it joins held, not in slow start. Heard before it had a lane, the refusal held
                     # nothing, and an engine that opened its lane 0.3 s after the others' burst sent

@@ -489,7 +489,7 @@ class ModelCaller:
             # engine sends nothing more there until this call goes again.
             lone = busy_answer and sent_with == 1
             upstream.lone_refusals = upstream.lone_refusals + 1 if lone else 0
-            if not (lone and busy < self.retries):
+            if not lone:
                 slot.give_back()
             try:
                 tallies.call(upstream.deployment_id, result, now - sent)

@@ -231,7 +231,7 @@ class FlowControl:
             # (which left room for the other engines to grow into and be refused in turn), unless
             # it refused what it took before (its room shrank: back off as well).
             # A creep's step that met the edge (`_creep`) goes back to the ceiling under it: no backoff.
-            held = self.learned is not None and now < self.held_until and now < self.creep_from
+            held = self._holding(now) and now < self.creep_from
             cut = cut and held and sent_with <= self.learned
             self.slow_start = False
             self._learn(sent_at, sent_with, now)
@@ -251,7 +251,7 @@ class FlowControl:
         each counts only the calls in flight at its sending that were not refused (four of eight
         refused at once left a ceiling of 7 each, 28 where 4 engines had 16 slots: issue 55)."""
         refusals = self.refusals
-        fresh = self.learned is None or now >= self.held_until
+        fresh = not self._holding(now)
         if fresh:
             self.learned = None
             refusals.clear()
@@ -282,7 +282,7 @@ class FlowControl:
         if self.hold_s <= 0:
             self.value = max(float(self.floor), min(self.value, float(in_flight)))
         else:
-            fresh = self.learned is None or now >= self.held_until
+            fresh = not self._holding(now)
             if fresh:
                 # What the server holds of this engine's: its calls out, even past a limit that was
                 # just levelled down (which `_clamp` still keeps the limit under, growing back a call a window).
@@ -291,6 +291,10 @@ class FlowControl:
             self.held_until = max(self.held_until, now + self.hold_s * random.uniform(1.0, 1.5))
         self._clamp()
         self._reset_window()
+
+    def _holding(self, now):
+        """Whether a 503's ceiling holds the limit now."""
+        return self.learned is not None and now < self.held_until
 
     def _refused(self, now, fresh):
         """A refusal, this engine's or another's: a new hold's creep begins a random 1-2x BURST_S
@@ -312,7 +316,7 @@ class FlowControl:
         on four engines at a 16-slot server without a queue, their ceilings added up to 14 (9 once) and
         held there all run (91% of the server's rate; 73%). The creep finds the missing slots in a few
         seconds, at the cost of the refusal that ends it; then the hold keeps its ceiling."""
-        if filled and self.learned is not None and now < self.held_until and now >= self.creep_at:
+        if filled and self._holding(now) and now >= self.creep_at:
             self.learned = min(self.learned + 1, max(self.ceiling, self.floor))
             self.creep_at = now + BURST_S
 
